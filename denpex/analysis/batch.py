@@ -1,0 +1,57 @@
+"""The unit of parallel work: a batch of dump references in, compact summaries out.
+
+A pure function of its arguments (it opens the store from the URI), so that a process pool, a
+Prefect task or a benchmark can run it anywhere and ship back only the small results.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from denpex.analysis.models import SkippedFile
+from denpex.analysis.summary import RankSummary, summarize_dump
+from denpex.evidence.discovery import DumpRef
+from denpex.evidence.errors import DumpError
+from denpex.evidence.fr_dump import decode_dump
+from denpex.evidence.store import EvidenceStore, open_store
+
+__all__ = ["RankOutcome", "summarize_batch", "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
+
+DEFAULT_MAX_DUMP_BYTES = 256 * 1024 * 1024
+# Below this many dumps, starting worker processes costs more than it saves.
+_POOL_THRESHOLD = 64
+
+RankOutcome = RankSummary | SkippedFile
+
+
+def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES,
+                    store: EvidenceStore | None = None) -> list[RankOutcome]:
+    """Read, decode and summarize each dump; a bad dump becomes a SkippedFile with its reason."""
+    outcomes: list[RankOutcome] = []
+    stores: dict[str, EvidenceStore] = {}
+    for ref in refs:
+        source = store if store is not None else stores.setdefault(ref.store_uri, open_store(ref.store_uri))
+        try:
+            data = source.read(ref.name, max_bytes=max_bytes)
+            outcomes.append(summarize_dump(decode_dump(data, source=ref.name), rank=ref.rank))
+        except DumpError as exc:
+            outcomes.append(SkippedFile(path=ref.name, rank=ref.rank, reason=str(exc)))
+    return outcomes
+
+
+def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_BYTES,
+                  workers: int | None = None, store: EvidenceStore | None = None) -> list[RankOutcome]:
+    """Summarize every dump, in a process pool once there are enough of them."""
+    workers = workers if workers is not None else (os.cpu_count() or 1)
+    if workers <= 1 or len(refs) < _POOL_THRESHOLD:
+        return summarize_batch(refs, max_bytes, store)
+    # Interleaved batches keep both workers busy even when dump sizes vary by rank.
+    n_batches = workers * 8
+    batches = [list(refs[i::n_batches]) for i in range(n_batches)]
+    outcomes: list[RankOutcome] = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for result in pool.map(summarize_batch, batches, [max_bytes] * len(batches)):
+            outcomes.extend(result)
+    return outcomes

@@ -1,0 +1,236 @@
+"""Cross-rank comparison: find each process group's stuck op and who it waits on.
+
+For every group, the *stuck* collective is the lowest ``collective_seq_id`` that some member
+enqueued but has not completed. Members that never enqueued it are *behind*; members with it in
+flight are *waiting*. Waiting ranks point at the ranks they wait for::
+
+    group "1" = [0, 1, 2, 3]; last enqueued 17,17,16,17; last completed 16,16,16,16
+    -> stuck at #17; ranks 0,1,3 wait; rank 2 is behind          wait-for: {0,1,3} -> #17 -> {2}
+
+Point-to-point ops (NCCL only; Gloo does not record them) add an edge from a rank blocked in a
+send/recv to the peer that has no matching op in flight. Whoever ends a wait-for chain, waiting
+on no one, is a culprit (``denpex.analysis.verdict``). Nothing here depends on file order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from denpex.analysis.membership import GroupMembership
+from denpex.analysis.wording import ranks_phrase
+from denpex.analysis.models import StuckCollective
+from denpex.analysis.summary import GroupProgress, OpKind, OpSignature, OpState, PendingOp, RankSummary
+
+__all__ = ["Blockage", "BlockageKind", "Comparison", "compare_groups"]
+
+
+class BlockageKind:
+    """Why a group's op did not complete (plain constants; rendered into StuckCollective)."""
+
+    BEHIND = "behind"          # some members never enqueued it
+    MISMATCH = "mismatch"      # members called different ops / sizes / dtypes at the same seq id
+    P2P = "p2p"                # a send/recv whose peer has no matching op in flight
+    OVERDUE = "overdue"        # everyone is in it, and it outlived its timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Blockage:
+    """One node of the wait-for graph: ``waiting`` ranks wait for ``targets`` in one op."""
+
+    group: str
+    seq: int
+    kind: str
+    op: str
+    waiting: tuple[int, ...]
+    targets: tuple[int, ...]
+    is_p2p: bool = False
+    tie: bool = False
+    detail: str = ""
+    unknown: tuple[int, ...] = ()
+
+    def as_stuck(self, desc: str | None) -> StuckCollective:
+        return StuckCollective(
+            process_group=self.group, group_desc=desc, collective_seq_id=self.seq, op=self.op,
+            waiting_ranks=self.waiting, behind_ranks=self.targets, unknown_ranks=self.unknown,
+            is_p2p=self.is_p2p, detail=self.detail,
+        )
+
+
+@dataclass(slots=True)
+class Comparison:
+    """Every blockage found, plus the in-flight-but-progressing ops that were let go and why."""
+
+    blockages: list[Blockage] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
+                   membership: GroupMembership, as_of_ns: int | None) -> Comparison:
+    """Compare every group's progress across its members."""
+    result = Comparison(notes=list(membership.conflicts))
+    for name in sorted(membership.members):
+        members = membership.members[name]
+        progress, unknown = _known_progress(name, members, summaries)
+        if not progress:
+            continue
+        blockage = _collective_blockage(name, progress, members, missing, unknown, as_of_ns)
+        if blockage is not None:
+            result.blockages.append(blockage)
+        result.blockages.extend(_p2p_blockages(name, progress, members, missing, summaries))
+    return result
+
+
+def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
+                    ) -> tuple[dict[int, GroupProgress], tuple[int, ...]]:
+    """Members whose progress in ``name`` is known. A wrapped ring without the group says nothing."""
+    known: dict[int, GroupProgress] = {}
+    unknown: list[int] = []
+    for rank in members:
+        summary = summaries.get(rank)
+        if summary is None:
+            continue
+        group = summary.groups.get(name)
+        if group is not None and group.entry_count:
+            known[rank] = group
+        elif summary.ring_wrapped:
+            unknown.append(rank)
+        else:
+            # The whole history is in the ring and the group is not in it: nothing enqueued.
+            known[rank] = group or GroupProgress(name=name)
+    return known, tuple(unknown)
+
+
+def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
+                         missing: set[int], unknown: tuple[int, ...],
+                         as_of_ns: int | None) -> Blockage | None:
+    last_enqueued = max(p.last_enqueued for p in progress.values())
+    seq = min(p.last_completed for p in progress.values()) + 1
+    if last_enqueued < 0 or seq > last_enqueued:
+        return None
+    behind = tuple(r for r, p in sorted(progress.items()) if p.last_enqueued < seq)
+    waiting_ops = {r: op for r, p in sorted(progress.items())
+                   if p.last_enqueued >= seq and p.last_completed < seq
+                   and (op := _pending_at(p, seq)) is not None}
+    if not waiting_ops:
+        return None
+    absent = tuple(r for r in members if r in missing)
+    waiting = tuple(waiting_ops)
+    mismatch = _mismatch(name, seq, waiting_ops, absent, unknown)
+    if mismatch is not None:
+        return mismatch
+    op = next(iter(waiting_ops.values())).signature.describe()
+    if behind or absent:
+        return Blockage(name, seq, BlockageKind.BEHIND, op, waiting, behind + absent,
+                        detail=_behind_detail(behind, absent), unknown=unknown)
+    return _overdue(name, seq, op, waiting_ops, as_of_ns, unknown)
+
+
+def _pending_at(progress: GroupProgress, seq: int) -> PendingOp | None:
+    for op in progress.pending:
+        if op.kind is OpKind.COLLECTIVE and op.collective_seq_id == seq:
+            return op
+    return None
+
+
+def _mismatch(name: str, seq: int, ops: dict[int, PendingOp], absent: tuple[int, ...],
+              unknown: tuple[int, ...]) -> Blockage | None:
+    """Majority decides what the group called; ranks outside the majority are the culprits."""
+    by_signature: dict[OpSignature, list[int]] = {}
+    for rank, op in ops.items():
+        by_signature.setdefault(op.signature, []).append(rank)
+    if len(by_signature) < 2:
+        return None
+    counts = Counter({sig: len(ranks) for sig, ranks in by_signature.items()})
+    (top, top_n), *rest = counts.most_common()
+    tie = any(n == top_n for _, n in rest)
+    if tie:
+        tied = [r for sig, ranks in by_signature.items() if counts[sig] == top_n for r in ranks]
+        others = tuple(sorted(r for r in ops if r not in tied))
+        return Blockage(name, seq, BlockageKind.MISMATCH, "disagreeing calls", tuple(sorted(tied)),
+                        tuple(sorted(tied)) + others, tie=True,
+                        detail=_mismatch_detail(by_signature), unknown=unknown)
+    minority = tuple(sorted(r for sig, ranks in by_signature.items() if sig != top for r in ranks))
+    return Blockage(name, seq, BlockageKind.MISMATCH, top.describe(), tuple(sorted(by_signature[top])),
+                    minority + absent, detail=_mismatch_detail(by_signature), unknown=unknown)
+
+
+def _overdue(name: str, seq: int, op: str, ops: dict[int, PendingOp], as_of_ns: int | None,
+             unknown: tuple[int, ...]) -> Blockage | None:
+    """Everyone entered the same op. That is a hang only once it outlived its timeout.
+
+    A dump taken while a healthy job runs, or Gloo's retire race, shows such an op in flight;
+    calling a hang on it would blame healthy ranks.
+    """
+    if as_of_ns is None or not any(_is_overdue(op_, as_of_ns) for op_ in ops.values()):
+        return None
+    not_started = tuple(r for r, o in ops.items() if o.state is OpState.SCHEDULED)
+    started = tuple(r for r, o in ops.items() if o.state is OpState.STARTED)
+    if started and not_started:
+        # With NCCL timing on, a kernel that never started on some ranks singles them out.
+        return Blockage(name, seq, BlockageKind.OVERDUE, op, started, not_started,
+                        detail="its kernel started on some ranks but not on these")
+    ranks = tuple(ops)
+    return Blockage(name, seq, BlockageKind.OVERDUE, op, ranks, ranks, tie=True,
+                    detail="every member entered it and none finished; the dumps cannot say which")
+
+
+def _is_overdue(op: PendingOp, as_of_ns: int) -> bool:
+    if op.time_created_ns is None or op.timeout_ms is None:
+        return False
+    return op.time_created_ns + op.timeout_ms * 1_000_000 <= as_of_ns
+
+
+def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
+                   missing: set[int], summaries: dict[int, RankSummary]) -> list[Blockage]:
+    """Each rank's oldest in-flight send/recv (or batch) against its peer's in-flight ops."""
+    found = []
+    for rank, group in sorted(progress.items()):
+        ops = group.pending_p2p()
+        if not ops:
+            continue
+        head = min(op.p2p_seq_id for op in ops)
+        for op in (o for o in ops if o.p2p_seq_id == head):
+            peer = _global_peer(op, members)
+            if peer is None or peer == rank:
+                continue
+            if peer in missing or not _peer_has_match(op, summaries.get(peer), name):
+                verb = "send to" if op.kind is OpKind.SEND else "recv from"
+                found.append(Blockage(
+                    name, op.p2p_seq_id, BlockageKind.P2P, op.signature.describe(), (rank,), (peer,),
+                    is_p2p=True,
+                    detail=f"rank {rank} is blocked in {verb} rank {peer} (p2p_seq_id {op.p2p_seq_id}), "
+                           f"and rank {peer} has no matching op in flight"))
+    return found
+
+
+def _global_peer(op: PendingOp, members: tuple[int, ...]) -> int | None:
+    local = op.peer_local_rank
+    if local is None or not 0 <= local < len(members):
+        return None
+    return members[local]
+
+
+def _peer_has_match(op: PendingOp, peer: RankSummary | None, name: str) -> bool:
+    if peer is None:
+        return False
+    group = peer.groups.get(name)
+    if group is None:
+        return False
+    wanted = OpKind.RECV if op.kind is OpKind.SEND else OpKind.SEND
+    return any(o.kind is wanted and o.peer_local_rank == op.local_rank for o in group.pending_p2p())
+
+
+def _behind_detail(behind: tuple[int, ...], absent: tuple[int, ...]) -> str:
+    parts = []
+    if behind:
+        parts.append(f"{ranks_phrase(behind)} never enqueued it")
+    if absent:
+        parts.append(f"{ranks_phrase(absent)} left no usable, fresh dump")
+    return "; ".join(parts)
+
+
+def _mismatch_detail(by_signature: dict[OpSignature, list[int]]) -> str:
+    return "; ".join(f"{ranks_phrase(tuple(sorted(r)))} called {sig.describe()}"
+                     for sig, r in sorted(by_signature.items(), key=lambda kv: -len(kv[1])))
+

@@ -1,0 +1,133 @@
+"""What a triage concludes: verdicts, candidates and the reasons behind them.
+
+These models are the JSON contract of ``denpex triage --format json`` (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Verdict",
+    "CandidateKind",
+    "HardwareBearing",
+    "CandidateHardware",
+    "Candidate",
+    "StuckCollective",
+    "SkippedFile",
+    "TriageResult",
+]
+
+
+class Verdict(StrEnum):
+    """The overall answer of one triage."""
+
+    LOCALIZED = "localized"
+    """Every stuck process group is explained by named ranks, and the evidence separates them."""
+    AMBIGUOUS = "ambiguous"
+    """The ranks behind the hang are among the candidates, but the evidence cannot say which."""
+    INCOMPLETE = "incomplete"
+    """Ranks that could explain the hang have no usable (or only stale) evidence."""
+    NO_HANG = "no_hang"
+    """Every rank has evidence and no process group is stuck."""
+
+
+class CandidateKind(StrEnum):
+    """Why a rank is suspected of causing the hang. Victims that waited are never candidates."""
+
+    NOT_ENTERED = "not_entered"
+    """The rank is alive and reported, but never enqueued the collective its peers wait in."""
+    STALLED = "stalled"
+    """The rank is blocked in another op (another group's, or an earlier one) that waits on no one."""
+    STOPPED_REPORTING = "stopped_reporting"
+    """No dump from the rank, or a dump older than the incident."""
+    MISMATCH = "mismatch"
+    """The rank called a different op, size or dtype at the same sequence id than the majority."""
+
+
+class HardwareBearing(StrEnum):
+    """What a hardware or host event means for the isolation decision. It informs, never proves."""
+
+    SUPPORTS_HARDWARE_FAULT = "supports_hardware_fault"
+    """Consistent with a hardware fault on the candidate's GPU, link or PCIe path."""
+    POINTS_AT_APPLICATION = "points_at_application"
+    """Consistent with an application error (e.g. Xid 13, 31, 43): not a reason to drain."""
+    EXPLAINS_MISSING_DUMP = "explains_missing_dump"
+    """The host's OOM killer took the rank's process, which explains why it has no dump."""
+    UNRELATED = "unrelated"
+    """In the window, but says nothing about this candidate."""
+
+
+class CandidateHardware(BaseModel):
+    """One hardware or host event lined up with a candidate (``candidates[].hardware``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str = Field(description="xid | sxid | nvlink | pcie_aer | oom")
+    code: int | None = None
+    time: datetime | None = None
+    summary: str
+    bearing: HardwareBearing = HardwareBearing.UNRELATED
+    host: str | None = None
+    gpu: str | None = None
+
+
+class Candidate(BaseModel):
+    """A rank suspected of being behind the hang, with the evidence for it."""
+
+    rank: int
+    kind: CandidateKind
+    process_group: str | None = None
+    collective_seq_id: int | None = None
+    confidence: float = Field(ge=0.0, le=1.0)
+    host: str | None = None
+    reasons: list[str] = Field(default_factory=list)
+    hardware: list[CandidateHardware] = Field(default_factory=list)
+
+
+class StuckCollective(BaseModel):
+    """One process group's op that did not complete: who waits in it and who is behind."""
+
+    model_config = ConfigDict(frozen=True)
+
+    process_group: str
+    group_desc: str | None = None
+    collective_seq_id: int
+    op: str
+    waiting_ranks: tuple[int, ...]
+    behind_ranks: tuple[int, ...]
+    unknown_ranks: tuple[int, ...] = ()
+    is_p2p: bool = False
+    detail: str = ""
+    # When the earliest waiting rank enqueued the op; the hardware window starts shortly before.
+    enqueued_at: datetime | None = None
+
+
+class SkippedFile(BaseModel):
+    """A file that was not used as evidence, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    reason: str
+    rank: int | None = None
+
+
+class TriageResult(BaseModel):
+    """The comparison's answer before hardware correlation and planning."""
+
+    verdict: Verdict
+    world_size: int
+    ranks_with_evidence: list[int]
+    missing_ranks: list[int]
+    stale_ranks: list[int] = Field(default_factory=list)
+    candidates: list[Candidate]
+    stuck: list[StuckCollective] = Field(default_factory=list)
+    skipped_files: list[SkippedFile] = Field(default_factory=list)
+    as_of: datetime | None = None
+    notes: list[str] = Field(default_factory=list)
+    # Hardware events in the hang's window on hosts that run no candidate (denpex.hardware).
+    other_hardware: list[CandidateHardware] = Field(default_factory=list)

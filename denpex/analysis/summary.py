@@ -1,0 +1,410 @@
+"""Reduce one rank's Flight Recorder dump to a compact progress summary.
+
+This is the scale rule of ARCHITECTURE.md: one streaming pass over the entries keeps, per process
+group, only the sequence counters and the ops still in flight. Entries are read once and dropped;
+only ``RankSummary`` objects cross process or task boundaries.
+
+Worked example (Gloo, 2 entries in the world group ``"0"``)::
+
+    entries: [{process_group: ("0", "default_pg"), collective_seq_id: 1, retired: True, ...},
+              {process_group: ("0", "default_pg"), collective_seq_id: 2, retired: False,
+               profiling_name: "gloo:all_reduce", ...}]
+    summary.groups["0"]: last_enqueued=2, last_completed=1,
+                         pending=[PendingOp(collective_seq_id=2, op="gloo:all_reduce", ...)]
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from denpex.evidence.errors import DumpError
+from denpex.evidence.fr_dump import DecodedDump, DumpEncoding
+
+__all__ = [
+    "OpState",
+    "OpKind",
+    "OpSignature",
+    "PendingOp",
+    "GroupProgress",
+    "RankSummary",
+    "MAX_PENDING_PER_GROUP",
+    "summarize_dump",
+]
+
+# NCCL keeps enqueuing asynchronously while a rank waits, so in-flight ops can number in the
+# hundreds; the oldest ones decide the hang, the rest only need counting.
+MAX_PENDING_PER_GROUP = 16
+
+_P2P_NAME = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+
+
+class OpState(StrEnum):
+    """Progress of one FR entry as recorded by torch."""
+
+    SCHEDULED = "scheduled"
+    """Enqueued; on Gloo (and NCCL without timing) this is the only state before retirement."""
+    STARTED = "started"
+    """The NCCL kernel started (only with ``TORCH_NCCL_ENABLE_TIMING=1``)."""
+    COMPLETED = "completed"
+    """Finished on this rank."""
+
+
+class OpKind(StrEnum):
+    """What kind of communication an entry is."""
+
+    COLLECTIVE = "collective"
+    """Counts in ``collective_seq_id``; every group member must call it."""
+    SEND = "send"
+    """Point-to-point send; counts in ``p2p_seq_id`` only."""
+    RECV = "recv"
+    """Point-to-point recv; counts in ``p2p_seq_id`` only."""
+
+
+class OpSignature(BaseModel):
+    """What was called: the op and its tensors' sizes and dtypes. Peers must agree on it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    op: str
+    input_sizes: tuple[tuple[int, ...], ...] = ()
+    input_dtypes: tuple[str, ...] = ()
+    output_sizes: tuple[tuple[int, ...], ...] = ()
+    output_dtypes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``gloo:all_reduce float32[1024]``: the op and its input tensors, for people."""
+        tensors = ", ".join(
+            f"{dtype}{list(size)}"
+            for dtype, size in zip(self.input_dtypes, self.input_sizes, strict=False)
+        )
+        return f"{self.op} {tensors}".strip()
+
+
+class PendingOp(BaseModel):
+    """An op this rank enqueued that had not completed when it dumped."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: OpKind
+    collective_seq_id: int
+    p2p_seq_id: int = -1
+    signature: OpSignature
+    state: OpState
+    # Group-local ranks for point-to-point ops: ``nccl:send 0->1`` is local 0 sending to local 1.
+    local_rank: int | None = None
+    peer_local_rank: int | None = None
+    in_batch: bool = False
+    time_created_ns: int | None = None
+    timeout_ms: int | None = None
+    record_id: int | None = None
+
+
+class GroupProgress(BaseModel):
+    """One rank's progress in one process group, keyed across ranks by the group name."""
+
+    name: str
+    desc: str | None = None
+    pg_id: int | None = None
+    # Global ranks from this rank's own pg_config (NCCL records them correctly; Gloo does not).
+    config_ranks: tuple[int, ...] | None = None
+    last_enqueued: int = -1
+    last_completed: int = -1
+    first_seen: int | None = None
+    last_p2p_enqueued: int = -1
+    pending: list[PendingOp] = Field(default_factory=list)
+    pending_dropped: int = 0
+    entry_count: int = 0
+    newest_time_ns: int | None = None
+
+    def oldest_pending_collective(self) -> PendingOp | None:
+        ops = [op for op in self.pending if op.kind is OpKind.COLLECTIVE]
+        return min(ops, key=lambda op: op.collective_seq_id) if ops else None
+
+    def pending_p2p(self) -> list[PendingOp]:
+        return [op for op in self.pending if op.kind is not OpKind.COLLECTIVE]
+
+
+class RankSummary(BaseModel):
+    """Everything the comparison needs from one rank's dump, a few KB whatever the ring size."""
+
+    rank: int
+    source: str
+    encoding: DumpEncoding
+    version: str
+    backend: str | None = None
+    comm_lib_version: str | None = None
+    entry_count: int = 0
+    ring_wrapped: bool = False
+    timing_enabled: bool = False
+    newest_time_ns: int | None = None
+    groups: dict[str, GroupProgress] = Field(default_factory=dict)
+    rejected_entries: dict[str, int] = Field(default_factory=dict)
+
+
+def summarize_dump(dump: DecodedDump, *, rank: int) -> RankSummary:
+    """One pass over ``dump``'s entries; raises DumpError only if nothing usable is left."""
+    raw = dump.raw
+    scan = _Scan()
+    entries = raw.get("entries") or []
+    for entry in entries:
+        scan.add(entry)
+    if entries and scan.accepted == 0:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(scan.rejected.items()))
+        raise DumpError(f"none of its {len(entries)} entries is usable ({reasons})")
+    groups = scan.finish()
+    if scan.backend != "gloo":
+        # Gloo records pg_config before Python names the group, so it is wrong there.
+        _apply_pg_config(groups, raw.get("pg_config"))
+    return RankSummary(
+        rank=rank,
+        source=dump.source,
+        encoding=dump.encoding,
+        version=f"{dump.version[0]}.{dump.version[1]}",
+        backend=scan.backend,
+        comm_lib_version=_str_or_none(raw.get("comm_lib_version")),
+        entry_count=scan.accepted,
+        ring_wrapped=scan.min_record_id is not None and scan.min_record_id > 0,
+        timing_enabled=scan.timing_seen,
+        newest_time_ns=scan.newest_ns,
+        groups=groups,
+        rejected_entries=scan.rejected,
+    )
+
+
+class _GroupScan:
+    """Mutable per-group accumulator; ``_Scan.finish`` freezes it into a GroupProgress."""
+
+    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "first", "p2p_enq", "pending",
+                 "dropped", "count", "newest")
+
+    def __init__(self, name: str, desc: str | None, pg_id: int | None) -> None:
+        self.name, self.desc, self.pg_id = name, desc, pg_id
+        self.enq = self.comp = self.p2p_enq = -1
+        self.first: int | None = None
+        self.pending: list[dict[str, Any]] = []
+        self.dropped = 0
+        self.count = 0
+        self.newest: int | None = None
+
+
+class _Scan:
+    """The streaming pass. Hot path: plain dict lookups, no model objects per entry."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, _GroupScan] = {}
+        self.accepted = 0
+        self.rejected: dict[str, int] = {}
+        self.backend: str | None = None
+        self.min_record_id: int | None = None
+        self.newest_ns: int | None = None
+        self.timing_seen = False
+
+    def reject(self, why: str) -> None:
+        self.rejected[why] = self.rejected.get(why, 0) + 1
+
+    def add(self, e: object) -> None:  # noqa: C901 - one flat pass is the point
+        if type(e) is not dict:
+            return self.reject("entry is not a mapping")
+        pg = e.get("process_group")
+        csid = e.get("collective_seq_id")
+        name = e.get("profiling_name")
+        if not isinstance(pg, (list, tuple)) or not pg or not isinstance(pg[0], str):
+            return self.reject("no process_group name")
+        if type(csid) is not int or type(name) is not str:
+            return self.reject("no collective_seq_id or profiling_name")
+        group = self.groups.get(pg[0])
+        if group is None:
+            desc = pg[1] if len(pg) > 1 and isinstance(pg[1], str) else None
+            pg_id = e.get("pg_id")
+            group = self.groups[pg[0]] = _GroupScan(pg[0], desc, pg_id if type(pg_id) is int else None)
+        self.accepted += 1
+        group.count += 1
+        if self.backend is None:
+            self.backend = name.partition(":")[0] or None
+        record_id = e.get("record_id")
+        if type(record_id) is int and (self.min_record_id is None or record_id < self.min_record_id):
+            self.min_record_id = record_id
+        state = e.get("state")
+        if state == "started" or e.get("time_discovered_started_ns"):
+            self.timing_seen = True
+        newest = _newest_time(e)
+        if newest is not None:
+            if self.newest_ns is None or newest > self.newest_ns:
+                self.newest_ns = newest
+            if group.newest is None or newest > group.newest:
+                group.newest = newest
+        done = e.get("retired") is True or state == "completed"
+        if e.get("is_p2p") is True:
+            psid = e.get("p2p_seq_id")
+            if type(psid) is int and psid > group.p2p_enq:
+                group.p2p_enq = psid
+            if not done:
+                self._keep_pending(group, e)
+            return None
+        if name.endswith("coalesced") and self._closes_p2p_batch(group, e, done):
+            return None
+        if group.first is None or csid < group.first:
+            group.first = csid
+        if csid > group.enq:
+            group.enq = csid
+        if done:
+            if csid > group.comp:
+                group.comp = csid
+        else:
+            self._keep_pending(group, e)
+        return None
+
+    @staticmethod
+    def _keep_pending(group: _GroupScan, e: dict[str, Any]) -> None:
+        if len(group.pending) < MAX_PENDING_PER_GROUP:
+            group.pending.append(e)
+        else:
+            group.dropped += 1
+
+    @staticmethod
+    def _closes_p2p_batch(group: _GroupScan, e: dict[str, Any], done: bool) -> bool:
+        """A ``coalesced`` entry after p2p ops of the same ``p2p_seq_id`` carries their state.
+
+        ``batch_isend_irecv`` records each send/recv without events, so they stay ``scheduled``
+        forever; only the following coalesced entry tells whether the batch finished.
+        """
+        psid = e.get("p2p_seq_id")
+        members = [p for p in group.pending if p.get("is_p2p") is True and p.get("p2p_seq_id") == psid]
+        if not members:
+            return False
+        for member in members:
+            group.pending.remove(member)
+        if not done:
+            for member in members:
+                member = dict(member, _in_batch=True)
+                group.pending.append(member)
+        return True
+
+    def finish(self) -> dict[str, GroupProgress]:
+        return {
+            name: GroupProgress(
+                name=name,
+                desc=g.desc,
+                pg_id=g.pg_id,
+                last_enqueued=g.enq,
+                last_completed=g.comp,
+                first_seen=g.first,
+                last_p2p_enqueued=g.p2p_enq,
+                pending=[_pending_op(e) for e in g.pending],
+                pending_dropped=g.dropped,
+                entry_count=g.count,
+                newest_time_ns=g.newest,
+            )
+            for name, g in self.groups.items()
+        }
+
+
+def _newest_time(e: dict[str, Any]) -> int | None:
+    newest = None
+    for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+        value = e.get(key)
+        if type(value) is int and value > 0 and (newest is None or value > newest):
+            newest = value
+    return newest
+
+
+def _pending_op(e: dict[str, Any]) -> PendingOp:
+    name: str = e["profiling_name"]
+    kind, local, peer = OpKind.COLLECTIVE, None, None
+    if e.get("is_p2p") is True:
+        match = _P2P_NAME.search(name)
+        if match:
+            verb, a, arrow, b = match.groups()
+            kind = OpKind.SEND if verb == "send" else OpKind.RECV
+            # "send 0->1": self is 0; "recv 1<-0": self is 1. Either way the left side is self.
+            local, peer = int(a), int(b)
+            del arrow
+        else:
+            kind = OpKind.RECV if "recv" in name else OpKind.SEND
+    state = e.get("state")
+    psid = e.get("p2p_seq_id")
+    timeout = e.get("timeout_ms")
+    return PendingOp(
+        kind=kind,
+        collective_seq_id=e["collective_seq_id"],
+        p2p_seq_id=psid if type(psid) is int else -1,
+        signature=_signature(e),
+        state=OpState(state) if state in ("scheduled", "started", "completed") else OpState.SCHEDULED,
+        local_rank=local,
+        peer_local_rank=peer,
+        in_batch=bool(e.get("_in_batch")),
+        time_created_ns=_positive_int(e.get("time_created_ns")),
+        timeout_ms=timeout if type(timeout) is int else None,
+        record_id=_positive_int(e.get("record_id"), allow_zero=True),
+    )
+
+
+def _signature(e: dict[str, Any]) -> OpSignature:
+    return OpSignature(
+        op=e["profiling_name"],
+        input_sizes=_sizes(e.get("input_sizes")),
+        input_dtypes=_dtypes(e.get("input_dtypes")),
+        output_sizes=_sizes(e.get("output_sizes")),
+        output_dtypes=_dtypes(e.get("output_dtypes")),
+    )
+
+
+def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(
+        tuple(d for d in size if type(d) is int) for size in value if isinstance(size, (list, tuple))
+    )
+
+
+def _dtypes(value: object) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(str(d) for d in value)
+
+
+def _positive_int(value: object, *, allow_zero: bool = False) -> int | None:
+    if type(value) is int and (value > 0 or (allow_zero and value == 0)):
+        return value
+    return None
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _apply_pg_config(groups: dict[str, GroupProgress], pg_config: object) -> None:
+    """Attach NCCL's per-group global ranks. Gloo's pg_config is wrong and yields nothing."""
+    if not isinstance(pg_config, dict):
+        return
+    for key, cfg in pg_config.items():
+        if not isinstance(cfg, dict):
+            continue
+        name = cfg.get("name", key)
+        ranks = _parse_rank_list(cfg.get("ranks"))
+        if not isinstance(name, str) or not name or not ranks:
+            continue
+        group = groups.get(name)
+        if group is None:
+            desc = cfg.get("desc")
+            group = groups[name] = GroupProgress(name=name, desc=desc if isinstance(desc, str) else None)
+        group.config_ranks = ranks
+
+
+def _parse_rank_list(value: object) -> tuple[int, ...] | None:
+    """``"[0, 1, 2]"`` (NCCL's string form) or a list -> ``(0, 1, 2)``; never ``eval``."""
+    if isinstance(value, str):
+        body = value.strip()
+        if not (body.startswith("[") and body.endswith("]")):
+            return None
+        parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
+        if not all(p.isdigit() for p in parts):
+            return None
+        return tuple(int(p) for p in parts) or None
+    if isinstance(value, (list, tuple)) and all(type(r) is int and r >= 0 for r in value):
+        return tuple(value) or None
+    return None

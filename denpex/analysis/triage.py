@@ -1,0 +1,232 @@
+"""The triage entry point: evidence location in, TriageResult out.
+
+    store -> manifest -> dumps per rank -> summaries (parallel) -> mislabel and staleness checks
+          -> group membership -> comparison -> culprits and verdict
+
+Staleness is judged against ``as_of``, which defaults to the newest timestamp in the evidence and
+never to the wall clock, so that replaying an incident months later judges it as it stood then.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, summarize_all
+from denpex.analysis.compare import compare_groups
+from denpex.analysis.membership import GroupMembership, resolve_membership
+from denpex.analysis.models import SkippedFile, TriageResult
+from denpex.analysis.summary import RankSummary
+from denpex.analysis.verdict import decide
+from denpex.evidence.discovery import discover_dumps, rank_from_file_name
+from denpex.evidence.errors import EvidenceError, ManifestError
+from denpex.evidence.manifest import JobManifest, load_manifest, parse_manifest_bytes
+from denpex.evidence.store import EvidenceStore, StoredObject, open_store
+
+__all__ = ["TriageOptions", "NoUsableEvidence", "triage_path", "triage_store", "triage_summaries"]
+
+MANIFEST_NAME = "manifest.json"
+
+
+class NoUsableEvidence(EvidenceError):
+    """Not one usable dump was found; the message lists what was set aside and why."""
+
+
+class TriageOptions(BaseModel):
+    """How to read and judge the evidence. Defaults suit a production incident."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_dump_bytes: int = Field(default=DEFAULT_MAX_DUMP_BYTES, gt=0)
+    # A dump whose collector time is this much older than the incident is stale. Without a
+    # collector time, the newest entry must fall within the op's timeout plus this grace.
+    stale_after: timedelta = timedelta(minutes=15)
+    workers: int | None = Field(default=None, ge=1)
+
+
+def triage_path(path: str | Path, *, world_size: int | None = None,
+                manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
+                options: TriageOptions | None = None) -> TriageResult:
+    """Triage the dumps in a folder or ``s3://bucket/prefix``."""
+    return triage_store(open_store(path), world_size=world_size, manifest=manifest, as_of=as_of,
+                        options=options)
+
+
+def triage_store(store: EvidenceStore, *, world_size: int | None = None,
+                 manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
+                 options: TriageOptions | None = None) -> TriageResult:
+    """Triage every dump in ``store``."""
+    options = options or TriageOptions()
+    objects = store.list()
+    job = _manifest(store, objects, manifest)
+    size, size_note = _world_size(world_size, job, objects)
+    inventory = discover_dumps(store.uri, objects, job, size)
+    outcomes = summarize_all(list(inventory.dumps.values()), max_bytes=options.max_dump_bytes,
+                             workers=options.workers, store=store if len(inventory.dumps) < 64 else None)
+    skipped = list(inventory.skipped)
+    summaries: dict[int, RankSummary] = {}
+    for outcome in outcomes:
+        if isinstance(outcome, SkippedFile):
+            skipped.append(outcome)
+        else:
+            summaries[outcome.rank] = outcome
+    if not summaries:
+        raise NoUsableEvidence(_nothing_usable(store.uri, skipped))
+    result = triage_summaries(summaries, world_size=size, manifest=job, as_of=as_of,
+                              options=options, skipped=skipped)
+    if size_note:
+        result.notes.insert(0, size_note)
+    return result
+
+
+def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
+                     manifest: JobManifest | None = None, as_of: datetime | None = None,
+                     options: TriageOptions | None = None,
+                     skipped: list[SkippedFile] | None = None) -> TriageResult:
+    """Compare already-built summaries (the merge step of a fanned-out triage)."""
+    options = options or TriageOptions()
+    skipped = list(skipped or [])
+    membership = resolve_membership(summaries, manifest, world_size)
+    summaries = _drop_mislabeled(summaries, membership, skipped)
+    membership = resolve_membership(summaries, manifest, world_size)
+    as_of_ns = _as_of_ns(as_of, summaries, manifest)
+    stale = _stale_ranks(summaries, manifest, as_of_ns, options.stale_after)
+    fresh = {r: s for r, s in summaries.items() if r not in stale}
+    missing = {r: "no usable dump" for r in range(world_size) if r not in summaries}
+    missing.update(stale)
+    comparison = compare_groups(fresh, set(missing), membership, as_of_ns)
+    decision = decide(comparison, fresh, missing, membership, manifest)
+    return TriageResult(
+        verdict=decision.verdict,
+        world_size=world_size,
+        ranks_with_evidence=sorted(fresh),
+        missing_ranks=sorted(r for r in range(world_size) if r not in summaries),
+        stale_ranks=sorted(stale),
+        candidates=decision.candidates,
+        stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
+        skipped_files=skipped,
+        as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
+        notes=comparison.notes + _membership_notes(membership),
+    )
+
+
+def _manifest(store: EvidenceStore, objects: list[StoredObject],
+              given: JobManifest | Path | str | None) -> JobManifest | None:
+    if isinstance(given, JobManifest):
+        return given
+    if given is not None:
+        return load_manifest(Path(given))
+    if any(o.name == MANIFEST_NAME for o in objects):
+        try:
+            data = store.read(MANIFEST_NAME, max_bytes=64 * 1024 * 1024)
+        except EvidenceError as exc:
+            raise ManifestError(f"{store.uri}/{MANIFEST_NAME}: {exc}") from exc
+        return parse_manifest_bytes(data, source=f"{store.uri}/{MANIFEST_NAME}")
+    return None
+
+
+def _world_size(given: int | None, manifest: JobManifest | None,
+                objects: list[StoredObject]) -> tuple[int, str | None]:
+    if given is not None and manifest is not None and given != manifest.world_size:
+        raise ManifestError(
+            f"--world-size {given} contradicts the manifest's world_size {manifest.world_size}; "
+            "drop one of them")
+    if given is not None:
+        if given <= 0:
+            raise ManifestError(f"--world-size must be positive, got {given}")
+        return given, None
+    if manifest is not None:
+        return manifest.world_size, None
+    ranks = [r for o in objects if (r := rank_from_file_name(o.name)) is not None]
+    if not ranks:
+        return 0, None
+    size = max(ranks) + 1
+    return size, (f"world size {size} was inferred from file names; ranks above {size - 1} that "
+                  "left no dump cannot be seen. Pass --world-size or a manifest.")
+
+
+def _drop_mislabeled(summaries: dict[int, RankSummary], membership: GroupMembership,
+                     skipped: list[SkippedFile]) -> dict[int, RankSummary]:
+    """A dump that reports a group its rank is not in belongs to another rank: refuse it."""
+    kept = {}
+    for rank, summary in summaries.items():
+        foreign = [
+            name for name, group in summary.groups.items()
+            if name not in membership.inferred and name in membership.members
+            and rank not in membership.members[name] and (group.entry_count or group.config_ranks)
+        ]
+        if foreign:
+            name = foreign[0]
+            skipped.append(SkippedFile(
+                path=summary.source, rank=rank,
+                reason=f"mislabeled: it records process group {name!r}, whose members are "
+                       f"{list(membership.members[name])[:16]}, so it is not rank {rank}'s dump"))
+        else:
+            kept[rank] = summary
+    return kept
+
+
+def _as_of_ns(as_of: datetime | None, summaries: dict[int, RankSummary],
+              manifest: JobManifest | None) -> int | None:
+    if as_of is not None:
+        if as_of.tzinfo is None:
+            as_of = as_of.replace(tzinfo=UTC)
+        return int(as_of.timestamp() * 1e9)
+    times = [s.newest_time_ns for s in summaries.values() if s.newest_time_ns]
+    if manifest is not None:
+        times += [int(i.dumped_at.timestamp() * 1e9) for i in manifest.ranks.values() if i.dumped_at]
+    return max(times) if times else None
+
+
+def _stale_ranks(summaries: dict[int, RankSummary], manifest: JobManifest | None,
+                 as_of_ns: int | None, stale_after: timedelta) -> dict[int, str]:
+    if as_of_ns is None:
+        return {}
+    grace_ns = int(stale_after.total_seconds() * 1e9)
+    stale = {}
+    for rank, summary in summaries.items():
+        identity = manifest.ranks.get(rank) if manifest else None
+        if identity is not None and identity.dumped_at is not None:
+            dumped_ns = int(identity.dumped_at.timestamp() * 1e9)
+            if dumped_ns < as_of_ns - grace_ns:
+                stale[rank] = f"its dump was written {_ago(as_of_ns - dumped_ns)} before the incident"
+            continue
+        if summary.newest_time_ns is None:
+            continue
+        window = grace_ns + _longest_timeout_ns(summary)
+        if summary.newest_time_ns < as_of_ns - window:
+            stale[rank] = (f"its newest entry is {_ago(as_of_ns - summary.newest_time_ns)} older than "
+                           "the incident, beyond any op timeout: the dump is stale")
+    return stale
+
+
+def _longest_timeout_ns(summary: RankSummary) -> int:
+    timeouts = [op.timeout_ms for g in summary.groups.values() for op in g.pending if op.timeout_ms]
+    return max(timeouts, default=600_000) * 1_000_000
+
+
+def _ago(delta_ns: int) -> str:
+    seconds = delta_ns / 1e9
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _membership_notes(membership: GroupMembership) -> list[str]:
+    if not membership.inferred:
+        return []
+    names = ", ".join(repr(n) for n in sorted(membership.inferred)[:8])
+    return [f"membership of process group(s) {names} was inferred from the dumps that mention them; "
+            "a member that left no dump cannot be counted. A manifest with process_groups fixes this."]
+
+
+def _nothing_usable(uri: str, skipped: list[SkippedFile]) -> str:
+    if not skipped:
+        return f"{uri}: no Flight Recorder dumps found"
+    shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:5])
+    more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
+    return f"{uri}: no usable Flight Recorder dump among {len(skipped)} files: {shown}{more}"

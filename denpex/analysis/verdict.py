@@ -1,0 +1,136 @@
+"""Turn the wait-for graph's culprits into candidates with reasons, and pick the verdict.
+
+Rules (documented so that operators can predict them):
+- no blockage and every rank reported          -> ``no_hang``, no candidates;
+- no blockage but some ranks left no dump      -> ``incomplete``; the silent ranks are the only lead;
+- a culprit without usable evidence            -> ``incomplete`` (it may be the cause, or not);
+- culprits that the evidence cannot separate   -> ``ambiguous``;
+- otherwise                                    -> ``localized``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from denpex.analysis.compare import Blockage, BlockageKind, Comparison
+from denpex.analysis.membership import GroupMembership
+from denpex.analysis.wording import ranks_phrase
+from denpex.analysis.models import Candidate, CandidateKind, Verdict
+from denpex.analysis.summary import OpKind, RankSummary
+from denpex.analysis.waitgraph import Culprit, find_culprits
+from denpex.evidence.manifest import JobManifest
+
+__all__ = ["Decision", "decide"]
+
+_BASE_CONFIDENCE = {
+    CandidateKind.NOT_ENTERED: 0.9,
+    CandidateKind.MISMATCH: 0.85,
+    CandidateKind.STALLED: 0.7,
+    CandidateKind.STOPPED_REPORTING: 0.6,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    candidates: list[Candidate]
+
+
+def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: dict[int, str],
+           membership: GroupMembership, manifest: JobManifest | None) -> Decision:
+    """The verdict and its candidates, from the blockages the comparison found."""
+    host = manifest.host_of if manifest else (lambda rank: None)
+    if not comparison.blockages:
+        if not missing:
+            return Decision(Verdict.NO_HANG, [])
+        return Decision(Verdict.INCOMPLETE, [
+            Candidate(rank=r, kind=CandidateKind.STOPPED_REPORTING, confidence=0.3, host=host(r),
+                      reasons=[f"{why}; the ranks that did report show no stuck collective, so this "
+                               "rank's silence is the only lead"])
+            for r, why in sorted(missing.items())
+        ])
+    culprits = find_culprits(comparison.blockages)
+    candidates = [_candidate(c, summaries, missing, membership, host(c.rank)) for c in culprits]
+    _share_blame_with_silent_ranks(candidates, culprits, missing)
+    if any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates):
+        verdict = Verdict.INCOMPLETE
+    elif any(c.component_size > 1 for c in culprits):
+        verdict = Verdict.AMBIGUOUS
+    else:
+        verdict = Verdict.LOCALIZED
+    return Decision(verdict, candidates)
+
+
+def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dict[int, str],
+               membership: GroupMembership, host: str | None) -> Candidate:
+    first = culprit.blocking[0] if culprit.blocking else None
+    kind = _kind(culprit, summaries, missing)
+    reasons = [_why_waited(b, membership) for b in culprit.blocking[:3]]
+    if len(culprit.blocking) > 3:
+        reasons.append(f"... and {len(culprit.blocking) - 3} more stuck ops wait on it")
+    reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first))
+    if culprit.component_size > 1:
+        reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart")
+    confidence = round(_BASE_CONFIDENCE[kind] / culprit.component_size, 3)
+    return Candidate(
+        rank=culprit.rank, kind=kind, process_group=first.group if first else None,
+        collective_seq_id=first.seq if first else None, confidence=max(confidence, 0.05),
+        host=host, reasons=reasons,
+    )
+
+
+def _kind(culprit: Culprit, summaries: dict[int, RankSummary], missing: dict[int, str]) -> CandidateKind:
+    if culprit.rank in missing:
+        return CandidateKind.STOPPED_REPORTING
+    kinds = {b.kind for b in culprit.blocking}
+    if BlockageKind.MISMATCH in kinds:
+        return CandidateKind.MISMATCH
+    if BlockageKind.OVERDUE in kinds or _in_flight(summaries[culprit.rank]):
+        return CandidateKind.STALLED
+    return CandidateKind.NOT_ENTERED
+
+
+def _in_flight(summary: RankSummary) -> str | None:
+    """Where the rank is blocked, if it has any op in flight."""
+    for name, group in sorted(summary.groups.items()):
+        op = group.oldest_pending_collective()
+        if op is not None:
+            return f"collective #{op.collective_seq_id} {op.signature.describe()} in process group {name!r}"
+        p2p = group.pending_p2p()
+        if p2p:
+            head = min(p2p, key=lambda o: o.p2p_seq_id)
+            return f"{head.kind.value} (p2p_seq_id {head.p2p_seq_id}) in process group {name!r}"
+    return None
+
+
+def _why_waited(blockage: Blockage, membership: GroupMembership) -> str:
+    desc = membership.descs.get(blockage.group)
+    where = f"process group {blockage.group!r}" + (f" ({desc})" if desc else "")
+    what = f"p2p_seq_id {blockage.seq}" if blockage.is_p2p else f"collective #{blockage.seq}"
+    waiting = ranks_phrase(blockage.waiting)
+    return f"{waiting} wait in {where} {what} {blockage.op}: {blockage.detail}"
+
+
+def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
+              missing: dict[int, str], first: Blockage | None) -> str:
+    if kind is CandidateKind.STOPPED_REPORTING:
+        return f"rank {rank}: {missing[rank]}, so whether it entered is unknown"
+    if kind is CandidateKind.MISMATCH:
+        return f"rank {rank} called something other than the majority at the same sequence id"
+    if kind is CandidateKind.STALLED:
+        where = _in_flight(summaries[rank]) or "an op that never finished"
+        return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
+    group = summaries[rank].groups.get(first.group) if first else None
+    last = group.last_enqueued if group else -1
+    seen = f"its last enqueued op in that group is #{last}" if last >= 0 else "it has no op in that group"
+    return f"rank {rank} dumped (it is alive) with nothing in flight; {seen}"
+
+
+def _share_blame_with_silent_ranks(candidates: list[Candidate], culprits: list[Culprit],
+                                   missing: dict[int, str]) -> None:
+    """A silent rank waited on next to a rank proven behind is a weaker lead than that rank."""
+    proven = {c.rank for c in candidates if c.kind is not CandidateKind.STOPPED_REPORTING}
+    for candidate, culprit in zip(candidates, culprits, strict=True):
+        if candidate.rank in missing and any(set(b.targets) & proven for b in culprit.blocking):
+            candidate.confidence = min(candidate.confidence, 0.4)
+

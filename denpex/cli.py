@@ -1,0 +1,77 @@
+"""The ``denpex`` command line: parse, call the core, render, pick the exit code.
+
+Exit status 0 whenever triage ran, whatever the verdict; 2 for unusable input, with one clear line
+on stderr (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from denpex.analysis.triage import triage_path
+from denpex.evidence.errors import EvidenceError
+from denpex.report import TriageReport, render_text
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Find the ranks behind a distributed-training hang.")
+
+EXIT_UNUSABLE = 2
+
+
+class OutputFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one line on stderr and return the exit for unusable input."""
+    typer.echo(f"denpex: error: {message}", err=True)
+    return typer.Exit(EXIT_UNUSABLE)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """An ISO time; a time without zone is UTC."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise fail(f"--as-of {value!r} is not an ISO time such as 2026-11-29T18:45:02Z") from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@app.callback()
+def _root() -> None:
+    """Denpex: distributed-training hang triage."""
+
+
+@app.command()
+def triage(
+    path: Annotated[str, typer.Argument(help="Folder of per-rank FR dumps, or s3://bucket/prefix.")],
+    world_size: Annotated[int | None, typer.Option("--world-size", min=1, help="Number of ranks in the job.")] = None,
+    manifest: Annotated[Path | None, typer.Option("--manifest", help="Job manifest JSON (default: PATH/manifest.json).")] = None,
+    as_of: Annotated[str | None, typer.Option("--as-of", help="Incident time (ISO); default: newest time in the evidence.")] = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="text for people, json for machines.")] = OutputFormat.TEXT,
+) -> None:
+    """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
+    try:
+        result = triage_path(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of))
+    except EvidenceError as exc:
+        raise fail(str(exc)) from exc
+    report = TriageReport(**dict(result))
+    if output is OutputFormat.JSON:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        typer.echo(render_text(report), nl=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    app(args=argv, prog_name="denpex")

@@ -1,0 +1,115 @@
+"""Find the dumps in a store and decide which rank each belongs to.
+
+The rank comes from the manifest (``ranks[r].dump_file``), else from the trailing number of the
+file name, ignoring an extension such as ``.json`` or ``.pkl`` (ARCHITECTURE.md)::
+
+    comm_lib_trace_rank_12   -> 12        rank_1.pkl -> 1        dump-007.json -> 7
+    manifest.json, notes.txt -> skipped and reported, never fatal
+
+Two files for one rank are both refused (a rank must not look healthy on borrowed evidence),
+except the same dump in both encodings (``rank_3.pkl`` and ``rank_3.json``): the pickle is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from denpex.analysis.models import SkippedFile
+from denpex.evidence.manifest import JobManifest
+from denpex.evidence.store import StoredObject
+
+__all__ = ["DumpRef", "Inventory", "rank_from_file_name", "discover_dumps", "NOT_EVIDENCE"]
+
+# Names Denpex itself writes next to dumps; they are not dumps and not worth a warning.
+NOT_EVIDENCE = frozenset({"manifest.json", "expected.json"})
+_EXTENSIONS = (".json", ".pkl", ".pickle", ".pt", ".bin", ".dump")
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class DumpRef:
+    """One dump to read: where it is and whose it is. Small and picklable for worker processes."""
+
+    store_uri: str
+    name: str
+    rank: int
+    size: int
+    modified: datetime | None = None
+
+
+@dataclass(slots=True)
+class Inventory:
+    """The dumps found, keyed by rank, and every file that was set aside with its reason."""
+
+    dumps: dict[int, DumpRef] = field(default_factory=dict)
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+
+def rank_from_file_name(name: str) -> int | None:
+    """The trailing number of ``name`` without a known extension, or None."""
+    stem = name
+    lowered = name.lower()
+    for ext in _EXTENSIONS:
+        if lowered.endswith(ext):
+            stem = name[: -len(ext)]
+            break
+    match = _TRAILING_NUMBER.search(stem)
+    return int(match.group(1)) if match else None
+
+
+def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobManifest | None,
+                   world_size: int) -> Inventory:
+    """Assign each object to a rank, or skip it with a reason."""
+    by_file = {ident.dump_file: rank for rank, ident in (manifest.ranks.items() if manifest else [])
+               if ident.dump_file}
+    inventory = Inventory()
+    claims: dict[int, list[StoredObject]] = defaultdict(list)
+    for obj in objects:
+        if obj.name in NOT_EVIDENCE or obj.name.startswith(".") or obj.name.endswith(".tmp"):
+            continue
+        rank = by_file.get(obj.name)
+        if rank is None:
+            rank = rank_from_file_name(obj.name)
+        if rank is None:
+            inventory.skipped.append(SkippedFile(
+                path=obj.name, reason="not a dump: no rank in the manifest and no trailing number"))
+        elif rank >= world_size:
+            inventory.skipped.append(SkippedFile(
+                path=obj.name, rank=rank, reason=f"rank {rank} is outside world size {world_size}"))
+        else:
+            claims[rank].append(obj)
+    for rank, files in sorted(claims.items()):
+        chosen = _one_dump_per_rank(rank, files, inventory.skipped)
+        if chosen is not None:
+            inventory.dumps[rank] = DumpRef(store_uri, chosen.name, rank, chosen.size, chosen.modified)
+    return inventory
+
+
+def _one_dump_per_rank(rank: int, files: list[StoredObject],
+                       skipped: list[SkippedFile]) -> StoredObject | None:
+    if len(files) == 1:
+        return files[0]
+    stems = {_stem(f.name) for f in files}
+    if len(stems) == 1 and len(files) == 2:
+        json_file = next((f for f in files if f.name.lower().endswith(".json")), None)
+        if json_file is not None:
+            kept = files[0] if files[1] is json_file else files[1]
+            skipped.append(SkippedFile(path=json_file.name, rank=rank,
+                                       reason=f"same dump as {kept.name} in JSON; the pickle is used"))
+            return kept
+    names = ", ".join(f.name for f in files)
+    for f in files:
+        skipped.append(SkippedFile(path=f.name, rank=rank,
+                                   reason=f"rank {rank} is claimed by several files ({names}); none is used"))
+    return None
+
+
+def _stem(name: str) -> str:
+    lowered = name.lower()
+    for ext in _EXTENSIONS:
+        if lowered.endswith(ext):
+            return name[: -len(ext)]
+    return name

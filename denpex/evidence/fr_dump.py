@@ -1,0 +1,95 @@
+"""Decode one Flight Recorder dump (pickle or JSON) into its raw top-level mapping.
+
+Only the envelope is checked here: the encoding, the top-level type and the schema version.
+Entries are reduced to a compact summary by ``denpex.analysis.summary`` in one streaming pass,
+so that a 2,000-entry ring never turns into 2,000 model objects.
+
+Example::
+
+    >>> decode_dump(b'{"version": "2.10", "pg_config": {}, "pg_status": {}}', source="r0.json")
+    DecodedDump(source='r0.json', encoding=<DumpEncoding.JSON: 'json'>, version=(2, 10), ...)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from denpex.evidence.errors import DumpError
+from denpex.evidence.safe_pickle import safe_loads
+
+__all__ = [
+    "DumpEncoding",
+    "DecodedDump",
+    "SUPPORTED_MAJOR",
+    "decode_dump",
+    "parse_version",
+]
+
+SUPPORTED_MAJOR = 2
+_PICKLE_PROTO = 0x80
+
+
+class DumpEncoding(StrEnum):
+    """How the dump was serialised by torch."""
+
+    PICKLE = "pickle"
+    """``_dump_fr_trace`` / the NCCL dump-on-timeout file: protocol-2 pickle."""
+    JSON = "json"
+    """``_dump_fr_trace_json``: no stack frames, lists instead of tuples, 0 instead of None."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedDump:
+    """A dump whose envelope is valid. ``raw`` is the untouched top-level mapping."""
+
+    source: str
+    encoding: DumpEncoding
+    version: tuple[int, int]
+    raw: dict[str, Any] = field(repr=False)
+
+
+def parse_version(value: object) -> tuple[int, int]:
+    """``"2.10"`` -> ``(2, 10)``; anything else is a DumpError naming the value."""
+    if isinstance(value, str):
+        major, _, minor = value.strip().partition(".")
+        if major.isdigit() and (minor.isdigit() or minor == ""):
+            return int(major), int(minor or 0)
+    raise DumpError(f"schema 'version' is {value!r}; expected a string like '2.10'")
+
+
+def decode_dump(data: bytes, *, source: str) -> DecodedDump:
+    """Decode ``data`` (pickle or JSON, sniffed from the first byte) and check its envelope."""
+    if not data:
+        raise DumpError("empty file")
+    encoding = DumpEncoding.PICKLE if data[0] == _PICKLE_PROTO else DumpEncoding.JSON
+    raw = safe_loads(data) if encoding is DumpEncoding.PICKLE else _json_loads(data)
+    if not isinstance(raw, dict):
+        raise DumpError(
+            f"top level is a {type(raw).__name__}, not the mapping a Flight Recorder dump holds"
+        )
+    if "version" not in raw:
+        raise DumpError("no 'version' field: not a Flight Recorder dump")
+    version = parse_version(raw["version"])
+    if version[0] != SUPPORTED_MAJOR:
+        raise DumpError(
+            f"Flight Recorder schema {raw['version']} is not supported; Denpex reads "
+            f"{SUPPORTED_MAJOR}.x (torch 2.13 writes 2.10). Upgrade Denpex to read this dump."
+        )
+    for key, kind in (("entries", list), ("pg_config", dict), ("pg_status", dict)):
+        if key in raw and not isinstance(raw[key], kind):
+            raise DumpError(f"'{key}' is a {type(raw[key]).__name__}, expected a {kind.__name__}")
+    return DecodedDump(source=source, encoding=encoding, version=version, raw=raw)
+
+
+def _json_loads(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise DumpError("neither a pickle nor UTF-8 JSON") from exc
+    except json.JSONDecodeError as exc:
+        raise DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})") from exc
+    except RecursionError as exc:
+        raise DumpError("JSON nested too deeply") from exc

@@ -1,0 +1,123 @@
+"""The job manifest: who each rank is and which process groups exist.
+
+Every field except ``world_size`` is optional (ARCHITECTURE.md). Unknown fields are refused so
+that a typo such as ``"hots"`` fails loudly instead of silently dropping a rank's host.
+
+Example::
+
+    {"job_id": "job-123", "world_size": 4,
+     "ranks": {"0": {"host": "gpu-node-001", "local_rank": 0, "pid": 4242}},
+     "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}}
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from denpex.evidence.errors import ManifestError
+
+__all__ = ["RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes"]
+
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+
+
+class RankIdentity(BaseModel):
+    """Where one rank ran. Used to map a culprit rank to a node and a GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = None
+    local_rank: int | None = Field(default=None, ge=0)
+    pid: int | None = Field(default=None, ge=0)
+    gpu_pci_bus_id: str | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = Field(default=None, ge=0)
+    # The name of this rank's dump in the evidence folder or prefix. When given, it decides
+    # the rank; otherwise the rank is the trailing number of the file name.
+    dump_file: str | None = None
+    # When the rank's collector wrote its dump. Staleness is judged on this when present.
+    dumped_at: datetime | None = None
+
+
+class ProcessGroupSpec(BaseModel):
+    """One process group, keyed in the manifest by the name FR records in ``process_group[0]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    desc: str | None = None
+    ranks: tuple[int, ...]
+
+    @field_validator("ranks")
+    @classmethod
+    def _distinct(cls, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"ranks repeat a rank: {list(ranks)}")
+        if any(r < 0 for r in ranks):
+            raise ValueError(f"ranks must be >= 0: {list(ranks)}")
+        return ranks
+
+
+class JobManifest(BaseModel):
+    """Identity of a job: its world size, its ranks' hosts and GPUs, its process groups."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str | None = None
+    tenant: str | None = None
+    cluster: str | None = None
+    world_size: int = Field(gt=0)
+    ranks: dict[int, RankIdentity] = Field(default_factory=dict)
+    process_groups: dict[str, ProcessGroupSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _ranks_in_world(self) -> "JobManifest":
+        problems = [f"rank {r} in 'ranks'" for r in self.ranks if not 0 <= r < self.world_size]
+        for name, pg in self.process_groups.items():
+            problems += [
+                f"rank {r} in process group {name!r}"
+                for r in pg.ranks
+                if not 0 <= r < self.world_size
+            ]
+        if problems:
+            raise ValueError(
+                f"outside world_size {self.world_size}: " + ", ".join(problems)
+            )
+        return self
+
+    def host_of(self, rank: int) -> str | None:
+        identity = self.ranks.get(rank)
+        return identity.host if identity else None
+
+
+def load_manifest(path: Path) -> JobManifest:
+    """Read and validate ``manifest.json``; every problem is reported in one ManifestError."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path}: manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} cap")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc.strerror or exc}") from exc
+    return parse_manifest_bytes(data, source=str(path))
+
+
+def parse_manifest_bytes(data: bytes, *, source: str) -> JobManifest:
+    """Validate manifest JSON from any store; ``source`` names it in errors."""
+    try:
+        raw = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ManifestError(f"{source}: manifest is not valid JSON: {exc}") from exc
+    try:
+        return JobManifest.model_validate(raw)
+    except ValidationError as exc:
+        raise ManifestError(f"{source}: invalid manifest: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+    )

@@ -1,0 +1,165 @@
+"""Where evidence lives: a local folder or an S3 prefix, behind one small interface.
+
+Locations are written as URIs so that a worker process (or a Prefect task) can reopen the same
+store from a string: ``/var/denpex/incident-7``, ``file:///...`` or ``s3://bucket/prefix``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from denpex.evidence.errors import DumpError, EvidenceSourceError
+
+__all__ = ["StoredObject", "EvidenceStore", "LocalStore", "S3Store", "open_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One object in a store: its name relative to the store's root, size and modification time."""
+
+    name: str
+    size: int
+    modified: datetime | None = None
+
+
+class EvidenceStore(Protocol):
+    """Read and write named blobs under one root."""
+
+    uri: str
+
+    def list(self) -> list[StoredObject]: ...
+
+    def read(self, name: str, *, max_bytes: int) -> bytes: ...
+
+    def write(self, name: str, data: bytes) -> None: ...
+
+
+class LocalStore:
+    """A folder on disk. Only regular files directly in the folder are evidence."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.uri = str(root)
+
+    def list(self) -> list[StoredObject]:
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError as exc:
+            raise EvidenceSourceError(f"{self.root}: no such folder") from exc
+        except NotADirectoryError as exc:
+            raise EvidenceSourceError(f"{self.root}: not a folder") from exc
+        except OSError as exc:
+            raise EvidenceSourceError(f"{self.root}: cannot list ({exc.strerror})") from exc
+        objects = []
+        for name in names:
+            path = self.root / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if path.is_file() and not path.is_symlink():
+                objects.append(StoredObject(name, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
+        return objects
+
+    def read(self, name: str, *, max_bytes: int) -> bytes:
+        path = self._path(name)
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise DumpError(f"cannot read ({exc.strerror or exc})") from exc
+        if len(data) > max_bytes:
+            raise DumpError(f"larger than the {max_bytes}-byte cap per dump")
+        return data
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+
+    def _path(self, name: str) -> Path:
+        if name.startswith("/") or ".." in Path(name).parts:
+            raise EvidenceSourceError(f"object name {name!r} escapes the store root")
+        return self.root / name
+
+
+class S3Store:
+    """An S3 prefix (moto in tests). boto3 retries throttling; errors become EvidenceErrors."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
+                 endpoint_url: str | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._client = client or _s3_client(endpoint_url)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def list(self) -> list[StoredObject]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        base = f"{self.prefix}/" if self.prefix else ""
+        objects = []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base, Delimiter="/"
+            ):
+                for item in page.get("Contents", []):
+                    name = item["Key"][len(base):]
+                    if name:
+                        objects.append(StoredObject(name, int(item["Size"]), item.get("LastModified")))
+        except (ClientError, BotoCoreError) as exc:
+            raise EvidenceSourceError(f"{self.uri}: cannot list ({exc})") from exc
+        return sorted(objects, key=lambda o: o.name)
+
+    def read(self, name: str, *, max_bytes: int) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(name))
+            if int(response.get("ContentLength", 0)) > max_bytes:
+                response["Body"].close()
+                raise DumpError(f"larger than the {max_bytes}-byte cap per dump")
+            data: bytes = response["Body"].read(max_bytes + 1)
+        except (ClientError, BotoCoreError) as exc:
+            raise DumpError(f"cannot read {self.uri}/{name} ({exc})") from exc
+        if len(data) > max_bytes:
+            raise DumpError(f"larger than the {max_bytes}-byte cap per dump")
+        return data
+
+    def write(self, name: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            raise EvidenceSourceError(f"cannot write {self.uri}/{name} ({exc})") from exc
+
+
+def _s3_client(endpoint_url: str | None) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+    return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get("DENPEX_S3_ENDPOINT_URL"),
+                        config=config)
+
+
+def open_store(location: str | Path) -> EvidenceStore:
+    """``s3://bucket/prefix`` -> S3Store; a path or ``file://`` URI -> LocalStore."""
+    text = str(location)
+    if text.startswith("s3://"):
+        bucket, _, prefix = text[5:].partition("/")
+        if not bucket:
+            raise EvidenceSourceError(f"{text}: no bucket in S3 URI")
+        return S3Store(bucket, prefix)
+    if text.startswith("file://"):
+        text = text[7:]
+    return LocalStore(Path(text))

@@ -1,0 +1,245 @@
+"""Parse the JSON lines written by ``denpex collect-telemetry`` into events.
+
+Counters become events only as differences: NVLink error counters that rose between two snapshots
+of the same link, a link that went down, new uncorrectable remapped rows, a row-remap failure or a
+newly pending remap. Xid records become Xid events directly.
+
+Example::
+
+    >>> lines = [
+    ...   '{"v":1,"type":"nvlink","host":"n2","time":"2026-11-29T18:40:00Z","snapshot":0,'
+    ...   '"gpu":{"pci_bus_id":"00000000:3B:00.0"},"link":3,"active":true,"counters":{"dl_recovery":2}}',
+    ...   '{"v":1,"type":"nvlink","host":"n2","time":"2026-11-29T18:45:00Z","snapshot":1,'
+    ...   '"gpu":{"pci_bus_id":"00000000:3B:00.0"},"link":3,"active":true,"counters":{"dl_recovery":7}}',
+    ... ]
+    >>> e = parse_collector_lines(lines).events[0]
+    >>> (e.kind.value, e.gpu.pci_bus_id, e.link, e.detail)
+    ('nvlink', '0000:3b:00.0', 3, 'link 3: dl_recovery +5 (2 -> 7) between 18:40:00Z and 18:45:00Z')
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from denpex.hardware.events import (
+    MAX_SOURCE_LINE_CHARS,
+    GpuIdentity,
+    GpuRef,
+    HardwareEvent,
+    RejectReason,
+    Severity,
+    SignalKind,
+    SignalSource,
+    TelemetryParseResult,
+    Unavailable,
+)
+from denpex.hardware.kernel_log import MAX_LINE_CHARS
+from denpex.hardware.records import (
+    KNOWN_RECORD_TYPES,
+    RECORD_ADAPTER,
+    RECORD_VERSION,
+    GpuRecord,
+    NotAvailableRecord,
+    NvLinkCounter,
+    NvLinkRecord,
+    RemappedRowsRecord,
+    XidRecord,
+)
+from denpex.hardware.xid_catalog import XidCatalog, default_xid_catalog
+
+__all__ = ["parse_collector_lines", "CollectorLogReader"]
+
+# Replays and CRC errors are corrected by the link; recoveries mean it had to retrain.
+_COUNTER_SEVERITY = {
+    NvLinkCounter.DL_REPLAY: Severity.CORRECTABLE,
+    NvLinkCounter.CRC_FLIT: Severity.CORRECTABLE,
+    NvLinkCounter.CRC_DATA: Severity.CORRECTABLE,
+    NvLinkCounter.DL_RECOVERY: Severity.NON_FATAL,
+}
+_SEVERITY_RANK = [Severity.UNKNOWN, Severity.CORRECTABLE, Severity.NON_FATAL, Severity.FATAL]
+
+
+def parse_collector_lines(
+    lines: Iterable[str], *, catalog: XidCatalog | None = None
+) -> TelemetryParseResult:
+    """Parse collector JSON lines; bad lines are counted per reason, never raised."""
+    reader = CollectorLogReader(catalog=catalog)
+    for line in lines:
+        reader.feed(line)
+    return reader.result()
+
+
+class CollectorLogReader:
+    """Line-at-a-time reader; snapshots are kept until ``result()`` compares them."""
+
+    def __init__(self, *, catalog: XidCatalog | None = None) -> None:
+        self._catalog = catalog or default_xid_catalog()
+        self._events: list[HardwareEvent] = []
+        self._gpus: list[GpuIdentity] = []
+        self._unavailable: list[Unavailable] = []
+        self._hosts: set[str] = set()
+        self._rejects: Counter[RejectReason] = Counter()
+        self._lines = 0
+        self._links: dict[tuple[str, GpuRef, int], list[NvLinkRecord]] = defaultdict(list)
+        self._rows: dict[tuple[str, GpuRef], list[RemappedRowsRecord]] = defaultdict(list)
+
+    def feed(self, raw: str) -> None:
+        """Read one JSON line."""
+        line = raw.strip()
+        if not line:
+            return
+        self._lines += 1
+        if len(line) > MAX_LINE_CHARS:
+            self._rejects[RejectReason.LINE_TOO_LONG] += 1
+            return
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            # ValueError covers JSONDecodeError and integers past Python's digit limit.
+            self._rejects[RejectReason.BAD_JSON] += 1
+            return
+        if not isinstance(data, dict) or data.get("type") not in KNOWN_RECORD_TYPES:
+            self._rejects[RejectReason.UNKNOWN_RECORD] += 1
+            return
+        if data.get("v") != RECORD_VERSION:
+            self._rejects[RejectReason.UNSUPPORTED_VERSION] += 1
+            return
+        try:
+            record = RECORD_ADAPTER.validate_python(data)
+        except ValidationError:
+            self._rejects[RejectReason.INVALID_RECORD] += 1
+            return
+        self._hosts.add(record.host)
+        self._take(record, line[:MAX_SOURCE_LINE_CHARS])
+
+    def _take(self, record: object, line: str) -> None:
+        if isinstance(record, GpuRecord):
+            path = tuple(record.pcie_path) if record.pcie_path is not None else None
+            self._gpus.append(
+                GpuIdentity(host=record.host, gpu=record.gpu, name=record.name, pcie_path=path, time=record.time)
+            )
+        elif isinstance(record, XidRecord):
+            self._events.append(
+                HardwareEvent(
+                    host=record.host,
+                    kind=SignalKind.XID,
+                    time=record.time,
+                    severity=self._catalog.severity_of(record.code),
+                    code=record.code,
+                    gpu=record.gpu,
+                    source=SignalSource.NVML,
+                    detail="NVML Xid critical-error event",
+                    line=line,
+                )
+            )
+        elif isinstance(record, NvLinkRecord):
+            self._links[(record.host, record.gpu, record.link)].append(record)
+        elif isinstance(record, RemappedRowsRecord):
+            self._rows[(record.host, record.gpu)].append(record)
+        elif isinstance(record, NotAvailableRecord):
+            self._unavailable.append(
+                Unavailable(
+                    host=record.host,
+                    what=record.what,
+                    detail=record.detail,
+                    gpu=record.gpu,
+                    link=record.link,
+                    time=record.time,
+                )
+            )
+        # Session records only mark the host as covered.
+
+    def result(self) -> TelemetryParseResult:
+        """Everything read so far, with snapshot differences turned into events."""
+        events = list(self._events)
+        for snapshots in self._links.values():
+            events += _link_events(sorted(snapshots, key=lambda r: (r.time, r.snapshot)))
+        for rows in self._rows.values():
+            events += _row_events(sorted(rows, key=lambda r: (r.time, r.snapshot)))
+        return TelemetryParseResult(
+            events=sorted(events, key=lambda e: e.time),
+            gpus=list(self._gpus),
+            unavailable=list(self._unavailable),
+            hosts=sorted(self._hosts),
+            lines_read=self._lines,
+            rejects=dict(self._rejects),
+        )
+
+
+def _link_events(snapshots: list[NvLinkRecord]) -> list[HardwareEvent]:
+    events = []
+    for before, after in zip(snapshots, snapshots[1:]):
+        span = f"between {_hms(before.time)} and {_hms(after.time)}"
+        rises = []
+        severity = Severity.UNKNOWN
+        for counter in NvLinkCounter:
+            if counter in before.counters and counter in after.counters:
+                delta = after.counters[counter] - before.counters[counter]
+                # A lower value means the counters were reset in between: no rise is visible.
+                if delta > 0:
+                    rises.append(f"{counter.value} +{delta} ({before.counters[counter]} -> {after.counters[counter]})")
+                    severity = max(severity, _COUNTER_SEVERITY[counter], key=_SEVERITY_RANK.index)
+        went_down = before.active is True and after.active is False
+        if went_down:
+            rises.insert(0, "went down")
+            severity = Severity.FATAL
+        if rises:
+            events.append(
+                HardwareEvent(
+                    host=after.host,
+                    kind=SignalKind.NVLINK,
+                    time=after.time,
+                    severity=severity,
+                    gpu=after.gpu,
+                    link=after.link,
+                    detail=f"link {after.link}: {', '.join(rises)} {span}",
+                    source=SignalSource.NVML,
+                    line=after.model_dump_json(exclude_none=True)[:MAX_SOURCE_LINE_CHARS],
+                )
+            )
+    return events
+
+
+def _row_events(rows: list[RemappedRowsRecord]) -> list[HardwareEvent]:
+    events = []
+    failure_seen = pending_seen = False
+    previous: RemappedRowsRecord | None = None
+    for row in rows:
+        findings: list[tuple[Severity, str]] = []
+        if row.failure and not failure_seen:
+            findings.append((Severity.FATAL, "row remapping failed: the GPU needs service"))
+        if previous is not None and row.uncorrectable > previous.uncorrectable:
+            findings.append(
+                (
+                    Severity.NON_FATAL,
+                    f"uncorrectable remapped rows +{row.uncorrectable - previous.uncorrectable} "
+                    f"({previous.uncorrectable} -> {row.uncorrectable})",
+                )
+            )
+        if row.pending and not pending_seen:
+            findings.append((Severity.CORRECTABLE, "a row remap is pending until the next GPU reset"))
+        failure_seen, pending_seen = failure_seen or row.failure, pending_seen or row.pending
+        for severity, detail in findings:
+            events.append(
+                HardwareEvent(
+                    host=row.host,
+                    kind=SignalKind.ROW_REMAP,
+                    time=row.time,
+                    severity=severity,
+                    gpu=row.gpu,
+                    detail=detail,
+                    source=SignalSource.NVML,
+                    line=row.model_dump_json(exclude_none=True)[:MAX_SOURCE_LINE_CHARS],
+                )
+            )
+        previous = row
+    return events
+
+
+def _hms(time: datetime) -> str:
+    return time.strftime("%H:%M:%SZ")

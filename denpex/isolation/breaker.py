@@ -1,0 +1,107 @@
+"""The blast-radius circuit breaker's persistent state.
+
+Once tripped, the breaker stays tripped across runs and processes until a named person resets
+it: an automated workflow that suddenly wants to isolate many nodes is more likely reacting to a
+fabric-wide fault (or a bug) than to many broken GPUs. The state is one small JSON file, written
+atomically under an exclusive lock, so concurrent executors see one truth.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from denpex.isolation.errors import ConfigError
+
+__all__ = ["BreakerState", "CircuitBreaker"]
+
+
+class BreakerState(BaseModel):
+    """Whether automated isolation is allowed, and the story of the last trip and reset."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tripped: bool = False
+    tripped_at: datetime | None = None
+    tripped_by_incident: str | None = None
+    trip_reason: str | None = None
+    reset_by: str | None = None
+    reset_at: datetime | None = None
+
+
+class CircuitBreaker:
+    """The breaker stored at ``path`` (created on first trip; a missing file means closed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def state(self) -> BreakerState:
+        with self._locked():
+            return self._read()
+
+    def trip(self, *, reason: str, incident_id: str, at: datetime) -> BreakerState:
+        """Open the breaker. A breaker already open keeps its first trip's story."""
+        with self._locked():
+            current = self._read()
+            if current.tripped:
+                return current
+            new = BreakerState(
+                tripped=True, tripped_at=at, tripped_by_incident=incident_id, trip_reason=reason,
+                reset_by=current.reset_by, reset_at=current.reset_at,
+            )
+            self._write(new)
+            return new
+
+    def reset(self, *, by: str, at: datetime) -> BreakerState:
+        """Close the breaker; only a person does this, so ``by`` must name one."""
+        if not by.strip():
+            raise ConfigError("breaker reset needs the name of the person resetting it (--by NAME)")
+        with self._locked():
+            try:
+                current = self._read()
+            except ConfigError:
+                current = BreakerState()  # a person resetting a damaged file starts it afresh
+            new = current.model_copy(update={"tripped": False, "reset_by": by.strip(), "reset_at": at})
+            self._write(new)
+            return new
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        with lock_path.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> BreakerState:
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return BreakerState()
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot read breaker state: {exc.strerror or exc}") from exc
+        try:
+            return BreakerState.model_validate_json(raw)
+        except ValidationError as exc:
+            # A damaged state file must not silently re-enable automation.
+            raise ConfigError(
+                f"{self.path}: breaker state is damaged ({exc.error_count()} problems); "
+                "inspect it, then reset with `denpex breaker reset --by NAME`"
+            ) from exc
+
+    def _write(self, state: BreakerState) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)

@@ -1,0 +1,93 @@
+"""Errors raised while planning, approving, executing or auditing an isolation.
+
+Expected outcomes (a gate blocks a node, a node is already drained) are values in the plan or
+the execution report, never exceptions. These classes are for bad input and for the outside
+world failing::
+
+    IsolationError              anything in this package
+    ├── PlanError               a plan file is unreadable or invalid
+    ├── ApprovalError           no approval, or one that does not match the plan or has expired
+    ├── ConfigError             SSH / cluster / store settings missing or invalid
+    ├── RunbookError            a runbook file is unreadable or invalid
+    ├── AuditError              the audit log cannot be read or written, or its chain is broken
+    ├── StoreError              the audit log cannot be copied to the evidence store
+    └── RemoteError             a remote command or API call failed
+        ├── TransientRemoteError    connection refused, dropped or timed out: worth a retry
+        │   └── OutcomeUnknownError dropped after a changing command was sent: read state first
+        ├── HostKeyError            unknown or changed host key: never retried
+        ├── RemoteAuthError         the key or token was refused: never retried
+        └── CommandFailedError      the command ran and failed (non-zero rc, API error)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "IsolationError",
+    "PlanError",
+    "ApprovalError",
+    "ConfigError",
+    "RunbookError",
+    "AuditError",
+    "StoreError",
+    "RemoteError",
+    "TransientRemoteError",
+    "OutcomeUnknownError",
+    "HostKeyError",
+    "RemoteAuthError",
+    "CommandFailedError",
+]
+
+
+class IsolationError(Exception):
+    """Anything that went wrong in planning or carrying out an isolation."""
+
+
+class PlanError(IsolationError):
+    """A plan file is unreadable or does not validate."""
+
+
+class ApprovalError(IsolationError):
+    """Execution was refused: no approval, a different plan's approval, or an expired one."""
+
+
+class ConfigError(IsolationError):
+    """SSH, cluster or store settings are missing or invalid."""
+
+
+class RunbookError(IsolationError):
+    """A runbook file is unreadable or does not validate."""
+
+
+class AuditError(IsolationError):
+    """The audit log cannot be read or written, or its hash chain is broken."""
+
+
+class StoreError(IsolationError):
+    """The audit log could not be copied to the evidence store."""
+
+
+class RemoteError(IsolationError):
+    """A remote command or API call failed."""
+
+
+class TransientRemoteError(RemoteError):
+    """The connection was refused, dropped or timed out; retrying may succeed."""
+
+
+class OutcomeUnknownError(TransientRemoteError):
+    """The connection dropped after a changing command was sent; it may or may not have run.
+
+    Callers read the node's real state before deciding to send it again.
+    """
+
+
+class HostKeyError(RemoteError):
+    """The host key is unknown or differs from known_hosts; nothing was sent."""
+
+
+class RemoteAuthError(RemoteError):
+    """The remote side refused our credentials; nothing was sent."""
+
+
+class CommandFailedError(RemoteError):
+    """The command ran and failed; the message carries its rc and output."""

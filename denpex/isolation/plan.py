@@ -1,0 +1,188 @@
+"""The isolation plan: what would be done to which node, why, and what was blocked.
+
+A plan decides; it never acts. Approvals and audit records refer to its content hash, so a plan
+edited after approval no longer matches its approval. ``contract_view()`` is the ``plan`` object
+of ``denpex triage --format json`` (ARCHITECTURE.md)::
+
+    {"recommend_isolation": true,
+     "actions": [{"node": "gpu-node-002", "action": "drain"}],
+     "blocked": []}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from denpex.isolation.errors import PlanError
+from denpex.isolation.policy import (
+    ActionKind,
+    CheckKind,
+    IsolationPolicy,
+    RollbackKind,
+    Scheduler,
+)
+
+__all__ = [
+    "NODE_NAME_PATTERN",
+    "INCIDENT_ID_PATTERN",
+    "Gate",
+    "BlockedNode",
+    "NodeAction",
+    "IsolationPlan",
+    "canonical_json",
+    "load_plan",
+    "save_plan",
+    "utc_now",
+]
+
+# One plain node name. Brackets, commas and spaces are refused, so a hostlist expression such as
+# "gpu-node-[001-016]" can never reach scontrol and drain sixteen nodes at once.
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+INCIDENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MAX_PLAN_BYTES = 4 * 1024 * 1024
+
+
+def canonical_json(data: Any) -> str:
+    """Sorted keys, no whitespace: the bytes that hashes are taken over."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Gate(StrEnum):
+    """The safety gate that blocked a node (or the whole plan)."""
+
+    VERDICT = "verdict"
+    """The verdict does not name a culprit (no_hang, ambiguous, incomplete without one)."""
+    EVIDENCE = "evidence"
+    """No hardware signal supports a fault, or it points at the application."""
+    STALE_EVIDENCE = "stale_evidence"
+    """The evidence is older than the policy's limit."""
+    UNKNOWN_NODE = "unknown_node"
+    """No host is known for the rank, or the scheduler does not know the node."""
+    OPT_OUT = "opt_out"
+    """The node is opted out."""
+    FOREIGN_REASON = "foreign_reason"
+    """Someone else already drained or cordoned the node; their reason is kept."""
+    CIRCUIT_BREAKER = "circuit_breaker"
+    """The blast-radius breaker is (or would be) tripped."""
+
+
+class BlockedNode(BaseModel):
+    """One gate's refusal, in words a person reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gate: Gate
+    node: str | None = None
+    """None when the gate blocks the whole plan."""
+    message: str
+
+
+class NodeAction(BaseModel):
+    """What is done to one node, the checks around it and how it is undone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str = Field(pattern=NODE_NAME_PATTERN)
+    action: ActionKind
+    reason: str = Field(min_length=1, max_length=250)
+    """Starts with ``<prefix>:<incident-id>``; written as the Slurm reason / k8s annotation."""
+    ranks: tuple[int, ...] = ()
+    evidence: tuple[str, ...] = ()
+    """The hardware signals that support isolating this node, one line each."""
+    pre_checks: tuple[CheckKind, ...]
+    post_checks: tuple[CheckKind, ...]
+    rollback: RollbackKind
+    running_jobs: tuple[str, ...] = ()
+    """Jobs seen on the node when the plan was made (re-read before acting)."""
+
+    @field_validator("reason")
+    @classmethod
+    def _one_line(cls, reason: str) -> str:
+        if any(ch in reason for ch in "\r\n\t\x00"):
+            raise ValueError("reason must be one line of printable text")
+        return reason
+
+
+class IsolationPlan(BaseModel):
+    """The decision for one incident. Stable content hash: ``plan.content_hash()``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = 1
+    incident_id: str = Field(pattern=INCIDENT_ID_PATTERN)
+    scheduler: Scheduler
+    as_of: datetime
+    """The time the evidence was judged at (never the wall clock by default)."""
+    job_id: str | None = None
+    verdict: str
+    actions: tuple[NodeAction, ...] = ()
+    blocked: tuple[BlockedNode, ...] = ()
+    breaker_trip: str | None = None
+    """Set when carrying this plan out would trip the circuit breaker; the executor trips it."""
+    facts_checked: bool = False
+    """Whether cluster facts were read when planning. The executor re-reads them regardless."""
+    policy: IsolationPolicy
+
+    @field_validator("as_of")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("as_of must carry a time zone")
+        return value.astimezone(UTC)
+
+    @property
+    def recommend_isolation(self) -> bool:
+        return bool(self.actions)
+
+    def content_hash(self) -> str:
+        """SHA-256 over the canonical JSON of the whole plan, policy included."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+    def action_for(self, node: str) -> NodeAction | None:
+        return next((a for a in self.actions if a.node == node), None)
+
+    def contract_view(self) -> dict[str, Any]:
+        """The ``plan`` object of the triage JSON contract."""
+        return {
+            "recommend_isolation": self.recommend_isolation,
+            "actions": [{"node": a.node, "action": a.action.value} for a in self.actions],
+            "blocked": [b.message for b in self.blocked],
+        }
+
+
+def save_plan(plan: IsolationPlan, path: Path) -> None:
+    """Write the plan as JSON (indented for review; the hash does not depend on layout)."""
+    path.write_text(plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+
+def load_plan(path: Path) -> IsolationPlan:
+    """Read a plan file written by ``save_plan``; every problem is reported in one PlanError."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_PLAN_BYTES:
+            raise PlanError(f"{path}: plan is {size} bytes, over the {MAX_PLAN_BYTES} cap")
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read plan: {exc.strerror or exc}") from exc
+    try:
+        return IsolationPlan.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise PlanError(
+            f"{path}: not a valid isolation plan: {problems}. "
+            "Write plans with `denpex triage --plan-out FILE`."
+        ) from exc
+
+
+def utc_now() -> datetime:
+    """The wall clock in UTC; only executors and approvals use it, never planning."""
+    return datetime.now(UTC)

@@ -1,0 +1,102 @@
+"""``plan_isolation``: from a triage result to an isolation plan. Decides; never acts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from denpex.analysis.models import TriageResult
+from denpex.evidence.manifest import JobManifest
+from denpex.isolation.breaker import BreakerState
+from denpex.isolation.facts import ClusterFacts, ReasonOwner, owned_reason_prefix
+from denpex.isolation.gates import NodeProposal, blast_radius_gate, evidence_gate, node_gate
+from denpex.isolation.plan import BlockedNode, IsolationPlan, NodeAction
+from denpex.isolation.policy import IsolationPolicy, Scheduler
+
+__all__ = ["plan_isolation", "reason_for"]
+
+_MAX_REASON = 250
+
+
+def reason_for(policy: IsolationPolicy, incident_id: str, proposal: NodeProposal) -> str:
+    """The reason we own, e.g. ``denpex:inc-42 rank 1: xid 79 at 2026-11-29T18:45:02Z ...``.
+
+    Kept to one line and 250 characters (the cut falls inside the evidence text, never inside
+    the ``denpex:<incident>`` prefix that ownership checks rely on).
+    """
+    ranks = ",".join(str(r) for r in proposal.ranks)
+    label = "rank" if len(proposal.ranks) == 1 else "ranks"
+    head = f"{owned_reason_prefix(policy.reason_prefix, incident_id)} {label} {ranks}"
+    detail = "; ".join(proposal.evidence) or "isolated by policy without a hardware signal"
+    text = " ".join(f"{head}: {detail}".split())  # one line, single spaces
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
+
+
+def plan_isolation(
+    result: TriageResult,
+    manifest: JobManifest | None,
+    policy: IsolationPolicy,
+    cluster_facts: ClusterFacts | None,
+    scheduler: Scheduler,
+    incident_id: str,
+    as_of: datetime,
+    *,
+    breaker: BreakerState | None = None,
+) -> IsolationPlan:
+    """Decide which nodes to isolate for one incident, and why the others are not.
+
+    ``cluster_facts`` may be None when planning offline (``denpex triage`` without cluster
+    access): the node and blast-radius gates that need live state then run at execution time.
+    ``breaker`` is the circuit breaker's current state; a tripped breaker blocks every action.
+    """
+    decision = evidence_gate(result, manifest, policy.evidence, as_of)
+    blocked: list[BlockedNode] = list(decision.blocked)
+    passed: list[NodeProposal] = []
+    for proposal in decision.proposals:
+        block = node_gate(proposal.node, cluster_facts, policy.limits, policy.reason_prefix, incident_id)
+        if block is None:
+            passed.append(proposal)
+        else:
+            blocked.append(block)
+
+    def already_ours(node: str) -> bool:
+        return cluster_facts is not None and (
+            cluster_facts.node(node).owner(policy.reason_prefix, incident_id) is ReasonOwner.THIS_INCIDENT
+        )
+
+    radius = blast_radius_gate(
+        [p.node for p in passed if not already_ours(p.node)],
+        cluster_facts,
+        policy.limits,
+        breaker or BreakerState(),
+    )
+    if radius.blocked:
+        blocked.extend(radius.blocked)
+        passed = []
+
+    steps = policy.remediation.for_scheduler(scheduler)
+    actions = tuple(
+        NodeAction(
+            node=p.node,
+            action=steps.act,
+            reason=reason_for(policy, incident_id, p),
+            ranks=p.ranks,
+            evidence=p.evidence,
+            pre_checks=steps.check,
+            post_checks=steps.verify,
+            rollback=steps.rollback,
+            running_jobs=cluster_facts.node(p.node).running_jobs if cluster_facts else (),
+        )
+        for p in passed
+    )
+    return IsolationPlan(
+        incident_id=incident_id,
+        scheduler=scheduler,
+        as_of=as_of,
+        job_id=manifest.job_id if manifest else None,
+        verdict=result.verdict.value,
+        actions=actions,
+        blocked=tuple(blocked),
+        breaker_trip=radius.trip_reason,
+        facts_checked=cluster_facts is not None,
+        policy=policy,
+    )

@@ -1,0 +1,198 @@
+"""The remediation policy: which evidence is enough, the safety limits, approval and steps.
+
+A runbook (``runbooks/*.yaml``, ``denpex.isolation.runbook``) carries one of these. A snapshot is
+stored inside every plan, so the limits a person approved are the limits the executor enforces.
+Defaults are the safe side: hardware evidence required, tiny blast radius, no eviction.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from denpex.analysis.models import CandidateKind
+
+__all__ = [
+    "Scheduler",
+    "ActionKind",
+    "RollbackKind",
+    "CheckKind",
+    "EvidenceRule",
+    "SafetyLimits",
+    "ApprovalRule",
+    "SchedulerSteps",
+    "RemediationSteps",
+    "IsolationPolicy",
+    "MANDATORY_CHECKS",
+]
+
+
+class Scheduler(StrEnum):
+    """Where the nodes live."""
+
+    SLURM = "slurm"
+    """Slurm: ``scontrol``/``squeue`` over SSH on a controller or login node."""
+    KUBERNETES = "kubernetes"
+    """Kubernetes: the API server through the official client."""
+
+
+class ActionKind(StrEnum):
+    """What is done to an implicated node. DOWN is deliberately absent: it kills running jobs."""
+
+    DRAIN = "drain"
+    """Slurm ``State=DRAIN``: running jobs finish, no new job starts on the node."""
+    CORDON_TAINT = "cordon_taint"
+    """Kubernetes: ``spec.unschedulable`` plus a ``NoSchedule`` taint; running pods stay."""
+    CORDON_TAINT_EVICT = "cordon_taint_evict"
+    """Kubernetes: as ``cordon_taint``, then evict pods through the Eviction API (PDBs honoured)."""
+
+
+class RollbackKind(StrEnum):
+    """How an action is undone."""
+
+    RESUME = "resume"
+    """Slurm ``State=RESUME``; only on a drain whose reason this incident owns."""
+    UNCORDON = "uncordon"
+    """Kubernetes: clear ``unschedulable``, remove our taint and annotations."""
+
+
+class CheckKind(StrEnum):
+    """A check run before (pre) or after (post) an action."""
+
+    NODE_EXISTS = "node_exists"
+    """The scheduler knows the node by exactly this name."""
+    NOT_OPTED_OUT = "not_opted_out"
+    """The node is not on the opt-out list and carries no opt-out label."""
+    REASON_NOT_FOREIGN = "reason_not_foreign"
+    """The node is not already drained or cordoned by someone else."""
+    BREAKER_CLOSED = "breaker_closed"
+    """The circuit breaker has not been tripped (or a person has reset it)."""
+    WITHIN_BLAST_RADIUS = "within_blast_radius"
+    """Per-incident node count and partition/cluster share stay inside the limits."""
+    LIST_RUNNING_JOBS = "list_running_jobs"
+    """Record which jobs or pods still run on the node (they keep running under DRAIN)."""
+    STATE_SHOWS_ISOLATED = "state_shows_isolated"
+    """After acting: Slurm shows the DRAIN flag / Kubernetes shows unschedulable plus our taint."""
+    REASON_IS_OURS = "reason_is_ours"
+    """After acting: the recorded reason is this incident's."""
+
+
+MANDATORY_CHECKS: frozenset[CheckKind] = frozenset(
+    {
+        CheckKind.NODE_EXISTS,
+        CheckKind.NOT_OPTED_OUT,
+        CheckKind.REASON_NOT_FOREIGN,
+        CheckKind.BREAKER_CLOSED,
+        CheckKind.WITHIN_BLAST_RADIUS,
+    }
+)
+"""Pre-checks a runbook may not leave out: they are the safety gates."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EvidenceRule(_Frozen):
+    """When a candidate's node may be isolated at all."""
+
+    hardware_signal_required_for: frozenset[CandidateKind] = frozenset(CandidateKind)
+    """Candidate kinds that need a fresh hardware signal with bearing ``supports_hardware_fault``."""
+    never_isolate_for: frozenset[CandidateKind] = frozenset({CandidateKind.MISMATCH})
+    """Kinds that point at the program (a mismatched collective), never at a node."""
+    max_age: timedelta = timedelta(hours=1)
+    """Evidence (the triage's as-of and each hardware signal) older than this is stale."""
+    clock_skew: timedelta = timedelta(minutes=5)
+    """How far a signal may lie after the as-of time and still count (clocks differ)."""
+
+    @field_validator("max_age", "clock_skew")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError(f"must be a positive duration, got {value}")
+        return value
+
+
+class SafetyLimits(_Frozen):
+    """The blast-radius circuit breaker's limits, and the nodes never touched."""
+
+    max_nodes_per_incident: int = Field(default=2, ge=1)
+    max_isolated_fraction: float = Field(default=0.10, gt=0.0, le=1.0)
+    """Share of a partition, and of the cluster, that may be isolated, counting drains by anyone."""
+    opt_out_nodes: frozenset[str] = frozenset()
+    opt_out_label: str = "denpex.io/opt-out"
+    """Kubernetes node label (value ``"true"``) that excludes a node."""
+    opt_out_feature: str = "denpex_opt_out"
+    """Slurm node feature (``AvailableFeatures``) that excludes a node."""
+
+
+class ApprovalRule(_Frozen):
+    """Who may approve, for how long an approval holds, and how old a plan may get."""
+
+    approvers: frozenset[str] = frozenset()
+    """Allowed approvers; empty means any named person."""
+    ttl: timedelta = timedelta(hours=1)
+    max_plan_age: timedelta = timedelta(hours=6)
+    """A plan whose evidence is older than this (by the wall clock) is not executed."""
+
+
+class SchedulerSteps(_Frozen):
+    """Check, act, verify and roll back, for one scheduler."""
+
+    check: tuple[CheckKind, ...]
+    act: ActionKind
+    verify: tuple[CheckKind, ...]
+    rollback: RollbackKind
+
+    @model_validator(mode="after")
+    def _safety_checks_present(self) -> "SchedulerSteps":
+        missing = sorted(MANDATORY_CHECKS - set(self.check))
+        if missing:
+            raise ValueError(
+                "check must include the safety gates; missing: " + ", ".join(missing)
+            )
+        return self
+
+
+class RemediationSteps(_Frozen):
+    """Steps per scheduler."""
+
+    slurm: SchedulerSteps = SchedulerSteps(
+        check=(*sorted(MANDATORY_CHECKS), CheckKind.LIST_RUNNING_JOBS),
+        act=ActionKind.DRAIN,
+        verify=(CheckKind.STATE_SHOWS_ISOLATED, CheckKind.REASON_IS_OURS),
+        rollback=RollbackKind.RESUME,
+    )
+    kubernetes: SchedulerSteps = SchedulerSteps(
+        check=(*sorted(MANDATORY_CHECKS), CheckKind.LIST_RUNNING_JOBS),
+        act=ActionKind.CORDON_TAINT,
+        verify=(CheckKind.STATE_SHOWS_ISOLATED, CheckKind.REASON_IS_OURS),
+        rollback=RollbackKind.UNCORDON,
+    )
+
+    @model_validator(mode="after")
+    def _actions_fit_schedulers(self) -> "RemediationSteps":
+        problems = []
+        if self.slurm.act is not ActionKind.DRAIN or self.slurm.rollback is not RollbackKind.RESUME:
+            problems.append("slurm must act 'drain' and roll back 'resume'")
+        if self.kubernetes.act is ActionKind.DRAIN or self.kubernetes.rollback is not RollbackKind.UNCORDON:
+            problems.append("kubernetes must act 'cordon_taint' or 'cordon_taint_evict' and roll back 'uncordon'")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def for_scheduler(self, scheduler: Scheduler) -> SchedulerSteps:
+        return self.slurm if scheduler is Scheduler.SLURM else self.kubernetes
+
+
+class IsolationPolicy(_Frozen):
+    """Everything that decides whether and how a node is isolated."""
+
+    reason_prefix: str = Field(default="denpex", pattern=r"^[a-z][a-z0-9-]{1,30}$")
+    """Reasons we own start with ``<prefix>:<incident-id>``."""
+    evidence: EvidenceRule = EvidenceRule()
+    limits: SafetyLimits = SafetyLimits()
+    approval: ApprovalRule = ApprovalRule()
+    remediation: RemediationSteps = RemediationSteps()

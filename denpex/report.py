@@ -1,0 +1,115 @@
+"""The triage report: the JSON contract of ``denpex triage`` and its text form for people.
+
+The JSON keys ``verdict``, ``world_size``, ``ranks_with_evidence``, ``missing_ranks``,
+``candidates`` and ``plan`` are the contract (ARCHITECTURE.md); the rest is extra context.
+The text form answers, for an on-call operator: which group, which collective, who waits, who is
+behind, and why.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from denpex.analysis.models import Candidate, TriageResult, Verdict
+from denpex.analysis.wording import ranks_phrase
+
+__all__ = ["PlanAction", "PlanView", "TriageReport", "render_text"]
+
+
+class PlanAction(BaseModel):
+    """One proposed action on one node (``plan.actions[]``)."""
+
+    node: str
+    action: str
+
+
+class PlanView(BaseModel):
+    """The isolation proposal as the contract shows it; the full plan lives in ``denpex.isolation``."""
+
+    recommend_isolation: bool = False
+    actions: list[PlanAction] = Field(default_factory=list)
+    blocked: list[str] = Field(default_factory=list)
+
+
+NOT_PLANNED = PlanView(blocked=["no isolation was planned: pass --scheduler slurm|kubernetes"])
+
+
+class TriageReport(TriageResult):
+    """TriageResult plus the isolation plan: what ``denpex triage --format json`` prints."""
+
+    plan: PlanView = Field(default_factory=lambda: NOT_PLANNED.model_copy(deep=True))
+
+
+_HEADLINES = {
+    Verdict.LOCALIZED: "HANG LOCALIZED",
+    Verdict.AMBIGUOUS: "HANG, CULPRIT AMBIGUOUS",
+    Verdict.INCOMPLETE: "EVIDENCE INCOMPLETE",
+    Verdict.NO_HANG: "NO HANG FOUND",
+}
+
+
+def render_text(report: TriageReport) -> str:
+    """A plain-text report, most important line first."""
+    lines = [_headline(report), ""]
+    if report.stuck:
+        lines.append("Stuck operations:")
+        for stuck in report.stuck:
+            where = f"group {stuck.process_group!r}" + (f" ({stuck.group_desc})" if stuck.group_desc else "")
+            what = f"p2p_seq_id {stuck.collective_seq_id}" if stuck.is_p2p else f"collective #{stuck.collective_seq_id}"
+            lines.append(f"  - {where}, {what} {stuck.op}")
+            lines.append(f"      waiting: {ranks_phrase(stuck.waiting_ranks)}")
+            lines.append(f"      why:     {stuck.detail}")
+        lines.append("")
+    if report.candidates:
+        lines.append("Candidates (culprits, not the victims that waited on them):")
+        lines += [line for c in report.candidates for line in _candidate_lines(c)]
+        lines.append("")
+    lines += _evidence_lines(report)
+    lines += _plan_lines(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _headline(report: TriageReport) -> str:
+    head = _HEADLINES[report.verdict]
+    if report.verdict is Verdict.NO_HANG:
+        return f"{head}: every rank reported and no process group is stuck."
+    who = ", ".join(f"rank {c.rank} ({c.kind.value})" for c in report.candidates[:6])
+    more = f" and {len(report.candidates) - 6} more" if len(report.candidates) > 6 else ""
+    return f"{head}: {who}{more}" if who else head
+
+
+def _candidate_lines(c: Candidate) -> list[str]:
+    host = f" on {c.host}" if c.host else ""
+    where = f", group {c.process_group!r} #{c.collective_seq_id}" if c.process_group is not None else ""
+    lines = [f"  * rank {c.rank}{host}: {c.kind.value}{where}, confidence {c.confidence:.2f}"]
+    lines += [f"      - {reason}" for reason in c.reasons]
+    for event in c.hardware:
+        when = event.time.isoformat() if event.time else "time unknown"
+        lines.append(f"      hw: [{event.bearing.value}] {event.kind} {event.code or ''} at {when}: {event.summary}")
+    return lines
+
+
+def _evidence_lines(report: TriageReport) -> list[str]:
+    lines = [f"Evidence: {len(report.ranks_with_evidence)} of {report.world_size} ranks reported"
+             + (f" (as of {report.as_of.isoformat()})" if report.as_of else "")]
+    if report.missing_ranks:
+        lines.append(f"  no usable dump: {ranks_phrase(report.missing_ranks, limit=32)}")
+    if report.stale_ranks:
+        lines.append(f"  stale dump: {ranks_phrase(report.stale_ranks, limit=32)}")
+    for skipped in report.skipped_files[:20]:
+        lines.append(f"  skipped {skipped.path}: {skipped.reason}")
+    if len(report.skipped_files) > 20:
+        lines.append(f"  ... and {len(report.skipped_files) - 20} more skipped files")
+    lines += [f"  note: {note}" for note in report.notes]
+    return lines + [""]
+
+
+def _plan_lines(report: TriageReport) -> list[str]:
+    plan = report.plan
+    if plan.recommend_isolation:
+        lines = ["Isolation proposed (needs approval):"]
+        lines += [f"  - {a.action} {a.node}" for a in plan.actions]
+    else:
+        lines = ["No isolation recommended."]
+    lines += [f"  blocked: {why}" for why in plan.blocked]
+    return lines

@@ -1,0 +1,8 @@
+import sys
+from pathlib import Path
+
+# The Prefect project code (flows/, tasks/, blocks/) and test helpers import from the repo root.
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
