@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.evidence.manifest import JobManifest
 from denpex.hardware.events import GpuIdentity, GpuRef
-from denpex.hardware.pci import same_pci_device
 
 __all__ = ["RankPlacement", "GpuDirectory", "host_key", "same_gpu", "place_rank"]
 
@@ -56,7 +55,7 @@ class GpuDirectory:
             return None, None
         merged, path = gpu, None
         for identity in self._by_host.get(host_key(host), []):
-            if same_gpu(identity.gpu, merged) is True:
+            if same_gpu(identity.gpu, merged) is True or _same_index_only(merged, identity.gpu):
                 merged = GpuRef(
                     pci_bus_id=merged.pci_bus_id or identity.gpu.pci_bus_id,
                     uuid=merged.uuid or identity.gpu.uuid,
@@ -75,12 +74,17 @@ def same_gpu(a: GpuRef | None, b: GpuRef | None) -> bool | None:
     if a is None or b is None:
         return None
     if a.pci_bus_id and b.pci_bus_id:
-        return same_pci_device(a.pci_bus_id, b.pci_bus_id) and a.pci_bus_id.endswith(".0") == b.pci_bus_id.endswith(".0")
+        return a.pci_bus_id == b.pci_bus_id
     if a.uuid and b.uuid:
         return a.uuid.lower() == b.uuid.lower()
     if a.index is not None and b.index is not None and not (a.pci_bus_id or a.uuid or b.pci_bus_id or b.uuid):
         return a.index == b.index
     return None
+
+
+def _same_index_only(query: GpuRef, known: GpuRef) -> bool:
+    # A manifest that gives only an index (or a local rank) is matched to NVML's index.
+    return query.pci_bus_id is None and query.uuid is None and query.index is not None and query.index == known.index
 
 
 def place_rank(

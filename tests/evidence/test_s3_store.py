@@ -1,0 +1,96 @@
+"""Triage straight from S3 (a real moto HTTP server), including a flaky endpoint."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+from moto.server import ThreadedMotoServer
+
+from denpex.analysis.models import Verdict
+from denpex.analysis.triage import triage_store
+from denpex.evidence.errors import DumpError, EvidenceSourceError
+from denpex.evidence.store import S3Store
+from dumps import dump, history
+
+
+class _EmptyBody:
+    def stream(self, **_: object) -> Iterator[bytes]:
+        yield b""
+
+
+def _unavailable(url: str) -> AWSResponse:
+    return AWSResponse(url, 503, {}, _EmptyBody())
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket="evidence")
+    for rank in range(4):
+        body = dump(history("0", 5, pending=0 if rank == 1 else 1))
+        client.put_object(Bucket="evidence", Key=f"incident-7/rank_{rank}.pkl",
+                          Body=pickle.dumps(body, protocol=2))
+    client.put_object(Bucket="evidence", Key="incident-7/manifest.json", Body=b'{"world_size": 4}')
+    client.put_object(Bucket="evidence", Key="incident-8/rank_0.pkl", Body=b"unrelated")
+    return client
+
+
+def test_triage_from_s3(s3) -> None:  # noqa: ANN001
+    result = triage_store(S3Store("evidence", "incident-7", client=s3))
+    assert result.verdict is Verdict.LOCALIZED
+    assert [c.rank for c in result.candidates] == [1]
+    assert result.skipped_files == []
+
+
+def test_flaky_s3_is_retried(s3) -> None:  # noqa: ANN001
+    failures = {"left": 2}
+
+    def flake(request, **_: object) -> AWSResponse | None:  # noqa: ANN001
+        if failures["left"] > 0 and request.method == "GET" and "rank_2" in request.url:
+            failures["left"] -= 1
+            return _unavailable(request.url)
+        return None
+
+    s3.meta.events.register("before-send.s3.GetObject", flake)
+    try:
+        result = triage_store(S3Store("evidence", "incident-7", client=s3))
+    finally:
+        s3.meta.events.unregister("before-send.s3.GetObject", flake)
+    assert failures["left"] == 0
+    assert result.ranks_with_evidence == [0, 1, 2, 3]
+
+
+def test_s3_that_keeps_failing_is_reported_per_file(s3) -> None:  # noqa: ANN001
+    def broken(request, **_: object) -> AWSResponse | None:  # noqa: ANN001
+        return _unavailable(request.url) if "rank_3" in request.url else None
+
+    s3.meta.events.register("before-send.s3.GetObject", broken)
+    try:
+        result = triage_store(S3Store("evidence", "incident-7", client=s3))
+    finally:
+        s3.meta.events.unregister("before-send.s3.GetObject", broken)
+    assert result.missing_ranks == [3]
+    assert "cannot read" in result.skipped_files[0].reason
+
+
+def test_missing_bucket_is_a_clear_error(s3) -> None:  # noqa: ANN001
+    with pytest.raises(EvidenceSourceError, match="s3://nope/x: cannot list"):
+        S3Store("nope", "x", client=s3).list()
+    with pytest.raises(DumpError, match="cannot read"):
+        S3Store("evidence", "incident-7", client=s3).read("absent", max_bytes=10)
