@@ -13,9 +13,23 @@ from typing import Annotated
 
 import typer
 
-from denpex.analysis.triage import triage_path
+from denpex.analysis.triage import MANIFEST_NAME, triage_path
 from denpex.evidence.errors import EvidenceError
-from denpex.report import TriageReport, render_text
+from denpex.evidence.manifest import MAX_MANIFEST_BYTES, JobManifest, load_manifest, parse_manifest_bytes
+from denpex.evidence.store import open_store
+from denpex.hardware import HardwareError, correlate, load_telemetry
+from denpex.hardware.collect_command import collect_telemetry_command
+from denpex.isolation.commands import (
+    approve_command,
+    audit_app,
+    breaker_app,
+    isolate_command,
+    plan_for_triage,
+)
+from denpex.isolation.errors import IsolationError
+from denpex.isolation.plan import save_plan
+from denpex.isolation.policy import Scheduler
+from denpex.report import PlanView, TriageReport, render_text
 
 __all__ = ["app", "main"]
 
@@ -59,17 +73,50 @@ def triage(
     manifest: Annotated[Path | None, typer.Option("--manifest", help="Job manifest JSON (default: PATH/manifest.json).")] = None,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Incident time (ISO); default: newest time in the evidence.")] = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="text for people, json for machines.")] = OutputFormat.TEXT,
+    scheduler: Annotated[Scheduler | None, typer.Option("--scheduler", help="Plan an isolation for this scheduler.")] = None,
+    incident_id: Annotated[str | None, typer.Option("--incident-id", help="Incident id for the plan (default: from the evidence time).")] = None,
+    runbook: Annotated[Path | None, typer.Option("--runbook", help="Runbook YAML (default: built-in safe policy).")] = None,
+    plan_out: Annotated[Path | None, typer.Option("--plan-out", help="Write the full isolation plan JSON here (for `denpex isolate`).")] = None,
+    telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
     try:
         result = triage_path(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of))
-    except EvidenceError as exc:
+        if telemetry:
+            result = correlate(result, _job_manifest(path, manifest), load_telemetry(telemetry))
+    except (EvidenceError, HardwareError) as exc:
         raise fail(str(exc)) from exc
     report = TriageReport(**dict(result))
+    if scheduler is not None:
+        try:
+            plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook)
+        except (IsolationError, ValueError) as exc:
+            raise fail(str(exc)) from exc
+        report.plan = PlanView.model_validate(plan.contract_view())
+        if plan_out is not None:
+            save_plan(plan, plan_out)
     if output is OutputFormat.JSON:
         typer.echo(report.model_dump_json(indent=2))
     else:
         typer.echo(render_text(report), nl=False)
+
+
+def _job_manifest(path: str, given: Path | None) -> JobManifest | None:
+    """The manifest triage used (--manifest, else PATH/manifest.json), for the hardware correlation."""
+    if given is not None:
+        return load_manifest(given)
+    store = open_store(path)
+    if not any(o.name == MANIFEST_NAME for o in store.list()):
+        return None
+    return parse_manifest_bytes(store.read(MANIFEST_NAME, max_bytes=MAX_MANIFEST_BYTES),
+                                source=f"{store.uri}/{MANIFEST_NAME}")
+
+
+app.command("collect-telemetry")(collect_telemetry_command)
+app.command("approve")(approve_command)
+app.command("isolate")(isolate_command)
+app.add_typer(audit_app, name="audit")
+app.add_typer(breaker_app, name="breaker")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,7 +15,8 @@ on no one, is a culprit (``denpex.analysis.verdict``). Nothing here depends on f
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
@@ -48,12 +49,14 @@ class Blockage:
     tie: bool = False
     detail: str = ""
     unknown: tuple[int, ...] = ()
+    enqueued_ns: int | None = None
 
     def as_stuck(self, desc: str | None) -> StuckCollective:
         return StuckCollective(
             process_group=self.group, group_desc=desc, collective_seq_id=self.seq, op=self.op,
             waiting_ranks=self.waiting, behind_ranks=self.targets, unknown_ranks=self.unknown,
             is_p2p=self.is_p2p, detail=self.detail,
+            enqueued_at=datetime.fromtimestamp(self.enqueued_ns / 1e9, UTC) if self.enqueued_ns else None,
         )
 
 
@@ -65,20 +68,79 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
 
+_RankOp = tuple[int, PendingOp]
+_Found = tuple[Blockage, list[_RankOp]]
+
+
 def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
-                   membership: GroupMembership, as_of_ns: int | None) -> Comparison:
-    """Compare every group's progress across its members."""
+                   membership: GroupMembership, as_of_ns: int | None,
+                   dumped_at_ns: dict[int, int] | None = None) -> Comparison:
+    """Compare every group's progress across its members.
+
+    ``dumped_at_ns`` gives each rank's dump time where known; a partly entered op that was young
+    at its ranks' dump times (a dump taken mid-step) is progress, not a hang.
+    """
     result = Comparison(notes=list(membership.conflicts))
+    dumped_at_ns = dumped_at_ns or {}
+    heads = _heads(summaries)
     for name in sorted(membership.members):
         members = membership.members[name]
         progress, unknown = _known_progress(name, members, summaries)
         if not progress:
             continue
-        blockage = _collective_blockage(name, progress, members, missing, unknown, as_of_ns)
-        if blockage is not None:
-            result.blockages.append(blockage)
-        result.blockages.extend(_p2p_blockages(name, progress, members, missing, summaries))
+        found = [_collective_blockage(name, progress, members, missing, unknown, as_of_ns, heads)]
+        found += _p2p_blockages(name, progress, members, missing, summaries, heads)
+        for blockage, ops in (f for f in found if f is not None):
+            young = _young(ops, dumped_at_ns)
+            if young:
+                result.notes.append(f"process group {name!r} {blockage.op} #{blockage.seq} is partly "
+                                    f"entered but was at most {young} old when the ranks dumped: "
+                                    "still in progress, not counted as a hang")
+            else:
+                result.blockages.append(replace(blockage, enqueued_ns=_oldest(ops)))
     return result
+
+
+# A waiting op younger than this share of its timeout at dump time is still in progress.
+YOUNG_SHARE_OF_TIMEOUT = 0.25
+
+
+def _young(ops: list[_RankOp], dumped_at_ns: dict[int, int]) -> str | None:
+    """The largest age if every waiting op is provably young at its rank's dump time, else None."""
+    ages = []
+    for rank, op in ops:
+        dumped = dumped_at_ns.get(rank)
+        if dumped is None or op.time_created_ns is None or not op.timeout_ms:
+            return None
+        age_ns = dumped - op.time_created_ns
+        if age_ns >= YOUNG_SHARE_OF_TIMEOUT * op.timeout_ms * 1_000_000:
+            return None
+        ages.append(age_ns)
+    return f"{max(ages) / 1e9:.1f} s" if ages else None
+
+
+def _oldest(ops: list[_RankOp]) -> int | None:
+    times = [op.time_created_ns for _, op in ops if op.time_created_ns]
+    return min(times) if times else None
+
+
+def _heads(summaries: dict[int, RankSummary]) -> dict[int, int]:
+    """Each rank's oldest in-flight op (by its process-wide ``record_id``): what it is blocked in.
+
+    NCCL enqueues asynchronously, so a rank stuck in one op may already have enqueued later ops
+    in other groups; those later ops cannot finish before the oldest one does.
+    """
+    heads = {}
+    for rank, summary in summaries.items():
+        ids = [op.record_id for g in summary.groups.values() for op in g.pending if op.record_id is not None]
+        if ids:
+            heads[rank] = min(ids)
+    return heads
+
+
+def _queued_behind(rank: int, op: PendingOp, heads: dict[int, int]) -> bool:
+    head = heads.get(rank)
+    return head is not None and op.record_id is not None and op.record_id > head
 
 
 def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
@@ -103,7 +165,7 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
                          missing: set[int], unknown: tuple[int, ...],
-                         as_of_ns: int | None) -> Blockage | None:
+                         as_of_ns: int | None, heads: dict[int, int]) -> _Found | None:
     last_enqueued = max(p.last_enqueued for p in progress.values())
     seq = min(p.last_completed for p in progress.values()) + 1
     if last_enqueued < 0 or seq > last_enqueued:
@@ -116,14 +178,24 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
         return None
     absent = tuple(r for r in members if r in missing)
     waiting = tuple(waiting_ops)
+    ops = list(waiting_ops.items())
     mismatch = _mismatch(name, seq, waiting_ops, absent, unknown)
     if mismatch is not None:
-        return mismatch
+        return mismatch, ops
     op = next(iter(waiting_ops.values())).signature.describe()
     if behind or absent:
         return Blockage(name, seq, BlockageKind.BEHIND, op, waiting, behind + absent,
-                        detail=_behind_detail(behind, absent), unknown=unknown)
-    return _overdue(name, seq, op, waiting_ops, as_of_ns, unknown)
+                        detail=_behind_detail(behind, absent), unknown=unknown), ops
+    queued = tuple(r for r, o in waiting_ops.items() if _queued_behind(r, o, heads))
+    if queued and len(queued) < len(waiting_ops):
+        # Everyone enqueued it, but on these ranks it sits behind an op that is itself stuck.
+        ready = tuple(r for r in waiting_ops if r not in queued)
+        return Blockage(name, seq, BlockageKind.BEHIND, op, ready, queued, unknown=unknown,
+                        detail=f"{ranks_phrase(queued)} enqueued it behind an earlier op that has "
+                               "not finished"), [(r, waiting_ops[r]) for r in ready]
+    overdue = _overdue(name, seq, op, waiting_ops, as_of_ns, unknown)
+    # An overdue op is old by definition: no dump-time test may excuse it.
+    return (overdue, []) if overdue is not None else None
 
 
 def _pending_at(progress: GroupProgress, seq: int) -> PendingOp | None:
@@ -182,7 +254,8 @@ def _is_overdue(op: PendingOp, as_of_ns: int) -> bool:
 
 
 def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
-                   missing: set[int], summaries: dict[int, RankSummary]) -> list[Blockage]:
+                   missing: set[int], summaries: dict[int, RankSummary],
+                   heads: dict[int, int]) -> list[_Found]:
     """Each rank's oldest in-flight send/recv (or batch) against its peer's in-flight ops."""
     found = []
     for rank, group in sorted(progress.items()):
@@ -194,13 +267,17 @@ def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple
             peer = _global_peer(op, members)
             if peer is None or peer == rank:
                 continue
-            if peer in missing or not _peer_has_match(op, summaries.get(peer), name):
-                verb = "send to" if op.kind is OpKind.SEND else "recv from"
-                found.append(Blockage(
-                    name, op.p2p_seq_id, BlockageKind.P2P, op.signature.describe(), (rank,), (peer,),
-                    is_p2p=True,
-                    detail=f"rank {rank} is blocked in {verb} rank {peer} (p2p_seq_id {op.p2p_seq_id}), "
-                           f"and rank {peer} has no matching op in flight"))
+            match = None if peer in missing else _peer_match(op, summaries.get(peer), name)
+            if match is not None and not _queued_behind(peer, match, heads):
+                continue
+            verb = "send to" if op.kind is OpKind.SEND else "recv from"
+            why = ("has no matching op in flight" if match is None else
+                   "enqueued the matching op behind an earlier op that has not finished")
+            found.append((Blockage(
+                name, op.p2p_seq_id, BlockageKind.P2P, op.signature.describe(), (rank,), (peer,),
+                is_p2p=True,
+                detail=f"rank {rank} is blocked in {verb} rank {peer} (p2p_seq_id {op.p2p_seq_id}), "
+                       f"and rank {peer} {why}"), [(rank, op)]))
     return found
 
 
@@ -211,14 +288,14 @@ def _global_peer(op: PendingOp, members: tuple[int, ...]) -> int | None:
     return members[local]
 
 
-def _peer_has_match(op: PendingOp, peer: RankSummary | None, name: str) -> bool:
-    if peer is None:
-        return False
-    group = peer.groups.get(name)
+def _peer_match(op: PendingOp, peer: RankSummary | None, name: str) -> PendingOp | None:
+    """The peer's oldest in-flight op that pairs with ``op`` (NCCL pairs them in order)."""
+    group = peer.groups.get(name) if peer is not None else None
     if group is None:
-        return False
+        return None
     wanted = OpKind.RECV if op.kind is OpKind.SEND else OpKind.SEND
-    return any(o.kind is wanted and o.peer_local_rank == op.local_rank for o in group.pending_p2p())
+    matches = [o for o in group.pending_p2p() if o.kind is wanted and o.peer_local_rank == op.local_rank]
+    return min(matches, key=lambda o: o.p2p_seq_id) if matches else None
 
 
 def _behind_detail(behind: tuple[int, ...], absent: tuple[int, ...]) -> str:

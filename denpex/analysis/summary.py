@@ -141,6 +141,9 @@ class RankSummary(BaseModel):
     ring_wrapped: bool = False
     timing_enabled: bool = False
     newest_time_ns: int | None = None
+    # When the dump was taken, where the dump itself shows it: NCCL stamps the ``time_discovered_*``
+    # of ops that are still live with the dump's own query time.
+    dumped_at_ns: int | None = None
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
     rejected_entries: dict[str, int] = Field(default_factory=dict)
 
@@ -170,6 +173,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int) -> RankSummary:
         ring_wrapped=scan.min_record_id is not None and scan.min_record_id > 0,
         timing_enabled=scan.timing_seen,
         newest_time_ns=scan.newest_ns,
+        dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
     )
@@ -201,6 +205,7 @@ class _Scan:
         self.backend: str | None = None
         self.min_record_id: int | None = None
         self.newest_ns: int | None = None
+        self.live_discovered_ns: int | None = None
         self.timing_seen = False
 
     def reject(self, why: str) -> None:
@@ -237,7 +242,10 @@ class _Scan:
                 self.newest_ns = newest
             if group.newest is None or newest > group.newest:
                 group.newest = newest
-        done = e.get("retired") is True or state == "completed"
+        retired = e.get("retired") is True
+        if not retired and state != "scheduled":
+            self._note_live_discovery(e)
+        done = retired or state == "completed"
         if e.get("is_p2p") is True:
             psid = e.get("p2p_seq_id")
             if type(psid) is int and psid > group.p2p_enq:
@@ -254,9 +262,18 @@ class _Scan:
         if done:
             if csid > group.comp:
                 group.comp = csid
+            if group.pending:
+                group.pending = [p for p in group.pending if not _finished_by_later(p, csid)]
         else:
             self._keep_pending(group, e)
         return None
+
+    def _note_live_discovery(self, e: dict[str, Any]) -> None:
+        for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+            value = e.get(key)
+            if type(value) is int and value > 0 and (self.live_discovered_ns is None
+                                                     or value > self.live_discovered_ns):
+                self.live_discovered_ns = value
 
     @staticmethod
     def _keep_pending(group: _GroupScan, e: dict[str, Any]) -> None:
@@ -294,13 +311,19 @@ class _Scan:
                 last_completed=g.comp,
                 first_seen=g.first,
                 last_p2p_enqueued=g.p2p_enq,
-                pending=[_pending_op(e) for e in g.pending],
+                pending=[_pending_op(e) for e in g.pending if not _finished_by_later(e, g.comp)],
                 pending_dropped=g.dropped,
                 entry_count=g.count,
                 newest_time_ns=g.newest,
             )
             for name, g in self.groups.items()
         }
+
+
+def _finished_by_later(e: dict[str, Any], last_completed: int) -> bool:
+    """Members of a coalesced collective never get events; their closing entry's completion
+    (same ``collective_seq_id``) or any later completed collective proves they finished."""
+    return e.get("is_p2p") is not True and e["collective_seq_id"] <= last_completed
 
 
 def _newest_time(e: dict[str, Any]) -> int | None:

@@ -96,7 +96,8 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     fresh = {r: s for r, s in summaries.items() if r not in stale}
     missing = {r: "no usable dump" for r in range(world_size) if r not in summaries}
     missing.update(stale)
-    comparison = compare_groups(fresh, set(missing), membership, as_of_ns)
+    comparison = compare_groups(fresh, set(missing), membership, as_of_ns,
+                                _dump_times(fresh, manifest))
     decision = decide(comparison, fresh, missing, membership, manifest)
     return TriageResult(
         verdict=decision.verdict,
@@ -178,6 +179,15 @@ def _as_of_ns(as_of: datetime | None, summaries: dict[int, RankSummary],
     if manifest is not None:
         times += [int(i.dumped_at.timestamp() * 1e9) for i in manifest.ranks.values() if i.dumped_at]
     return max(times) if times else None
+
+
+def _dump_times(summaries: dict[int, RankSummary], manifest: JobManifest | None) -> dict[int, int]:
+    """Each rank's dump time: the collector's record, else what the dump itself shows."""
+    times = {r: s.dumped_at_ns for r, s in summaries.items() if s.dumped_at_ns}
+    if manifest is not None:
+        times.update({r: int(i.dumped_at.timestamp() * 1e9) for r, i in manifest.ranks.items()
+                      if i.dumped_at and r in summaries})
+    return times
 
 
 def _stale_ranks(summaries: dict[int, RankSummary], manifest: JobManifest | None,

@@ -492,8 +492,10 @@ class HangDumper:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            if exc is not None and isinstance(exc, Exception):
+            if isinstance(exc, Exception):
                 self.request(DumpTrigger.ERROR, f"{type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 - the body's exception is the one the job must see
+            _log.exception("rank %d: dumping after %s failed", self.rank, type(exc).__name__)
         finally:
             self.stop()
 
@@ -576,6 +578,9 @@ class HangDumper:
         if self._fraction is None:
             return None
         now = self._clock()
+        # Forget the details of ops that finished, so a long job does not accumulate them.
+        current = {(op.pg_id, op.seq) for op in blocked}
+        self._op_details = {k: v for k, v in self._op_details.items() if k in current}
         for op in blocked:
             if op.polls < 2:
                 continue  # a collective that finishes between two polls is no stall

@@ -168,15 +168,15 @@ def _read_aer(event: HardwareEvent, place: RankPlacement, what: str) -> Reading:
 
 
 def _other_gpu_phrase(event: HardwareEvent, place: RankPlacement, on_gpu: bool | None) -> str:
-    where = event.gpu.label() if event.gpu else "an unnamed GPU"
+    where = f"GPU {event.gpu.label()}" if event.gpu else "an unnamed GPU"
     if on_gpu is False:
-        return f"on GPU {where} of this host, not this rank's GPU"
+        return f"on {where} of this host, not this rank's GPU"
     if place.gpu is None:
         return (
-            f"on GPU {where} of this host; this rank's GPU is not known (add gpu_pci_bus_id to the manifest), "
+            f"on {where} of this host; this rank's GPU is not known (add gpu_pci_bus_id to the manifest), "
             "so it is not tied to this rank"
         )
-    return f"on GPU {where} of this host; it cannot be matched to this rank's GPU {place.gpu.label()}"
+    return f"on {where} of this host; it cannot be matched to this rank's GPU {place.gpu.label()}"
 
 
 def _supports(summary: str) -> Reading:

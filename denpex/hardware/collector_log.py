@@ -103,7 +103,8 @@ class CollectorLogReader:
             # ValueError covers JSONDecodeError and integers past Python's digit limit.
             self._rejects[RejectReason.BAD_JSON] += 1
             return
-        if not isinstance(data, dict) or data.get("type") not in KNOWN_RECORD_TYPES:
+        record_type = data.get("type") if isinstance(data, dict) else None
+        if not isinstance(record_type, str) or record_type not in KNOWN_RECORD_TYPES:
             self._rejects[RejectReason.UNKNOWN_RECORD] += 1
             return
         if data.get("v") != RECORD_VERSION:

@@ -273,7 +273,9 @@ def _aggregate(readings: list[tuple[HardwareEvent, Reading]], *, host: str | Non
                 time=first.time,
                 summary=summary,
                 bearing=reading.bearing,
-                host=first.host or host,
+                # A candidate's entries carry its host as the manifest spells it (often the FQDN
+                # where journals print the short name), so planners can compare hosts exactly.
+                host=host or first.host,
                 gpu=first.gpu.label() if first.gpu else first.device_pci,
             )
         )
@@ -306,7 +308,7 @@ def _reasons(
             reasons.append(f"{gap.what}{link} was not available on {place.host} ({gap.detail}): not available, not healthy.")
     if hardware:
         reasons.append(CAVEAT)
-    return reasons
+    return list(dict.fromkeys(reasons))
 
 
 def _notes(window: HangWindow, telemetry: TelemetryParseResult, outside: int) -> list[str]:

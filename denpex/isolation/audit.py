@@ -28,12 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.store import EvidenceStore
 from denpex.isolation.errors import AuditError, StoreError
-from denpex.isolation.plan import canonical_json
+from denpex.isolation.plan import Operation, canonical_json
 
 __all__ = [
     "GENESIS_HASH",
     "AuditKind",
-    "Operation",
     "Outcome",
     "AuditEntry",
     "AuditRecord",
@@ -59,13 +58,6 @@ class AuditKind(StrEnum):
     """No command was sent for a node (already done, or a gate blocked it at execution time)."""
     BREAKER = "breaker"
     """The circuit breaker was tripped by this execution."""
-
-
-class Operation(StrEnum):
-    """Which way an execution goes."""
-
-    ISOLATE = "isolate"
-    ROLLBACK = "rollback"
 
 
 class Outcome(StrEnum):

@@ -76,7 +76,11 @@ class NodeFacts(BaseModel):
     """Job ids (Slurm) or ``namespace/pod`` (Kubernetes) still running on the node."""
     opted_out: bool = False
     """The node carries the opt-out label or feature."""
+    overridden_by: str | None = None
+    """A person undid an earlier Denpex isolation by hand (Kubernetes: uncordoned a node that
+    still carries our annotations). A manual uncordon cancels the automated workflow."""
     taints: tuple[str, ...] = ()
+    """Kubernetes taints as ``key=value:Effect``."""
 
     def owner(self, prefix: str, incident_id: str) -> ReasonOwner:
         return reason_owner(self.isolated, self.reason, prefix, incident_id)

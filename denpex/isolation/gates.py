@@ -242,6 +242,12 @@ def node_gate(
     if current.opted_out:
         return BlockedNode(gate=Gate.OPT_OUT, node=node,
                            message=f"{node} carries the opt-out marker; it is never touched")
+    if current.overridden_by:
+        return BlockedNode(
+            gate=Gate.OPT_OUT, node=node,
+            message=f"a person undid Denpex's earlier isolation of {node} ({current.overridden_by}); "
+                    "a manual uncordon cancels the automated workflow, so it is not isolated again",
+        )
     owner = current.owner(reason_prefix, incident_id)
     if owner in (ReasonOwner.SOMEONE_ELSE, ReasonOwner.OTHER_INCIDENT):
         whose = "another Denpex incident" if owner is ReasonOwner.OTHER_INCIDENT else "someone else"

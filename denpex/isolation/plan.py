@@ -32,6 +32,7 @@ from denpex.isolation.policy import (
 __all__ = [
     "NODE_NAME_PATTERN",
     "INCIDENT_ID_PATTERN",
+    "Operation",
     "Gate",
     "BlockedNode",
     "NodeAction",
@@ -52,6 +53,15 @@ MAX_PLAN_BYTES = 4 * 1024 * 1024
 def canonical_json(data: Any) -> str:
     """Sorted keys, no whitespace: the bytes that hashes are taken over."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Operation(StrEnum):
+    """Which way a plan is carried out."""
+
+    ISOLATE = "isolate"
+    """Apply each action (drain / cordon)."""
+    ROLLBACK = "rollback"
+    """Undo each action (resume / uncordon), only where this incident owns the isolation."""
 
 
 class Gate(StrEnum):

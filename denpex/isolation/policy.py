@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 from enum import StrEnum
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator, model_validator
 
 from denpex.analysis.models import CandidateKind
 
@@ -90,6 +91,22 @@ MANDATORY_CHECKS: frozenset[CheckKind] = frozenset(
 )
 """Pre-checks a runbook may not leave out: they are the safety gates."""
 
+DEFAULT_CHECKS: tuple[CheckKind, ...] = (
+    CheckKind.NODE_EXISTS,
+    CheckKind.NOT_OPTED_OUT,
+    CheckKind.REASON_NOT_FOREIGN,
+    CheckKind.BREAKER_CLOSED,
+    CheckKind.WITHIN_BLAST_RADIUS,
+    CheckKind.LIST_RUNNING_JOBS,
+)
+
+
+_T = TypeVar("_T", str, CandidateKind)
+
+# Sets serialize sorted: set iteration order changes between processes (string hashing is
+# randomized), and the plan's content hash must not.
+SortedSet = Annotated[frozenset[_T], PlainSerializer(lambda items: sorted(items), return_type=list)]
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,9 +115,9 @@ class _Frozen(BaseModel):
 class EvidenceRule(_Frozen):
     """When a candidate's node may be isolated at all."""
 
-    hardware_signal_required_for: frozenset[CandidateKind] = frozenset(CandidateKind)
+    hardware_signal_required_for: SortedSet[CandidateKind] = frozenset(CandidateKind)
     """Candidate kinds that need a fresh hardware signal with bearing ``supports_hardware_fault``."""
-    never_isolate_for: frozenset[CandidateKind] = frozenset({CandidateKind.MISMATCH})
+    never_isolate_for: SortedSet[CandidateKind] = frozenset({CandidateKind.MISMATCH})
     """Kinds that point at the program (a mismatched collective), never at a node."""
     max_age: timedelta = timedelta(hours=1)
     """Evidence (the triage's as-of and each hardware signal) older than this is stale."""
@@ -121,7 +138,7 @@ class SafetyLimits(_Frozen):
     max_nodes_per_incident: int = Field(default=2, ge=1)
     max_isolated_fraction: float = Field(default=0.10, gt=0.0, le=1.0)
     """Share of a partition, and of the cluster, that may be isolated, counting drains by anyone."""
-    opt_out_nodes: frozenset[str] = frozenset()
+    opt_out_nodes: SortedSet[str] = frozenset()
     opt_out_label: str = "denpex.io/opt-out"
     """Kubernetes node label (value ``"true"``) that excludes a node."""
     opt_out_feature: str = "denpex_opt_out"
@@ -131,7 +148,7 @@ class SafetyLimits(_Frozen):
 class ApprovalRule(_Frozen):
     """Who may approve, for how long an approval holds, and how old a plan may get."""
 
-    approvers: frozenset[str] = frozenset()
+    approvers: SortedSet[str] = frozenset()
     """Allowed approvers; empty means any named person."""
     ttl: timedelta = timedelta(hours=1)
     max_plan_age: timedelta = timedelta(hours=6)
@@ -160,13 +177,13 @@ class RemediationSteps(_Frozen):
     """Steps per scheduler."""
 
     slurm: SchedulerSteps = SchedulerSteps(
-        check=(*sorted(MANDATORY_CHECKS), CheckKind.LIST_RUNNING_JOBS),
+        check=DEFAULT_CHECKS,
         act=ActionKind.DRAIN,
         verify=(CheckKind.STATE_SHOWS_ISOLATED, CheckKind.REASON_IS_OURS),
         rollback=RollbackKind.RESUME,
     )
     kubernetes: SchedulerSteps = SchedulerSteps(
-        check=(*sorted(MANDATORY_CHECKS), CheckKind.LIST_RUNNING_JOBS),
+        check=DEFAULT_CHECKS,
         act=ActionKind.CORDON_TAINT,
         verify=(CheckKind.STATE_SHOWS_ISOLATED, CheckKind.REASON_IS_OURS),
         rollback=RollbackKind.UNCORDON,

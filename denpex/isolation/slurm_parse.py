@@ -14,7 +14,15 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.isolation.facts import NodeFacts
 
-__all__ = ["SlurmNode", "parse_show_node", "parse_job_ids", "node_not_found", "to_node_facts"]
+__all__ = [
+    "SlurmNode",
+    "parse_show_node",
+    "parse_job_ids",
+    "parse_jobs_by_node",
+    "expand_hostlist",
+    "node_not_found",
+    "to_node_facts",
+]
 
 _RECORD_START = re.compile(r"(?m)^(?=NodeName=)")
 # The reason runs to the end of its line; Slurm appends " [user@time]" which we split off.
@@ -117,6 +125,65 @@ def parse_show_node(text: str) -> list[SlurmNode]:
 def parse_job_ids(text: str) -> tuple[str, ...]:
     """``squeue -h -w NODE -o %i`` output -> job ids in order: ``"12\\n13\\n"`` -> ``("12", "13")``."""
     return tuple(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets: ``"a[1,2],b"`` -> ``["a[1,2]", "b"]``."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return [p for p in (part.strip() for part in parts) if p]
+
+
+def _expand_one(expr: str) -> list[str]:
+    match = re.search(r"\[([^\[\]]*)\]", expr)
+    if match is None:
+        return [expr]
+    head, tail = expr[: match.start()], expr[match.end():]
+    names = []
+    for item in match.group(1).split(","):
+        low, _, high = item.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"bad range {item!r} in host list {expr!r}")
+        width = len(low)
+        for number in range(int(low), int(high or low) + 1):
+            names.extend(_expand_one(f"{head}{number:0{width}d}{tail}"))
+    return names
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm host-list syntax to names, as ``scontrol show hostnames`` does.
+
+    ``"gpu-node-[001-003,007],login1"`` -> ``["gpu-node-001", "gpu-node-002", "gpu-node-003",
+    "gpu-node-007", "login1"]``; ``"r[1-2]n[1-2]"`` -> ``["r1n1", "r1n2", "r2n1", "r2n2"]``.
+    """
+    return [name for part in _split_top_level(text.strip()) for name in _expand_one(part)]
+
+
+def parse_jobs_by_node(text: str) -> dict[str, tuple[str, ...]]:
+    """``squeue -h -t RUNNING,COMPLETING -o "%i %N"`` -> node name to its job ids.
+
+    ``"12 gpu-node-[001-002]\n13 gpu-node-002\n"`` -> ``{"gpu-node-001": ("12",),
+    "gpu-node-002": ("12", "13")}``. Lines without a node list (pending jobs) are skipped.
+    """
+    jobs: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        job, _, nodes = line.strip().partition(" ")
+        if not job or not nodes.strip() or nodes.strip() == _NULL:
+            continue
+        for node in expand_hostlist(nodes):
+            if job not in jobs.setdefault(node, []):
+                jobs[node].append(job)
+    return {node: tuple(ids) for node, ids in sorted(jobs.items())}
 
 
 def node_not_found(output: str) -> bool:

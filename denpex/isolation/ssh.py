@@ -197,7 +197,7 @@ class SshRunner:
         s = self.settings
         secret = s.key_passphrase.get_secret_value() if s.key_passphrase else None
         try:
-            return paramiko.PKey.from_path(s.key_path, passphrase=secret)
+            return paramiko.PKey.from_path(s.key_path, password=secret)
         except FileNotFoundError as exc:
             raise ConfigError(f"SSH key {s.key_path} does not exist; set key_path in the SSH settings") from exc
         except (paramiko.SSHException, ValueError, OSError) as exc:
@@ -265,6 +265,11 @@ def _translate(exc: Exception, target: str) -> Exception:
             f"host key of {target} does not match known_hosts (got {exc.key.get_name()} "
             f"{exc.key.get_fingerprint().hex()}); nothing was sent. This may be an attack or a "
             "reinstalled host: verify the new key out of band before updating known_hosts"
+        )
+    if isinstance(exc, paramiko.ssh_exception.IncompatiblePeer):
+        return HostKeyError(
+            f"{target} offers no host key or algorithm we accept ({exc}); nothing was sent. Check that "
+            "known_hosts holds the server's current key type"
         )
     if isinstance(exc, paramiko.AuthenticationException):
         return RemoteAuthError(f"{target} refused our key: {exc}; check key_path and authorized_keys")

@@ -120,7 +120,7 @@ class SlurmLab:
         binaries = {name: _binary(name) for name in REQUIRED_BINARIES}
         # munged requires execute-for-all on every folder above its socket.
         self.root.chmod(0o755)
-        for sub in ("etc", "munge", "state", "spool", "log", "ssh", "jobs"):
+        for sub in ("etc", "munge", "state", "spool", "log", "ssh", "jobs", "home"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         try:
             self._start_munge(binaries)
@@ -161,20 +161,51 @@ class SlurmLab:
                 return token.removeprefix("State=")
         raise LabError(f"no State= in scontrol output for {node}")
 
+    def states(self) -> dict[str, str]:
+        """Every node's ``State=`` in one ``scontrol`` call."""
+        states = {}
+        for line in self.run(["scontrol", "-o", "show", "node"]).stdout.splitlines():
+            fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+            if "NodeName" in fields:
+                states[fields["NodeName"]] = fields.get("State", "")
+        return states
+
     def reset_nodes(self) -> None:
-        """Cancel every job and resume every drained node, so each test starts clean."""
+        """Cancel every job, resume drained/down nodes and clear features, so each test starts clean.
+
+        A resumed node may show ``IDLE+NOT_RESPONDING`` for a few seconds (a Slurm quirk); that
+        is clean enough for isolation tests, which is why tests never wait for plain ``IDLE``.
+        """
         self.run(["scancel", "--user=root", "--full"], check=False)
         self._wait_for_no_jobs(10.0)
-        for node in self.nodes:
-            if "DRAIN" in self.state_of(node) or "DOWN" in self.state_of(node):
+        for line in self.run(["scontrol", "-o", "show", "node"]).stdout.splitlines():
+            fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+            node, state = fields.get("NodeName", ""), fields.get("State", "")
+            if "DRAIN" in state or "DOWN" in state:
                 self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+            if fields.get("AvailableFeatures", "(null)") not in ("(null)", ""):
+                self.run(["scontrol", "update", f"NodeName={node}", "AvailableFeatures=",
+                          "ActiveFeatures="], check=False)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            states = [self.state_of(n) for n in self.nodes]
-            if all(s == "IDLE" for s in states):
+            states = self.states()
+            if not any(flag in s for s in states.values() for flag in ("DRAIN", "DOWN", "ALLOC", "MIXED")):
                 return
-            time.sleep(0.2)
-        raise LabError(f"nodes did not return to IDLE: {dict(zip(self.nodes, states))}")
+            time.sleep(0.1)
+        raise LabError(f"nodes did not come back: {states}")
+
+    def set_opt_out(self, node: str, feature: str = "denpex_opt_out") -> None:
+        self.run(["scontrol", "update", f"NodeName={node}", f"AvailableFeatures={feature}",
+                  f"ActiveFeatures={feature}"])
+
+    def known_hosts_line(self, port: int) -> str:
+        """The known_hosts line for the lab's host key when reached on ``port`` (e.g. via a proxy)."""
+        return f"[127.0.0.1]:{port} ssh-ed25519 {self.host_public_key}\n"
+
+    def update_rpc_count(self, node: str) -> int:
+        """How many ``scontrol update`` requests slurmctld served for ``node`` (debug2 log)."""
+        text = self.ctld_log.read_text(errors="replace")
+        return text.count(f"_slurm_rpc_update_node complete for {node} ")
 
     def submit_sleep(self, node: str, seconds: int = 600) -> str:
         """``sbatch`` a real ``sleep`` on ``node``; returns the job id once it is RUNNING."""
@@ -192,12 +223,6 @@ class SlurmLab:
 
     def job_state(self, job_id: str) -> str:
         return self.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
-
-    def drain_log_count(self, node: str) -> int:
-        """How many DRAIN updates slurmctld logged for ``node`` (counts real drain requests)."""
-        text = self.ctld_log.read_text(errors="replace")
-        return sum(1 for line in text.splitlines()
-                   if "update_node" in line and f"node {node} reason set to" in line)
 
     # -- internals -----------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -299,11 +324,13 @@ class SlurmLab:
             "UsePAM no",
             "StrictModes no",
             "AllowUsers root",
-            f"SetEnv SLURM_CONF={self.slurm_conf}",
+            # A lab HOME keeps the machine's ~/.bashrc (pyenv init and the like: ~0.3 s per
+            # command) out of every remote command; Slurm does not use HOME.
+            f"SetEnv SLURM_CONF={self.slurm_conf} HOME={self.root / 'home'}",
             "AcceptEnv SLURM_*",
             "",
         ]))
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.ssh_port} ssh-ed25519 {self.host_public_key}\n")
+        self.known_hosts.write_text(self.known_hosts_line(self.ssh_port))
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         check = subprocess.run([b["sshd"], "-t", "-f", str(config)], capture_output=True, text=True)
         if check.returncode != 0:

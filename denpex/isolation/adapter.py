@@ -1,0 +1,54 @@
+"""The one interface the executor needs from a scheduler (Slurm over SSH, Kubernetes API).
+
+An adapter reads facts and sends exactly one changing call per ``isolate``/``rollback``. It never
+decides: the gates and the executor do, on the facts it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from denpex.isolation.facts import ClusterFacts, NodeFacts
+from denpex.isolation.plan import NodeAction, Operation
+from denpex.isolation.policy import Scheduler
+
+__all__ = ["ActionOutput", "ClusterAdapter"]
+
+
+class ActionOutput(BaseModel):
+    """What one changing call returned (its command, rc and output) for the audit log."""
+
+    model_config = ConfigDict(frozen=True)
+
+    command: str
+    rc: int
+    output: str
+
+
+class ClusterAdapter(Protocol):
+    """Reads node facts and applies or undoes one node action."""
+
+    scheduler: Scheduler
+
+    def cluster_facts(self) -> ClusterFacts:
+        """Every node, for the blast-radius gate (running jobs may be left empty)."""
+        ...
+
+    def node_facts(self, node: str) -> NodeFacts:
+        """One node, with its running jobs; ``exists=False`` for an unknown node."""
+        ...
+
+    def command_for(self, action: NodeAction, operation: Operation) -> str:
+        """The exact command or API call that ``apply`` sends, for dry-run and the audit log."""
+        ...
+
+    def apply(self, action: NodeAction, operation: Operation) -> ActionOutput:
+        """Send the one changing call. Raises ``OutcomeUnknownError`` if it may or may not have run."""
+        ...
+
+    def unmet_checks(self, action: NodeAction, operation: Operation, facts: NodeFacts, *,
+                     reason_prefix: str, incident_id: str) -> list[str]:
+        """Post-checks the node does not (yet) satisfy; empty when the operation is complete."""
+        ...

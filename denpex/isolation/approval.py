@@ -1,0 +1,93 @@
+"""Approvals: a named person's consent to one plan, by its content hash, for a limited time.
+
+Execution refuses a plan without an approval whose hash matches, that has not expired, whose
+approver the policy allows, and whose evidence is not too old to act on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from denpex.isolation.errors import ApprovalError
+from denpex.isolation.gates import human_duration
+from denpex.isolation.plan import IsolationPlan
+
+__all__ = ["Approval", "approve_plan", "check_approval", "save_approval", "load_approval"]
+
+_CLOCK_SKEW = timedelta(minutes=5)
+
+
+class Approval(BaseModel):
+    """Who approved which plan, when, and until when."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    incident_id: str
+    approver: str = Field(min_length=1, max_length=200)
+    approved_at: datetime
+    expires_at: datetime
+    comment: str = ""
+
+
+def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: str = "") -> Approval:
+    """Record ``approver``'s consent to ``plan``, valid for the policy's approval TTL."""
+    name = approver.strip()
+    allowed = plan.policy.approval.approvers
+    if not name:
+        raise ApprovalError("an approval needs the approver's name (--approver NAME)")
+    if allowed and name not in allowed:
+        raise ApprovalError(
+            f"{name!r} may not approve plans under this policy; allowed: {', '.join(sorted(allowed))}"
+        )
+    return Approval(
+        plan_hash=plan.content_hash(), incident_id=plan.incident_id, approver=name,
+        approved_at=at, expires_at=at + plan.policy.approval.ttl, comment=comment,
+    )
+
+
+def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datetime) -> Approval:
+    """Return the approval when it lets ``plan`` run now; else one ApprovalError listing every problem."""
+    digest = plan.content_hash()
+    if approval is None:
+        raise ApprovalError(
+            f"plan {digest[:12]} for incident {plan.incident_id} has no approval; a person approves "
+            "it with `denpex approve PLAN --approver NAME`"
+        )
+    rule = plan.policy.approval
+    problems = []
+    if approval.plan_hash != digest:
+        problems.append(f"the approval is for plan {approval.plan_hash[:12]}, not {digest[:12]} "
+                        "(the plan changed after approval); approve the current plan")
+    if approval.expires_at <= now:
+        problems.append(f"the approval by {approval.approver} expired at {approval.expires_at.isoformat()}")
+    if approval.approved_at > now + _CLOCK_SKEW:
+        problems.append(f"the approval is dated in the future ({approval.approved_at.isoformat()})")
+    if rule.approvers and approval.approver not in rule.approvers:
+        problems.append(f"{approval.approver!r} is not an allowed approver "
+                        f"({', '.join(sorted(rule.approvers))})")
+    if now - plan.as_of > rule.max_plan_age:
+        problems.append(f"the plan's evidence is as of {plan.as_of.isoformat()}, more than "
+                        f"{human_duration(rule.max_plan_age)} ago; triage again before acting")
+    if problems:
+        raise ApprovalError("execution refused: " + "; ".join(problems))
+    return approval
+
+
+def save_approval(approval: Approval, path: Path) -> None:
+    path.write_text(approval.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+
+def load_approval(path: Path) -> Approval:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ApprovalError(f"{path}: cannot read approval: {exc.strerror or exc}; approve the plan "
+                            "with `denpex approve PLAN --approver NAME`") from exc
+    try:
+        return Approval.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ApprovalError(f"{path}: not a valid approval ({exc.error_count()} problems)") from exc

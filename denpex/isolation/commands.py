@@ -1,0 +1,258 @@
+"""The isolation commands of the ``denpex`` CLI: plan from triage, approve, isolate, audit, breaker.
+
+Thin: parse options, call the core, render, pick the exit code. ``denpex.cli`` registers them.
+
+Exit codes: 0 done (or dry run); 1 an action failed its post-checks; 2 unusable input (plan,
+approval, settings, runbook, a broken audit chain); 3 the cluster refused or could not be reached
+(host key, credentials, network).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from denpex.analysis.models import TriageResult
+from denpex.evidence.store import open_store
+from denpex.isolation.adapter import ClusterAdapter
+from denpex.isolation.approval import approve_plan, load_approval, save_approval
+from denpex.isolation.audit import AuditLog, verify_audit_log
+from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.config import IsolationSettings, load_settings
+from denpex.isolation.errors import ConfigError, IsolationError, RemoteError
+from denpex.isolation.executor import ExecutionReport, Executor, RunMode
+from denpex.isolation.plan import IsolationPlan, Operation, load_plan, save_plan, utc_now
+from denpex.isolation.planner import plan_isolation
+from denpex.isolation.policy import IsolationPolicy, Scheduler
+from denpex.isolation.runbook import load_runbook
+from denpex.isolation.slurm import SlurmAdapter
+from denpex.isolation.ssh import SshRunner
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_UNUSABLE",
+    "EXIT_REMOTE",
+    "plan_for_triage",
+    "default_incident_id",
+    "approve_command",
+    "isolate_command",
+    "audit_app",
+    "breaker_app",
+    "render_execution",
+]
+
+EXIT_FAILED = 1
+EXIT_UNUSABLE = 2
+EXIT_REMOTE = 3
+
+audit_app = typer.Typer(no_args_is_help=True, help="Inspect the isolation audit log.")
+breaker_app = typer.Typer(no_args_is_help=True, help="Show or reset the blast-radius circuit breaker.")
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="Isolation settings (YAML/JSON); DENPEX_* variables override."),
+]
+
+
+class ReportFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def _exit(message: str, code: int) -> typer.Exit:
+    typer.echo(f"denpex: error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def default_incident_id(result: TriageResult, job_id: str | None = None) -> str:
+    """Deterministic, so re-running triage on the same evidence yields the same plan hash.
+
+    ``job-123`` judged as of 2026-11-29T18:45:02Z -> ``job-123-20261129T184502Z``.
+    """
+    stamp = (result.as_of or utc_now()).strftime("%Y%m%dT%H%M%SZ")
+    head = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in (job_id or "inc"))[:40]
+    return f"{head.strip('-._') or 'inc'}-{stamp}"
+
+
+def plan_for_triage(
+    result: TriageResult,
+    scheduler: Scheduler,
+    *,
+    incident_id: str | None = None,
+    runbook: Path | None = None,
+    job_id: str | None = None,
+) -> IsolationPlan:
+    """The plan ``denpex triage --scheduler`` prints. Offline: no cluster facts, no breaker state;
+    ``denpex isolate`` re-runs those gates on live facts before acting."""
+    policy = load_runbook(runbook).policy() if runbook else IsolationPolicy()
+    return plan_isolation(
+        result, None, policy, None, scheduler,
+        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(),
+    )
+
+
+def approve_command(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan JSON from `denpex triage --plan-out`.")],
+    approver: Annotated[str, typer.Option("--approver", help="Your name, recorded in the audit log.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Approval file (default: PLAN.approval.json).")] = None,
+    comment: Annotated[str, typer.Option("--comment", help="Why, for the audit trail.")] = "",
+) -> None:
+    """Approve one plan, by its content hash, for the runbook's approval TTL."""
+    try:
+        plan = load_plan(plan_path)
+        approval = approve_plan(plan, approver, at=utc_now(), comment=comment)
+    except IsolationError as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    target = out or _approval_path(plan_path)
+    save_approval(approval, target)
+    typer.echo(f"approved plan {approval.plan_hash[:12]} ({len(plan.actions)} action(s)) for incident "
+               f"{plan.incident_id} as {approval.approver}, until {approval.expires_at.isoformat()}: {target}")
+
+
+def isolate_command(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan JSON from `denpex triage --plan-out`.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run/--execute",
+                                          help="--dry-run (default) checks everything and changes nothing; "
+                                               "--execute acts on an approved plan.")] = True,
+    approval_path: Annotated[Path | None, typer.Option("--approval", help="Approval file (default: PLAN.approval.json).")] = None,
+    rollback: Annotated[bool, typer.Option("--rollback", help="Undo the plan's actions (RESUME / uncordon) where this incident owns them.")] = False,
+    config: ConfigOption = None,
+    output: Annotated[ReportFormat, typer.Option("--format", help="text or json.")] = ReportFormat.TEXT,
+) -> None:
+    """Carry out a saved plan: re-check every gate on live facts, then act, verify and audit."""
+    try:
+        plan = load_plan(plan_path)
+        settings = load_settings(config, os.environ)
+        approval = None
+        if not dry_run:
+            approval = load_approval(approval_path or _approval_path(plan_path))
+        with _adapter(plan, settings) as adapter:
+            report = _executor(adapter, settings).run(
+                plan,
+                mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE,
+                operation=Operation.ROLLBACK if rollback else Operation.ISOLATE,
+                approval=approval,
+            )
+    except RemoteError as exc:
+        raise _exit(f"{exc} (nothing further was done)", EXIT_REMOTE) from exc
+    except IsolationError as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    if output is ReportFormat.JSON:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        typer.echo(render_execution(report), nl=False)
+    if report.failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@audit_app.command("verify")
+def audit_verify(
+    path: Annotated[Path, typer.Argument(metavar="FILE", help="Audit log (JSON lines).")],
+) -> None:
+    """Check every record's hash and the chain; name each edited, removed or reordered line."""
+    try:
+        verification = verify_audit_log(path)
+    except IsolationError as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    if verification.ok:
+        typer.echo(f"{path}: {verification.records} records, chain intact")
+        return
+    for problem in verification.problems:
+        typer.echo(f"{path}: {problem}", err=True)
+    raise _exit(f"{path}: audit chain broken ({len(verification.problems)} problem(s))", EXIT_UNUSABLE)
+
+
+@breaker_app.command("status")
+def breaker_status(config: ConfigOption = None) -> None:
+    """Show whether automated isolation is allowed."""
+    try:
+        state = CircuitBreaker(load_settings(config, os.environ).breaker_state).state()
+    except IsolationError as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    typer.echo(json.dumps(state.model_dump(mode="json"), indent=2))
+
+
+@breaker_app.command("reset")
+def breaker_reset(
+    by: Annotated[str, typer.Option("--by", help="The person resetting the breaker.")],
+    config: ConfigOption = None,
+) -> None:
+    """Close a tripped breaker after a person has looked at why it tripped."""
+    try:
+        state = CircuitBreaker(load_settings(config, os.environ).breaker_state).reset(by=by, at=utc_now())
+    except IsolationError as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    typer.echo(f"breaker reset by {state.reset_by} at {state.reset_at.isoformat() if state.reset_at else '?'}")
+
+
+def render_execution(report: ExecutionReport) -> str:
+    """Plain text, one block per node, most important line first."""
+    verb = "WOULD" if report.mode is RunMode.DRY_RUN else "DID"
+    lines = [f"{report.operation.value.upper()} {report.mode.value} for incident {report.incident_id}, "
+             f"plan {report.plan_hash[:12]}" + (f", approved by {report.approver}" if report.approver else "")]
+    lines += [f"  recovered: {m}" for m in report.recovered]
+    lines += [f"  blocked: {b}" for b in report.blocked]
+    if report.breaker_tripped:
+        lines.append("  the circuit breaker is now TRIPPED; reset it with `denpex breaker reset --by NAME`")
+    for node in report.nodes:
+        head = f"  {node.node}: {node.decision.value}"
+        if node.outcome is not None:
+            head += f" -> {node.outcome.value}"
+        lines.append(head)
+        if node.decision.value == "act":
+            lines.append(f"      {verb} run: {node.command}")
+        lines.append(f"      state: {node.state_before}" + (
+            f" -> {node.state_after}" if node.state_after != node.state_before else ""))
+        if node.running_jobs:
+            lines.append(f"      still running: {', '.join(node.running_jobs)}")
+        if node.message:
+            lines.append(f"      {node.message}")
+    if not report.nodes:
+        lines.append("  no node to act on")
+    if report.audit_copy:
+        lines.append(f"  audit log copied to {report.audit_copy}")
+    lines += [f"  warning: {w}" for w in report.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _approval_path(plan_path: Path) -> Path:
+    return plan_path.with_name(plan_path.name.removesuffix(".json") + ".approval.json")
+
+
+def _executor(adapter: ClusterAdapter, settings: IsolationSettings) -> Executor:
+    return Executor(
+        adapter=adapter,
+        audit=AuditLog(settings.audit_log),
+        breaker=CircuitBreaker(settings.breaker_state),
+        store=open_store(settings.evidence_store) if settings.evidence_store else None,
+        verify_timeout_s=settings.verify_timeout_s,
+    )
+
+
+@contextmanager
+def _adapter(plan: IsolationPlan, settings: IsolationSettings) -> Iterator[ClusterAdapter]:
+    limits = plan.policy.limits
+    if plan.scheduler is Scheduler.SLURM:
+        if settings.ssh is None:
+            raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
+        with SshRunner(settings.ssh) as runner:
+            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature)
+        return
+    if settings.kubernetes is None:
+        raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")
+    from denpex.isolation.kubernetes import KubernetesAdapter  # the client is slow to import
+
+    with KubernetesAdapter.connect(settings.kubernetes, opt_out_label=limits.opt_out_label) as adapter:
+        yield adapter
+
+
+def _config_missing(section: str, variables: str) -> ConfigError:
+    return ConfigError(f"no {section} settings: pass --config FILE with a `{section}:` section, or set {variables}")
+

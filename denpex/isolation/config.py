@@ -1,0 +1,116 @@
+"""Where the executor reaches the cluster and keeps its state, from a file and the environment.
+
+A YAML (or JSON) file gives the settings; ``DENPEX_*`` environment variables override single
+values, so a CI job or a Prefect worker can point at another cluster without a file::
+
+    ssh:
+      host: slurm-login.example.org
+      port: 22
+      username: denpex
+      key_path: /etc/denpex/id_ed25519
+      known_hosts: /etc/denpex/known_hosts
+    audit_log: /var/lib/denpex/audit.jsonl
+    breaker_state: /var/lib/denpex/breaker.json
+    evidence_store: s3://incidents/denpex
+
+Environment: DENPEX_SSH_HOST, DENPEX_SSH_PORT, DENPEX_SSH_USER, DENPEX_SSH_KEY,
+DENPEX_SSH_KNOWN_HOSTS, DENPEX_KUBECONFIG, DENPEX_KUBE_CONTEXT, DENPEX_KUBE_HOST,
+DENPEX_KUBE_TOKEN, DENPEX_AUDIT_LOG, DENPEX_BREAKER_STATE, DENPEX_EVIDENCE_STORE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from denpex.isolation.errors import ConfigError
+from denpex.isolation.ssh import Backoff, SshSettings
+
+__all__ = ["KubernetesSettings", "IsolationSettings", "load_settings"]
+
+_ENV: dict[str, tuple[str, ...]] = {
+    "DENPEX_SSH_HOST": ("ssh", "host"),
+    "DENPEX_SSH_PORT": ("ssh", "port"),
+    "DENPEX_SSH_USER": ("ssh", "username"),
+    "DENPEX_SSH_KEY": ("ssh", "key_path"),
+    "DENPEX_SSH_KNOWN_HOSTS": ("ssh", "known_hosts"),
+    "DENPEX_KUBECONFIG": ("kubernetes", "kubeconfig"),
+    "DENPEX_KUBE_CONTEXT": ("kubernetes", "context"),
+    "DENPEX_KUBE_HOST": ("kubernetes", "host"),
+    "DENPEX_KUBE_TOKEN": ("kubernetes", "token"),
+    "DENPEX_AUDIT_LOG": ("audit_log",),
+    "DENPEX_BREAKER_STATE": ("breaker_state",),
+    "DENPEX_EVIDENCE_STORE": ("evidence_store",),
+}
+
+
+class KubernetesSettings(BaseModel):
+    """How to reach the API server: a kubeconfig (and context), or a host and bearer token."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kubeconfig: Path | None = None
+    context: str | None = None
+    host: str | None = None
+    token: SecretStr | None = None
+    ca_cert: Path | None = None
+    verify_tls: bool = True
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    backoff: Backoff = Backoff()
+    eviction_timeout_s: float = Field(default=120.0, gt=0)
+    """How long evictions refused by a PodDisruptionBudget (HTTP 429) are retried."""
+
+
+class IsolationSettings(BaseModel):
+    """Everything ``denpex isolate`` needs besides the plan and its approval."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ssh: SshSettings | None = None
+    kubernetes: KubernetesSettings | None = None
+    audit_log: Path = Path("denpex-audit.jsonl")
+    breaker_state: Path = Path("denpex-breaker.json")
+    evidence_store: str | None = None
+    """A folder or ``s3://bucket/prefix``; the audit log is copied there after each run."""
+    verify_timeout_s: float = Field(default=20.0, gt=0)
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: str) -> None:
+    node = tree
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[path[-1]] = value
+
+
+def load_settings(path: Path | None, environ: Mapping[str, str]) -> IsolationSettings:
+    """Read ``path`` (if given), apply ``DENPEX_*`` overrides, validate; all problems in one error."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read settings: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: settings are not valid YAML/JSON: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: settings must be a mapping, got {type(loaded).__name__}")
+        tree = dict(loaded or {})
+    for name, target in _ENV.items():
+        if environ.get(name):
+            _set(tree, target, environ[name])
+    try:
+        return IsolationSettings.model_validate(tree)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        where = f"{path} and the environment" if path else "the environment"
+        raise ConfigError(f"invalid isolation settings in {where}: {problems}") from exc

@@ -1,0 +1,346 @@
+"""Carry out an approved plan: re-check on live facts, act once per node, verify, audit.
+
+Stages of one run (each audited in EXECUTE mode)::
+
+    approval check -> recover dangling intents -> read facts -> gates again (node, blast radius)
+    -> per node: intent -> one changing call -> read state until the post-checks pass -> result
+    -> copy the audit log to the evidence store
+
+DRY_RUN performs every read and every gate and stops before the first write: no command that
+changes a node, no audit record, no breaker trip.
+
+Idempotence: a node already in the wanted state under this incident is skipped, so a second run
+is a no-op. When the connection drops after a changing call was sent, the node's state is read
+and the call is only repeated when the state shows it did not take effect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from denpex.evidence.store import EvidenceStore
+from denpex.isolation.adapter import ActionOutput, ClusterAdapter
+from denpex.isolation.approval import Approval, check_approval
+from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome, copy_audit_log
+from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.errors import OutcomeUnknownError, StoreError
+from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner
+from denpex.isolation.gates import blast_radius_gate, node_gate
+from denpex.isolation.plan import IsolationPlan, NodeAction, Operation, utc_now
+
+__all__ = ["RunMode", "NodeDecision", "NodeOutcome", "ExecutionReport", "Executor"]
+
+
+class RunMode(StrEnum):
+    """Whether a run may change anything."""
+
+    DRY_RUN = "dry_run"
+    """Read facts and run every gate; change nothing, write nothing."""
+    EXECUTE = "execute"
+    """Act on an approved plan."""
+
+
+class NodeDecision(StrEnum):
+    """What the run decided for one node after the gates ran on live facts."""
+
+    ACT = "act"
+    """The command is (or in a dry run would be) sent."""
+    ALREADY_DONE = "already_done"
+    """The node is already in the wanted state under this incident; nothing is sent."""
+    BLOCKED = "blocked"
+    """A gate refused the node; nothing is sent."""
+
+
+class NodeOutcome(BaseModel):
+    """One node's story in a run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    decision: NodeDecision
+    command: str
+    outcome: Outcome | None = None
+    """None in a dry run."""
+    rc: int | None = None
+    output: str = ""
+    state_before: str = ""
+    state_after: str = ""
+    running_jobs: tuple[str, ...] = ()
+    """Jobs still running on the node (under DRAIN they run to completion)."""
+    message: str = ""
+
+
+class ExecutionReport(BaseModel):
+    """What a run did (or, in a dry run, would do)."""
+
+    mode: RunMode
+    operation: Operation
+    incident_id: str
+    plan_hash: str
+    approver: str | None = None
+    nodes: list[NodeOutcome]
+    blocked: list[str] = []
+    recovered: list[str] = []
+    breaker_tripped: bool = False
+    audit_copy: str | None = None
+    warnings: list[str] = []
+
+    @property
+    def failed(self) -> bool:
+        return any(n.outcome is Outcome.FAILED for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    action: NodeAction
+    facts: NodeFacts
+    decision: NodeDecision
+    message: str = ""
+
+
+@dataclass
+class Executor:
+    """Runs plans against one cluster. Dependencies are passed in; nothing is global."""
+
+    adapter: ClusterAdapter
+    audit: AuditLog
+    breaker: CircuitBreaker
+    store: EvidenceStore | None = None
+    clock: Callable[[], datetime] = utc_now
+    sleep: Callable[[float], None] = time.sleep
+    verify_timeout_s: float = 20.0
+    poll_s: float = 0.2
+    max_sends: int = 3
+
+    def run(
+        self,
+        plan: IsolationPlan,
+        *,
+        mode: RunMode = RunMode.DRY_RUN,
+        operation: Operation = Operation.ISOLATE,
+        approval: Approval | None = None,
+    ) -> ExecutionReport:
+        """Dry-run or execute ``plan``. EXECUTE raises ApprovalError without a matching approval."""
+        digest = plan.content_hash()
+        approver = None
+        recovered: list[str] = []
+        if mode is RunMode.EXECUTE:
+            approver = check_approval(plan, approval, now=self.clock()).approver
+            recovered = self._recover(plan, digest, operation, approver)
+        if operation is Operation.ISOLATE:
+            pending, blocked, trip = self._decide_isolate(plan)
+        else:
+            pending, blocked, trip = self._decide_rollback(plan), [], None
+        report = ExecutionReport(
+            mode=mode, operation=operation, incident_id=plan.incident_id, plan_hash=digest,
+            approver=approver, nodes=[], blocked=blocked, recovered=recovered,
+        )
+        if mode is RunMode.DRY_RUN:
+            report.nodes = [self._outcome(p, operation) for p in pending]
+            return report
+        if trip:
+            self._trip(plan, digest, operation, approver, trip)
+            report.breaker_tripped = True
+        for item in pending:
+            if item.decision is NodeDecision.ACT:
+                report.nodes.append(self._act(plan, digest, operation, approver, item))
+            else:
+                report.nodes.append(self._skip(plan, digest, operation, approver, item))
+        if self.store is not None:
+            try:
+                report.audit_copy = copy_audit_log(self.audit, self.store, plan.incident_id)
+            except StoreError as exc:
+                report.warnings.append(str(exc))
+        return report
+
+    # -- deciding on live facts ----------------------------------------------------------
+    def _decide_isolate(self, plan: IsolationPlan) -> tuple[list[_Pending], list[str], str | None]:
+        policy = plan.policy
+        cluster = self.adapter.cluster_facts()
+        pending: list[_Pending] = []
+        for action in plan.actions:
+            facts = self.adapter.node_facts(action.node)
+            view = ClusterFacts(nodes={**cluster.nodes, action.node: facts}, collected_at=cluster.collected_at)
+            block = node_gate(action.node, view, policy.limits, policy.reason_prefix, plan.incident_id)
+            if block is not None:
+                pending.append(_Pending(action, facts, NodeDecision.BLOCKED, block.message))
+            elif not self._unmet(plan, action, Operation.ISOLATE, facts):
+                pending.append(_Pending(action, facts, NodeDecision.ALREADY_DONE,
+                                        f"{action.node} already shows {facts.state} under this incident"))
+            else:
+                pending.append(_Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, Operation.ISOLATE)))
+        to_act = [p.action.node for p in pending if p.decision is NodeDecision.ACT]
+        radius = blast_radius_gate(to_act, cluster, policy.limits, self.breaker.state())
+        if not radius.blocked:
+            return pending, [], plan.breaker_trip
+        message = radius.blocked[0].message
+        pending = [
+            _Pending(p.action, p.facts, NodeDecision.BLOCKED, message) if p.decision is NodeDecision.ACT else p
+            for p in pending
+        ]
+        return pending, [message], radius.trip_reason or plan.breaker_trip
+
+    def _decide_rollback(self, plan: IsolationPlan) -> list[_Pending]:
+        pending = []
+        for action in plan.actions:
+            facts = self.adapter.node_facts(action.node)
+            owner = facts.owner(plan.policy.reason_prefix, plan.incident_id)
+            if not facts.exists:
+                pending.append(_Pending(action, facts, NodeDecision.BLOCKED,
+                                        f"{action.node} is not known to the scheduler"))
+            elif owner is ReasonOwner.THIS_INCIDENT:
+                pending.append(_Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, Operation.ROLLBACK)))
+            elif owner is ReasonOwner.NONE:
+                pending.append(_Pending(action, facts, NodeDecision.ALREADY_DONE,
+                                        f"{action.node} is not isolated ({facts.state}); nothing to undo"))
+            else:
+                pending.append(_Pending(
+                    action, facts, NodeDecision.BLOCKED,
+                    f"{action.node} is now isolated by someone else (reason {facts.reason!r}); "
+                    "Denpex never undoes an isolation it does not own",
+                ))
+        return pending
+
+    # -- acting --------------------------------------------------------------------------
+    def _act(self, plan: IsolationPlan, digest: str, operation: Operation, approver: str | None,
+             item: _Pending) -> NodeOutcome:
+        action = item.action
+        command = self.adapter.command_for(action, operation)
+        intent = self.audit.append(
+            self._entry(plan, digest, operation, approver, AuditKind.INTENT, action,
+                        command=command, state=item.facts.state,
+                        running_jobs=item.facts.running_jobs, message=item.message),
+            at=self.clock(),
+        )
+        output, notes = self._send_once(plan, action, operation)
+        final = self.adapter.node_facts(action.node)
+        unmet = self._unmet(plan, action, operation, final)
+        deadline = time.monotonic() + self.verify_timeout_s
+        while unmet and time.monotonic() < deadline:
+            self.sleep(self.poll_s)
+            final = self.adapter.node_facts(action.node)
+            unmet = self._unmet(plan, action, operation, final)
+        outcome = Outcome.FAILED if unmet else Outcome.APPLIED
+        if unmet:
+            notes.append("post-checks not met: " + "; ".join(unmet))
+        if output is not None and output.rc != 0 and not unmet:
+            notes.append(f"rc {output.rc} but the state shows the {operation.value} took effect")
+        message = " ".join([item.message, *notes]).strip()
+        self.audit.append(
+            self._entry(plan, digest, operation, approver, AuditKind.RESULT, action,
+                        command=command, rc=output.rc if output else None,
+                        output=output.output if output else None, outcome=outcome,
+                        intent_seq=intent.seq, state=final.state,
+                        running_jobs=final.running_jobs, message=message),
+            at=self.clock(),
+        )
+        return NodeOutcome(
+            node=action.node, decision=NodeDecision.ACT, command=command, outcome=outcome,
+            rc=output.rc if output else None, output=output.output if output else "",
+            state_before=item.facts.state, state_after=final.state,
+            running_jobs=final.running_jobs, message=message,
+        )
+
+    def _send_once(self, plan: IsolationPlan, action: NodeAction,
+                   operation: Operation) -> tuple[ActionOutput | None, list[str]]:
+        """Send the changing call; after a drop, read the state before deciding to send again."""
+        notes: list[str] = []
+        for send in range(1, self.max_sends + 1):
+            try:
+                return self.adapter.apply(action, operation), notes
+            except OutcomeUnknownError as exc:
+                facts = self.adapter.node_facts(action.node)
+                if not self._unmet(plan, action, operation, facts):
+                    notes.append(f"the connection dropped after send {send} ({exc}); the node's "
+                                 "state shows it took effect, so it was not sent again")
+                    return None, notes
+                notes.append(f"the connection dropped on send {send} and the node does not show "
+                             "the change; sending again")
+                self.sleep(min(self.poll_s * 2**send, 5.0))
+        notes.append(f"gave up after {self.max_sends} dropped sends")
+        return None, notes
+
+    def _skip(self, plan: IsolationPlan, digest: str, operation: Operation, approver: str | None,
+              item: _Pending) -> NodeOutcome:
+        outcome = Outcome.ALREADY_DONE if item.decision is NodeDecision.ALREADY_DONE else Outcome.BLOCKED
+        command = self.adapter.command_for(item.action, operation)
+        self.audit.append(
+            self._entry(plan, digest, operation, approver, AuditKind.SKIP, item.action,
+                        command=command, outcome=outcome, state=item.facts.state,
+                        running_jobs=item.facts.running_jobs, message=item.message),
+            at=self.clock(),
+        )
+        return self._outcome(item, operation, outcome)
+
+    def _recover(self, plan: IsolationPlan, digest: str, operation: Operation,
+                 approver: str | None) -> list[str]:
+        """Resolve intents left without a result by reading each node's real state."""
+        messages = []
+        for intent in self.audit.pending_intents(digest, operation):
+            action = plan.action_for(intent.node) if intent.node else None
+            if action is None:
+                continue
+            facts = self.adapter.node_facts(action.node)
+            done = not self._unmet(plan, action, operation, facts)
+            outcome = Outcome.RECOVERED_APPLIED if done else Outcome.RECOVERED_NOT_APPLIED
+            message = (f"an earlier run stopped between intent seq {intent.seq} and its result; "
+                       f"{action.node} shows {facts.state}, so the {operation.value} "
+                       f"{'took effect' if done else 'did not take effect'}; nothing was repeated blindly")
+            self.audit.append(
+                self._entry(plan, digest, operation, approver, AuditKind.RESULT, action,
+                            command=intent.command, outcome=outcome, intent_seq=intent.seq,
+                            state=facts.state, running_jobs=facts.running_jobs, message=message),
+                at=self.clock(),
+            )
+            messages.append(message)
+        return messages
+
+    def _trip(self, plan: IsolationPlan, digest: str, operation: Operation, approver: str | None,
+              reason: str) -> None:
+        state = self.breaker.trip(reason=reason, incident_id=plan.incident_id, at=self.clock())
+        self.audit.append(
+            AuditEntry(kind=AuditKind.BREAKER, incident_id=plan.incident_id, plan_hash=digest,
+                       operation=operation, approver=approver,
+                       message=f"circuit breaker tripped: {state.trip_reason}"),
+            at=self.clock(),
+        )
+
+    # -- helpers -------------------------------------------------------------------------
+    def _unmet(self, plan: IsolationPlan, action: NodeAction, operation: Operation,
+               facts: NodeFacts) -> list[str]:
+        return self.adapter.unmet_checks(action, operation, facts,
+                                         reason_prefix=plan.policy.reason_prefix,
+                                         incident_id=plan.incident_id)
+
+    def _outcome(self, item: _Pending, operation: Operation, outcome: Outcome | None = None) -> NodeOutcome:
+        return NodeOutcome(
+            node=item.action.node, decision=item.decision,
+            command=self.adapter.command_for(item.action, operation), outcome=outcome,
+            state_before=item.facts.state, state_after=item.facts.state,
+            running_jobs=item.facts.running_jobs, message=item.message,
+        )
+
+    @staticmethod
+    def _entry(plan: IsolationPlan, digest: str, operation: Operation, approver: str | None,
+               kind: AuditKind, action: NodeAction, **fields: object) -> AuditEntry:
+        what = action.action.value if operation is Operation.ISOLATE else action.rollback.value
+        return AuditEntry.model_validate({
+            "kind": kind, "incident_id": plan.incident_id, "plan_hash": digest,
+            "operation": operation, "approver": approver, "node": action.node, "action": what,
+            **fields,
+        })
+
+
+def _jobs_note(facts: NodeFacts, operation: Operation) -> str:
+    if not facts.running_jobs:
+        return f"no job is running on {facts.name}"
+    note = f"{len(facts.running_jobs)} job(s) running on {facts.name}: {', '.join(facts.running_jobs)}"
+    if operation is Operation.ISOLATE:
+        note += "; they keep running to completion, no new work is placed there"
+    return note

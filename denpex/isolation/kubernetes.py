@@ -1,0 +1,392 @@
+"""Kubernetes adapter: cordon, taint and (optionally) evict through the official client.
+
+Isolating a node:
+1. one strategic-merge PATCH of the node sets ``spec.unschedulable``, adds the
+   ``denpex.io/isolated=<incident>:NoSchedule`` taint (``spec.taints`` is an atomic list, so the
+   full list is sent) and annotations recording who, why and when. The patch carries the
+   ``resourceVersion`` read just before, so a concurrent change makes it fail with 409 and it is
+   re-read and retried instead of overwriting someone else's taints;
+2. for ``cordon_taint_evict``, each pod (not DaemonSet-owned, not a mirror pod) is evicted through
+   the Eviction API. A PodDisruptionBudget that allows no disruption answers 429; that eviction
+   is retried with backoff until ``eviction_timeout_s``, then reported as kept, never forced.
+
+Rolling back is one JSON-patch (with the same ``resourceVersion`` guard) that clears
+``unschedulable``, removes only our taint and our annotations.
+
+A node still carrying our annotations but no longer unschedulable was uncordoned by a person: that
+cancels the automated workflow, and the gates refuse to isolate it again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from denpex.isolation.adapter import ActionOutput
+from denpex.isolation.config import KubernetesSettings
+from denpex.isolation.errors import (
+    CommandFailedError,
+    HostKeyError,
+    OutcomeUnknownError,
+    RemoteAuthError,
+    RemoteError,
+    TransientRemoteError,
+)
+from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner, owned_reason_prefix
+from denpex.isolation.plan import NodeAction, Operation, utc_now
+from denpex.isolation.policy import ActionKind, Scheduler
+from denpex.isolation.ssh import Backoff
+
+__all__ = [
+    "TAINT_KEY",
+    "ANNOTATION_REASON",
+    "ANNOTATION_BY",
+    "ANNOTATION_AT",
+    "ANNOTATION_INCIDENT",
+    "POOL_LABELS",
+    "KubernetesAdapter",
+]
+
+TAINT_KEY = "denpex.io/isolated"
+ANNOTATION_REASON = "denpex.io/reason"
+ANNOTATION_BY = "denpex.io/isolated-by"
+ANNOTATION_AT = "denpex.io/isolated-at"
+ANNOTATION_INCIDENT = "denpex.io/incident"
+_OUR_ANNOTATIONS = (ANNOTATION_REASON, ANNOTATION_BY, ANNOTATION_AT, ANNOTATION_INCIDENT)
+POOL_LABELS = (
+    "denpex.io/partition",
+    "cloud.google.com/gke-nodepool",
+    "eks.amazonaws.com/nodegroup",
+    "kubernetes.azure.com/agentpool",
+)
+"""Labels naming a node's pool, used as its 'partition' for the blast-radius share."""
+
+_T = TypeVar("_T")
+
+
+def _incident_tag(action: NodeAction) -> str:
+    """``"denpex:inc-42 rank 1: ..."`` -> ``"inc-42"`` (a valid label value, at most 63 chars)."""
+    return action.reason.split(" ", 1)[0].partition(":")[2][:63]
+
+
+def _escape(key: str) -> str:
+    """JSON-pointer escaping (RFC 6901) for an annotation key in a JSON-patch path."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class KubernetesAdapter:
+    """Reads nodes and pods and changes node scheduling through ``CoreV1Api``."""
+
+    scheduler = Scheduler.KUBERNETES
+
+    def __init__(
+        self,
+        core: Any,
+        *,
+        opt_out_label: str = "denpex.io/opt-out",
+        actor: str = "denpex",
+        backoff: Backoff = Backoff(),
+        request_timeout_s: float = 10.0,
+        eviction_timeout_s: float = 120.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.core = core
+        self.opt_out_label = opt_out_label
+        self.actor = actor
+        self.backoff = backoff
+        self.request_timeout_s = request_timeout_s
+        self.eviction_timeout_s = eviction_timeout_s
+        self._sleep = sleep
+
+    @classmethod
+    @contextmanager
+    def connect(cls, settings: KubernetesSettings, *, opt_out_label: str) -> Iterator["KubernetesAdapter"]:
+        """An adapter on a fresh ``ApiClient`` (kubeconfig, or host plus bearer token), closed after."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        if settings.host:
+            configuration.host = settings.host
+            if settings.token is not None:
+                configuration.api_key = {"BearerToken": settings.token.get_secret_value()}
+                configuration.api_key_prefix = {"BearerToken": "Bearer"}
+            configuration.verify_ssl = settings.verify_tls
+            if settings.ca_cert is not None:
+                configuration.ssl_ca_cert = str(settings.ca_cert)
+        else:
+            config.load_kube_config(
+                config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+                context=settings.context, client_configuration=configuration, persist_config=False,
+            )
+        configuration.retries = 0  # our own backoff decides what is safe to retry
+        api_client = client.ApiClient(configuration)
+        try:
+            yield cls(client.CoreV1Api(api_client), opt_out_label=opt_out_label,
+                      backoff=settings.backoff, request_timeout_s=settings.request_timeout_s,
+                      eviction_timeout_s=settings.eviction_timeout_s)
+        finally:
+            api_client.close()
+
+    # -- facts ---------------------------------------------------------------------------
+    def cluster_facts(self) -> ClusterFacts:
+        nodes = self._read(lambda: self.core.list_node(_request_timeout=self.request_timeout_s), "list nodes")
+        pods = self._read(
+            lambda: self.core.list_pod_for_all_namespaces(_request_timeout=self.request_timeout_s), "list pods"
+        )
+        by_node: dict[str, list[Any]] = {}
+        for pod in pods.items or []:
+            if pod.spec and pod.spec.node_name:
+                by_node.setdefault(pod.spec.node_name, []).append(pod)
+        facts = {n.metadata.name: self._facts(n, by_node.get(n.metadata.name, [])) for n in nodes.items or []}
+        return ClusterFacts(nodes=facts, collected_at=utc_now())
+
+    def node_facts(self, node: str) -> NodeFacts:
+        from kubernetes.client.exceptions import NotFoundException
+
+        try:
+            found = self._read(lambda: self.core.read_node(node, _request_timeout=self.request_timeout_s),
+                               f"read node {node}", passthrough=(NotFoundException,))
+        except NotFoundException:
+            return NodeFacts(name=node, exists=False)
+        return self._facts(found, self._pods_on(node))
+
+    def _pods_on(self, node: str) -> list[Any]:
+        pods = self._read(
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=self.request_timeout_s),
+            f"list pods on {node}",
+        )
+        return list(pods.items or [])
+
+    def _facts(self, node: Any, pods: list[Any]) -> NodeFacts:
+        meta, spec = node.metadata, node.spec
+        labels = meta.labels or {}
+        annotations = meta.annotations or {}
+        unschedulable = bool(spec and spec.unschedulable)
+        taints = tuple(f"{t.key}={t.value or ''}:{t.effect}" for t in (spec.taints if spec and spec.taints else []))
+        ready = next((c.status for c in (node.status.conditions or []) if c.type == "Ready"), "Unknown") \
+            if node.status else "Unknown"
+        state = {"True": "Ready", "False": "NotReady"}.get(ready, "Unknown")
+        if unschedulable:
+            state += ",SchedulingDisabled"
+        ours = annotations.get(ANNOTATION_REASON)
+        overridden = None
+        if ours and not unschedulable:
+            overridden = f"uncordoned by hand while annotated {ours!r}"
+        return NodeFacts(
+            name=meta.name,
+            exists=True,
+            state=state,
+            isolated=unschedulable,
+            not_responding=ready != "True",
+            reason=ours if unschedulable else None,
+            partitions=tuple(labels[k] for k in POOL_LABELS if k in labels)[:1],
+            running_jobs=tuple(
+                f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
+                if not (p.status and p.status.phase in ("Succeeded", "Failed"))
+            ),
+            opted_out=labels.get(self.opt_out_label, "").lower() == "true",
+            overridden_by=overridden,
+            taints=taints,
+        )
+
+    # -- changes -------------------------------------------------------------------------
+    def command_for(self, action: NodeAction, operation: Operation) -> str:
+        taint = f"{TAINT_KEY}={_incident_tag(action)}:NoSchedule"
+        if operation is Operation.ROLLBACK:
+            return (f"PATCH /api/v1/nodes/{action.node} (json-patch): spec.unschedulable=false, "
+                    f"remove taint {taint} and the denpex.io annotations")
+        text = (f"PATCH /api/v1/nodes/{action.node} (strategic-merge): spec.unschedulable=true, "
+                f"taint {taint}, annotations {ANNOTATION_REASON}={action.reason!r}")
+        if action.action is ActionKind.CORDON_TAINT_EVICT:
+            text += "; then POST .../pods/<pod>/eviction for each pod (PodDisruptionBudgets honoured)"
+        return text
+
+    def apply(self, action: NodeAction, operation: Operation) -> ActionOutput:
+        if operation is Operation.ROLLBACK:
+            output = self._guarded_patch(action.node, self._uncordon_patch)
+        else:
+            output = self._guarded_patch(action.node, lambda node: self._cordon_patch(node, action))
+            if action.action is ActionKind.CORDON_TAINT_EVICT:
+                output += "; " + self._evict_all(action.node)
+        return ActionOutput(command=self.command_for(action, operation), rc=0, output=output)
+
+    def unmet_checks(self, action: NodeAction, operation: Operation, facts: NodeFacts, *,
+                     reason_prefix: str, incident_id: str) -> list[str]:
+        ours = [t for t in facts.taints if t.startswith(f"{TAINT_KEY}=")]
+        if operation is Operation.ROLLBACK:
+            unmet = [f"{facts.name} is still unschedulable"] if facts.isolated else []
+            return unmet + [f"{facts.name} still carries taint {t}" for t in ours]
+        unmet = []
+        if not facts.exists:
+            return [f"{facts.name} is not known to the API server"]
+        if not facts.isolated:
+            unmet.append(f"{facts.name} is schedulable ({facts.state})")
+        if f"{TAINT_KEY}={_incident_tag(action)}:NoSchedule" not in facts.taints:
+            unmet.append(f"{facts.name} lacks taint {TAINT_KEY}={_incident_tag(action)}:NoSchedule")
+        if facts.isolated and facts.owner(reason_prefix, incident_id) is not ReasonOwner.THIS_INCIDENT:
+            unmet.append(f"{facts.name} annotation {ANNOTATION_REASON} is {facts.reason!r}, not "
+                         f"{owned_reason_prefix(reason_prefix, incident_id)}")
+        return unmet
+
+    def _cordon_patch(self, node: Any, action: NodeAction) -> dict[str, Any]:
+        sanitize = self.core.api_client.sanitize_for_serialization
+        kept = [sanitize(t) for t in (node.spec.taints or []) if t.key != TAINT_KEY] if node.spec else []
+        return {
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {
+                    ANNOTATION_REASON: action.reason,
+                    ANNOTATION_INCIDENT: _incident_tag(action),
+                    ANNOTATION_BY: self.actor,
+                    ANNOTATION_AT: utc_now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+            },
+            "spec": {
+                "unschedulable": True,
+                "taints": [*kept, {"key": TAINT_KEY, "value": _incident_tag(action), "effect": "NoSchedule"}],
+            },
+        }
+
+    def _uncordon_patch(self, node: Any) -> list[dict[str, Any]]:
+        sanitize = self.core.api_client.sanitize_for_serialization
+        taints = list(node.spec.taints or []) if node.spec else []
+        ops: list[dict[str, Any]] = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": node.metadata.resource_version},
+            {"op": "add", "path": "/spec/unschedulable", "value": False},
+        ]
+        if taints:
+            ops.append({"op": "add", "path": "/spec/taints",
+                        "value": [sanitize(t) for t in taints if t.key != TAINT_KEY]})
+        annotations = node.metadata.annotations or {}
+        ops += [{"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"}
+                for k in _OUR_ANNOTATIONS if k in annotations]
+        return ops
+
+    def _guarded_patch(self, name: str, build: Callable[[Any], Any]) -> str:
+        """Read, build the patch against that version, PATCH; a 409 (changed meanwhile) re-reads."""
+        from kubernetes.client.exceptions import ConflictException
+
+        for delay in [*self.backoff.delays(), None]:
+            node = self._read(lambda: self.core.read_node(name, _request_timeout=self.request_timeout_s),
+                              f"read node {name}")
+            body = build(node)
+            try:
+                self._change(lambda: self.core.patch_node(name, body, _request_timeout=self.request_timeout_s),
+                             f"patch node {name}", passthrough=(ConflictException,))
+            except ConflictException:
+                if delay is None:
+                    raise CommandFailedError(f"node {name} kept changing under us (409 Conflict); "
+                                             "try again later") from None
+                self._sleep(delay)
+                continue
+            return f"patched node {name} (resourceVersion {node.metadata.resource_version})"
+        raise CommandFailedError(f"patch of node {name} was not attempted")  # backoff has >= 1 try
+
+    def _evict_all(self, node: str) -> str:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException, NotFoundException
+
+        evicted, kept = [], []
+        for pod in self._pods_on(node):
+            meta = pod.metadata
+            owners = meta.owner_references or []
+            if any(o.kind == "DaemonSet" for o in owners) or "kubernetes.io/config.mirror" in (meta.annotations or {}):
+                continue  # DaemonSet pods come back anyway; mirror pods belong to the kubelet
+            if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            body = client.V1Eviction(metadata=client.V1ObjectMeta(name=meta.name, namespace=meta.namespace))
+            deadline = time.monotonic() + self.eviction_timeout_s
+            delays = iter(self.backoff.delays())
+            while True:
+                try:
+                    self._change(
+                        lambda: self.core.create_namespaced_pod_eviction(
+                            meta.name, meta.namespace, body, _request_timeout=self.request_timeout_s),
+                        f"evict {meta.namespace}/{meta.name}", passthrough=(ApiException,),
+                    )
+                    evicted.append(f"{meta.namespace}/{meta.name}")
+                    break
+                except NotFoundException:
+                    break  # already gone
+                except ApiException as exc:
+                    if exc.status != 429:
+                        raise self._translate(exc, f"evict {meta.namespace}/{meta.name}", True) from exc
+                    delay = next(delays, self.backoff.max_s)
+                    if time.monotonic() + delay > deadline:
+                        kept.append(f"{meta.namespace}/{meta.name}")
+                        break
+                    self._sleep(delay)
+        parts = [f"evicted {', '.join(evicted) or 'no pod'}"]
+        if kept:
+            parts.append(f"a PodDisruptionBudget kept {', '.join(kept)} (429 for "
+                         f"{self.eviction_timeout_s:.0f} s); they keep running on the cordoned node")
+        return "; ".join(parts)
+
+    # -- error handling ------------------------------------------------------------------
+    def _read(self, call: Callable[[], _T], what: str, *, passthrough: tuple[type[Exception], ...] = ()) -> _T:
+        """A read: transient failures are retried with backoff."""
+        delays = iter(self.backoff.delays())
+        while True:
+            try:
+                return call()
+            except passthrough:
+                raise
+            except Exception as exc:
+                mapped = self._translate(exc, what, False)
+                delay = next(delays, None)
+                if not isinstance(mapped, TransientRemoteError) or delay is None:
+                    raise mapped from exc
+                self._sleep(delay)
+
+    def _change(self, call: Callable[[], _T], what: str, *, passthrough: tuple[type[Exception], ...] = ()) -> _T:
+        """A change: retried only when the request surely did not reach the server."""
+        delays = iter(self.backoff.delays())
+        while True:
+            try:
+                return call()
+            except passthrough:
+                raise
+            except Exception as exc:
+                mapped = self._translate(exc, what, True)
+                delay = next(delays, None)
+                if type(mapped) is not TransientRemoteError or delay is None:
+                    raise mapped from exc
+                self._sleep(delay)
+
+    @staticmethod
+    def _translate(exc: Exception, what: str, changes_state: bool) -> RemoteError:
+        """Map client/urllib3 errors to ours, most specific first."""
+        import urllib3.exceptions as u3
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, RemoteError):
+            return exc
+        if isinstance(exc, ApiException):
+            status = exc.status or 0
+            if status in (401, 403):
+                return RemoteAuthError(f"{what}: the API server refused our credentials ({status} "
+                                       f"{exc.reason}); check the token or kubeconfig and RBAC for nodes")
+            if status == 429 or status == 409:
+                return TransientRemoteError(f"{what}: {status} {exc.reason}")
+            if status >= 500:
+                if changes_state:
+                    return OutcomeUnknownError(f"{what}: {status} {exc.reason}; the change may or may not "
+                                               "have been applied")
+                return TransientRemoteError(f"{what}: {status} {exc.reason}")
+            return CommandFailedError(f"{what}: {status} {exc.reason}: {(exc.body or '')[:300]}")
+        if isinstance(exc, u3.MaxRetryError) and exc.reason is not None:
+            exc = exc.reason if isinstance(exc.reason, Exception) else exc
+        if isinstance(exc, u3.SSLError):
+            return HostKeyError(f"{what}: the API server's certificate is not trusted ({exc}); nothing was "
+                                "sent. Check ca_cert in the Kubernetes settings")
+        if isinstance(exc, u3.NewConnectionError | u3.ConnectTimeoutError):
+            return TransientRemoteError(f"{what}: cannot connect: {exc}")
+        if isinstance(exc, u3.HTTPError | ConnectionError | TimeoutError | OSError):
+            if changes_state:
+                return OutcomeUnknownError(f"{what}: connection lost mid-request ({exc}); read the node "
+                                           "before retrying")
+            return TransientRemoteError(f"{what}: {exc}")
+        return RemoteError(f"{what}: unexpected {type(exc).__name__}: {exc}")

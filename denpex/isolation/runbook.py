@@ -1,0 +1,71 @@
+"""Declarative, operator-reviewed runbooks (``runbooks/*.yaml``).
+
+A runbook names itself and its owner, and carries the policy: which evidence is required, the
+safety limits, who approves and for how long, and the check/act/verify/rollback steps per
+scheduler. Unknown keys are refused, so a typo such as ``max_node_per_incident`` fails loudly
+instead of silently keeping the default. The flow executes a runbook; it does not hard-code one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from denpex.isolation.errors import RunbookError
+from denpex.isolation.policy import (
+    ApprovalRule,
+    EvidenceRule,
+    IsolationPolicy,
+    RemediationSteps,
+    SafetyLimits,
+)
+
+__all__ = ["Runbook", "load_runbook"]
+
+_MAX_BYTES = 256 * 1024
+
+
+class Runbook(BaseModel):
+    """One runbook file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$")
+    version: int = Field(ge=1)
+    owner: str = Field(min_length=1)
+    description: str = ""
+    reason_prefix: str = "denpex"
+    evidence: EvidenceRule = EvidenceRule()
+    limits: SafetyLimits = SafetyLimits()
+    approval: ApprovalRule = ApprovalRule()
+    remediation: RemediationSteps = RemediationSteps()
+
+    def policy(self) -> IsolationPolicy:
+        """The policy a plan carries (and the executor enforces)."""
+        return IsolationPolicy(
+            reason_prefix=self.reason_prefix, evidence=self.evidence, limits=self.limits,
+            approval=self.approval, remediation=self.remediation,
+        )
+
+
+def load_runbook(path: Path) -> Runbook:
+    """Read and validate a runbook; every problem is listed in one RunbookError."""
+    try:
+        if path.stat().st_size > _MAX_BYTES:
+            raise RunbookError(f"{path}: runbook is over {_MAX_BYTES} bytes")
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RunbookError(f"{path}: cannot read runbook: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise RunbookError(f"{path}: runbook is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RunbookError(f"{path}: a runbook is a YAML mapping, got {type(raw).__name__}")
+    try:
+        return Runbook.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise RunbookError(f"{path}: invalid runbook: {problems}") from exc

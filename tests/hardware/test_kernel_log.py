@@ -1,0 +1,231 @@
+"""Kernel log parsing on real-format ``journalctl -k -o short-iso`` lines, one variant per case."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from denpex.hardware import RejectReason, Severity, SignalKind
+from denpex.hardware.kernel_log import MAX_LINE_CHARS, parse_kernel_log
+
+P = "2026-11-29T18:45:02+0000 gpu-node-002 kernel: "
+T = datetime(2026, 11, 29, 18, 45, 2, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "pci", "pid", "comm", "severity"),
+    [
+        pytest.param(
+            P + "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.",
+            79, "0000:3b:00.0", 4242, "python", Severity.FATAL, id="xid79-with-pid",
+        ),
+        pytest.param(
+            P + "NVRM: Xid (PCI:0000:2b:00): 79, pid=..., GPU has fallen off the bus.",
+            79, "0000:2b:00.0", None, None, Severity.FATAL, id="xid79-elided-pid",
+        ),
+        pytest.param(
+            P + "NVRM: Xid (PCI:0000:3b:00): 31, pid=626486, name=pt_main_thread, Ch 00000008, intr 00000000. "
+            "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f1a_00000000. Fault is of type FAULT_PDE",
+            31, "0000:3b:00.0", 626486, "pt_main_thread", Severity.NON_FATAL, id="xid31-mmu-fault",
+        ),
+        pytest.param(
+            "2026-11-29T18:45:02+00:00 gpu-node-002 kernel: NVRM: Xid (PCI:0000:CB:00): 13, pid='<unknown>', "
+            "name=<unknown>, Graphics SM Warp Exception on (GPC 7, TPC 0, SM 1): Out Of Range Address",
+            13, "0000:cb:00.0", None, None, Severity.NON_FATAL, id="xid13-colon-offset-unknown-pid",
+        ),
+        pytest.param(
+            P + "NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, intr 10000000",
+            31, "0000:01:00.0", None, None, Severity.NON_FATAL, id="xid-old-form-no-PCI-prefix",
+        ),
+        pytest.param(
+            P + "NVRM: Xid (PCI:0000:01:00): 62, 322bff9a 0000b3b8 00000000 206a4b08 206a3cc8",
+            62, "0000:01:00.0", None, None, Severity.FATAL, id="xid62-hex-data",
+        ),
+        pytest.param(
+            P + "[ 4909.922970] NVRM: Xid (PCI:0000:01:00): 13, 0005 00000000 0000502d 00000104",
+            13, "0000:01:00.0", None, None, Severity.NON_FATAL, id="xid-printk-time-inside",
+        ),
+        pytest.param(
+            P + "NVRM: Xid (PCI:0000:3b:00): 999, something new",
+            999, "0000:3b:00.0", None, None, Severity.UNKNOWN, id="xid-code-not-in-catalog",
+        ),
+    ],
+)
+def test_xid_lines(line: str, code: int, pci: str, pid: int | None, comm: str | None, severity: Severity) -> None:
+    result = parse_kernel_log([line])
+    [event] = result.events
+    assert (event.kind, event.code, event.severity) == (SignalKind.XID, code, severity)
+    assert event.gpu is not None and event.gpu.pci_bus_id == pci
+    assert (event.pid, event.comm) == (pid, comm)
+    assert (event.host, event.time) == ("gpu-node-002", T)
+    assert event.line == line and result.rejected == 0
+
+
+@pytest.mark.parametrize(
+    ("stamp", "expected"),
+    [
+        pytest.param("2026-11-29T18:45:02+0000", T, id="plus-0000"),
+        pytest.param("2026-11-29T18:45:02+00:00", T, id="plus-00-colon-00"),
+        pytest.param("2026-11-30T00:15:02+0530", T, id="non-utc-offset-converted"),
+        pytest.param("2026-11-29T13:45:02-0500", T, id="negative-offset"),
+        pytest.param("2026-11-29T18:45:02.250000+0000", T.replace(microsecond=250000), id="short-iso-precise"),
+    ],
+)
+def test_timestamps_become_utc(stamp: str, expected: datetime) -> None:
+    [event] = parse_kernel_log([f"{stamp} h kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]).events
+    assert event.time == expected and event.time.utcoffset().total_seconds() == 0
+
+
+@pytest.mark.parametrize(
+    ("lines", "severity", "link", "continuations"),
+    [
+        pytest.param(
+            ["nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)"],
+            Severity.NON_FATAL, 32, 0, id="non-fatal",
+        ),
+        pytest.param(
+            [
+                "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)",
+                "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Severity 1 Engine instance 28 Sub-engine instance 00",
+                "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Data {0x00000000, 0x00000000, 0x00000000}",
+            ],
+            Severity.FATAL, 28, 2, id="fatal-with-data-lines",
+        ),
+    ],
+)
+def test_sxid_lines(lines: list[str], severity: Severity, link: int, continuations: int) -> None:
+    result = parse_kernel_log([P + line for line in lines])
+    [event] = result.events
+    assert (event.kind, event.severity, event.link, event.device_pci) == (SignalKind.SXID, severity, link, "0000:05:00.0")
+    assert result.continuation_lines == continuations and result.rejected == 0
+
+
+@pytest.mark.parametrize(
+    ("lines", "severity", "device", "reporter", "continuations"),
+    [
+        pytest.param(
+            [
+                "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), type=Transaction Layer, (Receiver ID)",
+                "nvidia 0000:3b:00.0:   device [10de:2330] error status/mask=00004000/00000000",
+                "nvidia 0000:3b:00.0:    [14] CmpltTO                (First)",
+            ],
+            Severity.FATAL, "0000:3b:00.0", None, 2, id="device-header-fatal-with-details",
+        ),
+        pytest.param(
+            ["pcieport 0000:00:01.0: AER: Multiple Uncorrectable (Non-Fatal) error message received from 0000:73:00.1"],
+            Severity.NON_FATAL, "0000:73:00.1", "0000:00:01.0", 0, id="root-port-multiple-non-fatal",
+        ),
+        pytest.param(
+            [
+                "pcieport 0000:00:03.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0",
+                "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, id=3b00(Requester ID)",
+                "nvidia 0000:3b:00.0:   device [10de:20b0] error status/mask=00040000/00000000",
+            ],
+            Severity.FATAL, "0000:3b:00.0", "0000:00:03.0", 2, id="old-kernel-uncorrected-merged",
+        ),
+        pytest.param(
+            [
+                "pcieport 0000:00:1c.5: AER: Corrected error received: 0000:00:1c.5",
+                "pcieport 0000:00:1c.5: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+                "pcieport 0000:00:1c.5:   device [8086:a33c] error status/mask=00000001/00002000",
+                "pcieport 0000:00:1c.5:    [ 0] RxErr                  (First)",
+            ],
+            Severity.CORRECTABLE, "0000:00:1c.5", "0000:00:1c.5", 3, id="corrected-self-report",
+        ),
+        pytest.param(
+            ["pcieport 0000:00:03.1: AER: PCIe Bus Error: severity=Correctable, type=Data Link Layer, (Transmitter ID)"],
+            Severity.CORRECTABLE, "0000:00:03.1", None, 0, id="newer-kernel-AER-prefix",
+        ),
+        pytest.param(
+            ["pcieport 0000:00:1c.5: AER: Multiple Corrected error received: 0000:00:1c.5"],
+            Severity.CORRECTABLE, "0000:00:1c.5", "0000:00:1c.5", 0, id="multiple-corrected",
+        ),
+    ],
+)
+def test_aer_lines(
+    lines: list[str], severity: Severity, device: str, reporter: str | None, continuations: int
+) -> None:
+    result = parse_kernel_log([P + line for line in lines])
+    [event] = result.events
+    assert (event.kind, event.severity) == (SignalKind.PCIE_AER, severity)
+    assert (event.device_pci, event.reporter_pci) == (device, reporter)
+    assert result.continuation_lines == continuations and result.rejected == 0
+
+
+def test_aer_details_are_kept_with_their_report() -> None:
+    result = parse_kernel_log([
+        P + "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), type=Transaction Layer, (Receiver ID)",
+        P + "nvidia 0000:3b:00.0:    [14] CmpltTO                (First)",
+    ])
+    assert "CmpltTO" in result.events[0].detail and "Transaction Layer" in result.events[0].detail
+
+
+@pytest.mark.parametrize(
+    ("lines", "pid", "comm", "detail", "continuations"),
+    [
+        pytest.param(
+            ["Out of memory: Killed process 4242 (python) total-vm:98765432kB, anon-rss:12345678kB, file-rss:0kB, "
+             "shmem-rss:0kB, UID:0 pgtables:24680kB oom_score_adj:0"],
+            4242, "python", "OOM kill", 0, id="global",
+        ),
+        pytest.param(
+            ["Memory cgroup out of memory: Killed process 5151 (pt_main_thread) total-vm:1000kB, anon-rss:900kB, "
+             "file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:100kB oom_score_adj:0"],
+            5151, "pt_main_thread", "cgroup OOM kill", 0, id="cgroup",
+        ),
+        pytest.param(
+            ["Out of memory: Kill process 1234 (python) score 999 or sacrifice child",
+             "Killed process 1234 (python) total-vm:1000kB, anon-rss:900kB, file-rss:0kB"],
+            1234, "python", "OOM kill", 1, id="old-kernel-pair",
+        ),
+        pytest.param(
+            ["oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/slurm/job_1,"
+             "task_memcg=/slurm/job_1/step_0,task=python,pid=4242,uid=0",
+             "Memory cgroup out of memory: Killed process 4242 (python) total-vm:1000kB, anon-rss:900kB"],
+            4242, "python", "cgroup OOM kill", 1, id="summary-then-kill",
+        ),
+    ],
+)
+def test_oom_lines(lines: list[str], pid: int, comm: str, detail: str, continuations: int) -> None:
+    result = parse_kernel_log([P + line for line in lines])
+    [event] = result.events
+    assert (event.kind, event.pid, event.comm, event.detail) == (SignalKind.OOM, pid, comm, detail)
+    assert result.continuation_lines == continuations and result.rejected == 0
+
+
+def test_gpu_identity_line_maps_pci_to_uuid() -> None:
+    result = parse_kernel_log([P + "NVRM: GPU at PCI:0000:3b:00: GPU-5d1e7a2c-1111-2222-3333-444455556666"])
+    [gpu] = result.gpus
+    assert gpu.gpu.pci_bus_id == "0000:3b:00.0" and gpu.gpu.uuid == "GPU-5d1e7a2c-1111-2222-3333-444455556666"
+    assert result.events == [] and result.rejected == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        pytest.param("Nov 29 18:45:02 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.NO_PREFIX, id="syslog-date"),
+        pytest.param("[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.NO_PREFIX, id="raw-dmesg"),
+        pytest.param("-- Boot 3f2c0d8e5a4b4c1e9f6a7b8c9d0e1f2a --", RejectReason.NO_PREFIX, id="journal-banner"),
+        pytest.param("2026-11-29T18:45:02 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.BAD_TIME, id="no-offset"),
+        pytest.param("2026-13-45T99:99:99+0000 gpu-node-002 kernel: hello", RejectReason.BAD_TIME, id="impossible-date"),
+        pytest.param(P + "usb 1-1: new high-speed USB device number 2", RejectReason.UNKNOWN_LINE, id="unrelated-kernel-line"),
+        pytest.param(P + "pcieport 0000:00:01.0: AER: enabled with IRQ 122", RejectReason.UNKNOWN_LINE, id="aer-setup-line"),
+        pytest.param(P + "NVRM: Xid (PCI:0000:3b:00): garbled", RejectReason.MALFORMED_SIGNAL, id="xid-without-code"),
+        pytest.param(P + "NVRM: Xid (PCI:0000:3b:00): 123456789012, x", RejectReason.MALFORMED_SIGNAL, id="xid-absurd-code"),
+        pytest.param(P + "nvidia-nvswitch0: SXid (PCI:zz): 1, Fatal", RejectReason.MALFORMED_SIGNAL, id="sxid-bad-address"),
+        pytest.param(P + "Out of memory: Killed process abc (python)", RejectReason.MALFORMED_SIGNAL, id="oom-without-pid"),
+        pytest.param(P + "nvidia 0000:5e:00.0:   device [10de:2330] error status/mask=00004000/00000000",
+                     RejectReason.ORPHAN_CONTINUATION, id="aer-detail-without-header"),
+        pytest.param(P + "x" * MAX_LINE_CHARS, RejectReason.LINE_TOO_LONG, id="too-long"),
+    ],
+)
+def test_rejected_lines_are_counted_by_reason(line: str, reason: RejectReason) -> None:
+    result = parse_kernel_log([line, ""])
+    assert result.events == [] and result.rejects == {reason: 1}
+    assert result.lines_read == 1  # the blank line is not counted
+
+
+def test_hosts_with_well_formed_lines_count_as_covered() -> None:
+    result = parse_kernel_log([P + "usb 1-1: reset", "2026-11-29T18:45:02+0000 gpu-node-007 kernel: eth0: link up"])
+    assert result.hosts == ["gpu-node-002", "gpu-node-007"] and result.events == []

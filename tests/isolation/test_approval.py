@@ -1,0 +1,59 @@
+"""Approvals bind a named person to one plan hash, for a limited time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from denpex.isolation.approval import approve_plan, check_approval, load_approval, save_approval
+from denpex.isolation.errors import ApprovalError
+from denpex.isolation.planner import plan_isolation
+from denpex.isolation.policy import ApprovalRule, IsolationPolicy, Scheduler
+from isolation.triage_cases import NOW, cluster, killed_process, signal
+
+
+def make_plan(policy: IsolationPolicy = IsolationPolicy(), code: int = 79):
+    return plan_isolation(killed_process(hardware=[signal(code)]), None, policy, cluster(),
+                          Scheduler.SLURM, "inc-42", NOW)
+
+
+def test_matching_fresh_approval_passes_and_round_trips(tmp_path: Path) -> None:
+    plan = make_plan()
+    approval = approve_plan(plan, " alice ", at=NOW, comment="Xid 79 confirmed")
+    assert approval.approver == "alice" and approval.expires_at == NOW + timedelta(hours=1)
+    save_approval(approval, tmp_path / "a.json")
+    assert check_approval(plan, load_approval(tmp_path / "a.json"), now=NOW + timedelta(minutes=10)) == approval
+
+
+@pytest.mark.parametrize(
+    ("approval_of", "now", "needle"),
+    [
+        pytest.param(None, NOW, "has no approval", id="missing"),
+        pytest.param("other-plan", NOW, "the plan changed after approval", id="other-plan"),
+        pytest.param("same", NOW + timedelta(hours=2), "expired", id="expired"),
+        pytest.param("same", NOW - timedelta(hours=1), "dated in the future", id="future"),
+        pytest.param("same-late", NOW + timedelta(hours=7), "triage again before acting", id="plan-too-old"),
+    ],
+)
+def test_execution_refused(approval_of: str | None, now, needle: str) -> None:
+    plan = make_plan()
+    approval = None
+    if approval_of == "other-plan":
+        approval = approve_plan(make_plan(code=48), "alice", at=NOW)
+    elif approval_of == "same":
+        approval = approve_plan(plan, "alice", at=NOW)
+    elif approval_of == "same-late":
+        approval = approve_plan(plan, "alice", at=now - timedelta(minutes=1))
+    with pytest.raises(ApprovalError, match=needle):
+        check_approval(plan, approval, now=now)
+
+
+def test_only_listed_approvers_may_approve() -> None:
+    plan = make_plan(IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"}))))
+    with pytest.raises(ApprovalError, match="allowed: alice"):
+        approve_plan(plan, "mallory", at=NOW)
+    with pytest.raises(ApprovalError, match="approver's name"):
+        approve_plan(plan, "", at=NOW)
+    assert approve_plan(plan, "alice", at=NOW).approver == "alice"

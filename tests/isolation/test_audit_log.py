@@ -1,0 +1,147 @@
+"""The hash-chained audit log: append, verify, tamper detection, dangling intents, store copy."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+from typer.testing import CliRunner
+
+from denpex.cli import app
+from denpex.evidence.store import LocalStore, S3Store
+from denpex.isolation.audit import (
+    GENESIS_HASH,
+    AuditEntry,
+    AuditKind,
+    AuditLog,
+    Outcome,
+    copy_audit_log,
+    verify_audit_log,
+)
+from denpex.isolation.errors import AuditError, StoreError
+from denpex.isolation.plan import Operation
+from isolation.triage_cases import NOW
+
+PLAN = "a" * 64
+
+
+def entry(kind: AuditKind, node: str = "gpu-node-002", **extra: object) -> AuditEntry:
+    return AuditEntry.model_validate({
+        "kind": kind, "incident_id": "inc-42", "plan_hash": PLAN, "operation": Operation.ISOLATE,
+        "approver": "alice", "node": node, "action": "drain",
+        "command": "scontrol update NodeName=gpu-node-002 State=DRAIN 'Reason=denpex:inc-42 x'", **extra,
+    })
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> AuditLog:
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    intent = audit.append(entry(AuditKind.INTENT), at=NOW)
+    audit.append(entry(AuditKind.RESULT, rc=0, output="", outcome=Outcome.APPLIED, intent_seq=intent.seq,
+                       state="IDLE+DRAIN"), at=NOW + timedelta(seconds=1))
+    audit.append(entry(AuditKind.INTENT, node="gpu-node-005"), at=NOW + timedelta(seconds=2))
+    return audit
+
+
+def test_records_are_chained_and_verify(log: AuditLog) -> None:
+    records = log.records()
+    assert [r.seq for r in records] == [1, 2, 3]
+    assert records[0].prev_hash == GENESIS_HASH
+    assert [r.prev_hash for r in records[1:]] == [r.hash for r in records[:-1]]
+    assert all(r.hash == r.expected_hash() for r in records)
+    verification = verify_audit_log(log.path)
+    assert verification.ok and verification.records == 3
+
+
+def test_intent_without_result_is_pending(log: AuditLog) -> None:
+    [pending] = log.pending_intents(PLAN, Operation.ISOLATE)
+    assert pending.node == "gpu-node-005" and pending.seq == 3
+    assert log.pending_intents(PLAN, Operation.ROLLBACK) == []
+    assert log.pending_intents("b" * 64, Operation.ISOLATE) == []
+
+
+def _rewrite(path: Path, change) -> None:
+    lines = path.read_text().splitlines()
+    change(lines)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _edit_rc(lines: list[str]) -> None:
+    record = json.loads(lines[1])
+    record["rc"] = 1
+    lines[1] = json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def _edit_and_rehash(lines: list[str]) -> None:
+    # A careful forger recomputes the edited line's hash; the next line's prev_hash still breaks.
+    from denpex.isolation.audit import AuditRecord
+    from denpex.isolation.plan import canonical_json
+
+    record = AuditRecord.model_validate_json(lines[0]).model_copy(update={"approver": "mallory"})
+    record = record.model_copy(update={"hash": record.expected_hash()})
+    lines[0] = canonical_json(record.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        pytest.param(_edit_rc, "line 2 (seq 2): content does not match its hash", id="edited-field"),
+        pytest.param(_edit_and_rehash, "line 2 (seq 2): prev_hash does not match", id="edited-and-rehashed"),
+        pytest.param(lambda lines: lines.pop(1), "prev_hash does not match", id="deleted-line"),
+        pytest.param(lambda lines: lines.insert(0, lines.pop(1)), "prev_hash does not match", id="reordered"),
+        pytest.param(lambda lines: lines.__setitem__(2, "{not json"), "line 3: not an audit record", id="garbage"),
+    ],
+)
+def test_verify_names_the_tampered_line(log: AuditLog, change, needle: str) -> None:
+    _rewrite(log.path, change)
+    verification = verify_audit_log(log.path)
+    assert not verification.ok
+    assert any(needle in p for p in verification.problems), verification.problems
+
+
+def test_cli_audit_verify_detects_an_edited_line(log: AuditLog) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["audit", "verify", str(log.path)])
+    assert ok.exit_code == 0 and "3 records, chain intact" in ok.stdout
+    _rewrite(log.path, _edit_rc)
+    bad = runner.invoke(app, ["audit", "verify", str(log.path)])
+    assert bad.exit_code == 2
+    assert "line 2 (seq 2): content does not match its hash; the line was edited" in bad.stderr
+
+
+def test_append_refuses_to_extend_a_tampered_or_torn_log(log: AuditLog) -> None:
+    _rewrite(log.path, lambda lines: lines.__setitem__(2, lines[2].replace("gpu-node-005", "gpu-node-006")))
+    with pytest.raises(AuditError, match="was altered"):
+        log.append(entry(AuditKind.INTENT), at=NOW)
+    log.path.write_text(log.path.read_text() + '{"kind": "inte')
+    with pytest.raises(AuditError, match="partial record"):
+        log.append(entry(AuditKind.INTENT), at=NOW)
+    assert any("partial line" in p for p in verify_audit_log(log.path).problems)
+
+
+def test_long_output_is_cut_but_chained(tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path / "a.jsonl")
+    record = audit.append(entry(AuditKind.RESULT, output="x" * 10000), at=NOW)
+    assert len(record.output or "") < 4100 and verify_audit_log(audit.path).ok
+
+
+def test_copy_to_a_local_evidence_store(log: AuditLog, tmp_path: Path) -> None:
+    uri = copy_audit_log(log, LocalStore(tmp_path / "store"), "inc-42")
+    assert uri.endswith("audit/inc-42/audit.jsonl")
+    assert (tmp_path / "store" / "audit" / "inc-42" / "audit.jsonl").read_bytes() == log.path.read_bytes()
+
+
+def test_copy_to_s3(log: AuditLog) -> None:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="incidents")
+        uri = copy_audit_log(log, S3Store("incidents", "denpex", client=client), "inc-42")
+        assert uri == "s3://incidents/denpex/audit/inc-42/audit.jsonl"
+        body = client.get_object(Bucket="incidents", Key="denpex/audit/inc-42/audit.jsonl")["Body"].read()
+        assert body == log.path.read_bytes()
+        with pytest.raises(StoreError, match="local copy at"):
+            copy_audit_log(log, S3Store("no-such-bucket", client=client), "inc-42")

@@ -1,0 +1,71 @@
+"""``denpex triage --scheduler`` fills the contract's ``plan`` and can save the full plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from denpex.cli import app
+from denpex.isolation.plan import load_plan
+from dumps import dump, history, write
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def killed_rank_1(tmp_path: Path) -> Path:
+    """Rank 1's process was killed: no dump from it; ranks 0, 2, 3 wait in collective 6."""
+    dumps = {r: dump(history("0", 5, pending=1)) for r in (0, 2, 3)}
+    return write(tmp_path / "dumps", dumps, manifest={
+        "job_id": "job-123", "world_size": 4,
+        "ranks": {str(r): {"host": f"gpu-node-{r + 1:03d}"} for r in range(4)},
+        "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}})
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "kubernetes"])
+def test_triage_with_scheduler_plans_and_says_why_not(killed_rank_1: Path, tmp_path: Path, scheduler: str) -> None:
+    plan_path = tmp_path / "plan.json"
+    result = runner.invoke(app, ["triage", str(killed_rank_1), "--format", "json", "--scheduler", scheduler,
+                                 "--plan-out", str(plan_path)])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    [culprit] = body["candidates"]
+    assert culprit["rank"] == 1 and culprit["kind"] == "stopped_reporting"
+    assert body["plan"] == {
+        "recommend_isolation": False, "actions": [],
+        "blocked": ["rank 1 stopped reporting and no hardware signal supports a fault on gpu-node-002"],
+    }
+    plan = load_plan(plan_path)
+    assert plan.scheduler.value == scheduler and plan.contract_view() == body["plan"]
+    assert plan.incident_id.startswith("inc-") and not plan.facts_checked
+
+
+def test_triage_text_shows_the_block_and_incident_id_is_deterministic(killed_rank_1: Path, tmp_path: Path) -> None:
+    first = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(tmp_path / "a.json")])
+    second = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(tmp_path / "b.json")])
+    assert first.exit_code == 0 and "blocked: rank 1 stopped reporting" in first.stdout
+    assert load_plan(tmp_path / "a.json").content_hash() == load_plan(tmp_path / "b.json").content_hash()
+
+
+def test_bad_runbook_is_unusable_input(killed_rank_1: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "rb.yaml"
+    bad.write_text("name: x\n")
+    result = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--runbook", str(bad)])
+    assert result.exit_code == 2 and "invalid runbook" in result.stderr
+
+
+def test_isolate_refuses_a_bad_plan_or_missing_settings(killed_rank_1: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DENPEX_SSH_HOST", "DENPEX_SSH_KEY", "DENPEX_SSH_KNOWN_HOSTS"):
+        monkeypatch.delenv(name, raising=False)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}")
+    result = runner.invoke(app, ["isolate", str(broken), "--dry-run"])
+    assert result.exit_code == 2 and "not a valid isolation plan" in result.stderr
+    plan = tmp_path / "plan.json"
+    assert runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(plan)]).exit_code == 0
+    result = runner.invoke(app, ["isolate", str(plan), "--dry-run"])
+    assert result.exit_code == 2 and "no ssh settings" in result.stderr and "DENPEX_SSH_HOST" in result.stderr

@@ -1,0 +1,197 @@
+"""Kubernetes isolation through the official client against a loopback fake API server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from denpex.isolation.approval import approve_plan
+from denpex.isolation.audit import AuditLog, Outcome, verify_audit_log
+from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.config import KubernetesSettings
+from denpex.isolation.errors import RemoteAuthError
+from denpex.isolation.executor import Executor, NodeDecision, RunMode
+from denpex.isolation.kubernetes import (
+    ANNOTATION_AT,
+    ANNOTATION_BY,
+    ANNOTATION_INCIDENT,
+    ANNOTATION_REASON,
+    TAINT_KEY,
+    KubernetesAdapter,
+)
+from denpex.isolation.plan import Gate, IsolationPlan, Operation, utc_now
+from denpex.isolation.planner import plan_isolation
+from denpex.isolation.policy import (
+    ActionKind,
+    IsolationPolicy,
+    RemediationSteps,
+    SchedulerSteps,
+    Scheduler,
+)
+from denpex.isolation.ssh import Backoff
+from isolation.k8s_fake_api import FakeApiServer, make_node, make_pdb, make_pod
+from isolation.triage_cases import killed_process, signal
+
+NODE = "gpu-node-002"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+OUR_TAINT = {"key": TAINT_KEY, "value": "inc-k8s", "effect": "NoSchedule"}
+EVICTING = IsolationPolicy(remediation=RemediationSteps(kubernetes=SchedulerSteps(
+    check=RemediationSteps().kubernetes.check, act=ActionKind.CORDON_TAINT_EVICT,
+    verify=RemediationSteps().kubernetes.verify, rollback=RemediationSteps().kubernetes.rollback)))
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        for i in range(1, 17):
+            server.add_node(make_node(f"gpu-node-{i:03d}", labels={"denpex.io/partition": "a100"},
+                                      taints=[dict(GPU_TAINT)]))
+        server.pods += [
+            make_pod("train", "trainer-1", NODE, labels={"app": "trainer"}),
+            make_pod("kube-system", "dcgm-exporter-x", NODE, daemonset=True),
+        ]
+        yield server
+
+
+def settings(api: FakeApiServer, token: str = "test-token") -> KubernetesSettings:
+    return KubernetesSettings(host=api.url, token=token, request_timeout_s=5, eviction_timeout_s=1.0,
+                              backoff=Backoff(attempts=4, initial_s=0.02, max_s=0.05))
+
+
+@pytest.fixture
+def adapter(api: FakeApiServer) -> Iterator[KubernetesAdapter]:
+    with KubernetesAdapter.connect(settings(api), opt_out_label="denpex.io/opt-out") as connected:
+        yield connected
+
+
+@pytest.fixture
+def executor(adapter: KubernetesAdapter, tmp_path: Path) -> Executor:
+    return Executor(adapter, AuditLog(tmp_path / "audit.jsonl"), CircuitBreaker(tmp_path / "breaker.json"),
+                    verify_timeout_s=2, poll_s=0.05)
+
+
+def make_plan(adapter: KubernetesAdapter | None, *, policy: IsolationPolicy = IsolationPolicy(),
+              node: str = NODE) -> IsolationPlan:
+    now = utc_now()
+    result = killed_process(hardware=[signal(79, host=node, age=timedelta(minutes=1), as_of=now)], host=node, as_of=now)
+    facts = adapter.cluster_facts() if adapter else None
+    return plan_isolation(result, None, policy, facts, Scheduler.KUBERNETES, "inc-k8s", now)
+
+
+def execute(executor: Executor, plan: IsolationPlan, operation: Operation = Operation.ISOLATE):
+    return executor.run(plan, mode=RunMode.EXECUTE, operation=operation,
+                        approval=approve_plan(plan, "alice", at=utc_now()))
+
+
+def test_cordon_taint_annotate_then_uncordon(api: FakeApiServer, adapter: KubernetesAdapter,
+                                             executor: Executor) -> None:
+    plan = make_plan(adapter)
+    assert plan.contract_view()["actions"] == [{"node": NODE, "action": "cordon_taint"}]
+    assert plan.actions[0].running_jobs == ("train/trainer-1", "kube-system/dcgm-exporter-x")
+
+    report = execute(executor, plan)
+    [outcome] = report.nodes
+    assert outcome.outcome is Outcome.APPLIED and outcome.state_after == "Ready,SchedulingDisabled"
+    node = api.nodes[NODE]
+    assert node["spec"]["unschedulable"] is True
+    assert node["spec"]["taints"] == [GPU_TAINT, OUR_TAINT]  # someone else's taint is kept
+    annotations = node["metadata"]["annotations"]
+    assert annotations[ANNOTATION_REASON] == plan.actions[0].reason
+    assert annotations[ANNOTATION_INCIDENT] == "inc-k8s" and annotations[ANNOTATION_BY] == "denpex"
+    assert annotations[ANNOTATION_AT].endswith("Z")
+    assert api.patches(NODE) == ["application/strategic-merge-patch+json"]
+    assert [p["metadata"]["name"] for p in api.pods] == ["trainer-1", "dcgm-exporter-x"]  # no eviction asked
+
+    again = execute(executor, plan)
+    assert again.nodes[0].decision is NodeDecision.ALREADY_DONE and len(api.patches(NODE)) == 1
+
+    back = execute(executor, plan, Operation.ROLLBACK)
+    assert back.nodes[0].outcome is Outcome.APPLIED
+    node = api.nodes[NODE]
+    assert node["spec"]["unschedulable"] is False and node["spec"]["taints"] == [GPU_TAINT]
+    assert not any(k.startswith("denpex.io/") for k in node["metadata"]["annotations"])
+    assert api.patches(NODE)[-1] == "application/json-patch+json"
+    assert verify_audit_log(executor.audit.path).ok
+
+
+def test_eviction_honours_pod_disruption_budgets(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                 executor: Executor) -> None:
+    api.pods += [make_pod("train", "loader-1", NODE, labels={"app": "loader"}),
+                 make_pod("serve", "cache-1", NODE, labels={"app": "cache"})]
+    api.pdbs += [make_pdb("train", "trainer", {"app": "trainer"}, 0),   # never allows: kept
+                 make_pdb("serve", "cache", {"app": "cache"}, 0)]       # allows after a while: retried
+    api.pdb_refusals["cache"] = 2
+
+    report = execute(executor, make_plan(adapter, policy=EVICTING))
+    [outcome] = report.nodes
+    assert outcome.outcome is Outcome.APPLIED
+    assert "evicted train/loader-1, serve/cache-1" in outcome.output
+    assert "PodDisruptionBudget kept train/trainer-1" in outcome.output
+    remaining = sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in api.pods)
+    assert remaining == ["kube-system/dcgm-exporter-x", "train/trainer-1"]  # DaemonSet pods are left
+    cache_posts = [path for method, path, _ in api.requests if method == "POST" and "cache-1" in path]
+    assert len(cache_posts) == 3  # 429, 429, retried with backoff, then evicted
+
+
+def test_foreign_cordon_and_opt_out_label_are_left_alone(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                         executor: Executor) -> None:
+    offline = make_plan(None)
+    api.nodes[NODE]["spec"]["unschedulable"] = True  # `kubectl cordon` by a person: no annotation
+    planned = make_plan(adapter)
+    assert planned.actions == () and planned.blocked[0].gate is Gate.FOREIGN_REASON
+    assert execute(executor, offline).nodes[0].decision is NodeDecision.BLOCKED
+    assert execute(executor, offline, Operation.ROLLBACK).nodes[0].decision is NodeDecision.BLOCKED
+    assert api.nodes[NODE]["spec"]["unschedulable"] is True and api.patches(NODE) == []
+
+    other = "gpu-node-005"
+    api.nodes[other]["metadata"]["labels"]["denpex.io/opt-out"] = "true"
+    assert make_plan(adapter, node=other).blocked[0].gate is Gate.OPT_OUT
+
+
+def test_manual_uncordon_cancels_the_automated_isolation(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                         executor: Executor) -> None:
+    plan = make_plan(adapter)
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    api.nodes[NODE]["spec"]["unschedulable"] = False  # a person uncordons, annotations stay
+    again = execute(executor, plan)
+    assert again.nodes[0].decision is NodeDecision.BLOCKED
+    assert "manual uncordon cancels" in again.nodes[0].message
+    assert api.nodes[NODE]["spec"]["unschedulable"] is False
+
+
+def test_ambiguous_server_error_is_resolved_by_reading_not_by_repeating(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor
+) -> None:
+    api.fail_next_patches = 1  # the PATCH is applied, then answered with 500
+    report = execute(executor, make_plan(adapter))
+    [outcome] = report.nodes
+    assert outcome.outcome is Outcome.APPLIED and "not sent again" in outcome.message
+    assert len(api.patches(NODE)) == 1
+
+
+def test_concurrent_change_is_reread_not_overwritten(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                     executor: Executor) -> None:
+    racing = {"key": "maintenance", "value": "bios", "effect": "NoSchedule"}
+    api.concurrent_writes.append(racing)
+    report = execute(executor, make_plan(adapter))
+    assert report.nodes[0].outcome is Outcome.APPLIED
+    assert len(api.patches(NODE)) == 2  # 409 Conflict, re-read, patched again
+    assert api.nodes[NODE]["spec"]["taints"] == [GPU_TAINT, racing, OUR_TAINT]
+
+
+def test_wrong_token_is_refused_and_nothing_changes(api: FakeApiServer) -> None:
+    with KubernetesAdapter.connect(settings(api, token="stolen"), opt_out_label="denpex.io/opt-out") as bad:
+        with pytest.raises(RemoteAuthError, match="refused our credentials"):
+            bad.cluster_facts()
+    assert all(method == "GET" for method, _, _ in api.requests)
+
+
+def test_unknown_node_and_dry_run(api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor) -> None:
+    assert not adapter.node_facts("gpu-node-999").exists
+    assert make_plan(adapter, node="gpu-node-999").blocked[0].gate is Gate.UNKNOWN_NODE
+    dry = executor.run(make_plan(adapter), mode=RunMode.DRY_RUN)
+    assert dry.nodes[0].decision is NodeDecision.ACT and "strategic-merge" in dry.nodes[0].command
+    assert api.patches(NODE) == [] and not executor.audit.path.exists()
