@@ -40,6 +40,8 @@ class TriageReport(TriageResult):
     plan: PlanView = Field(default_factory=lambda: NOT_PLANNED.model_copy(deep=True))
 
 
+MAX_STUCK_SHOWN = 8
+
 _HEADLINES = {
     Verdict.LOCALIZED: "HANG LOCALIZED",
     Verdict.AMBIGUOUS: "HANG, CULPRIT AMBIGUOUS",
@@ -52,13 +54,21 @@ def render_text(report: TriageReport) -> str:
     """A plain-text report, most important line first."""
     lines = [_headline(report), ""]
     if report.stuck:
-        lines.append("Stuck operations:")
-        for stuck in report.stuck:
+        culprits = {c.rank for c in report.candidates}
+        direct = [s for s in report.stuck if culprits & set(s.behind_ranks)]
+        chained = [s for s in report.stuck if s not in direct]
+        lines.append("Stuck operations waiting directly on a candidate:" if direct and chained
+                     else "Stuck operations:")
+        for stuck in (direct or chained)[:MAX_STUCK_SHOWN]:
             where = f"group {stuck.process_group!r}" + (f" ({stuck.group_desc})" if stuck.group_desc else "")
             what = f"p2p_seq_id {stuck.collective_seq_id}" if stuck.is_p2p else f"collective #{stuck.collective_seq_id}"
             lines.append(f"  - {where}, {what} {stuck.op}")
             lines.append(f"      waiting: {ranks_phrase(stuck.waiting_ranks)}")
             lines.append(f"      why:     {stuck.detail}")
+        hidden = len(report.stuck) - min(len(direct or chained), MAX_STUCK_SHOWN)
+        if hidden:
+            lines.append(f"  ... and {hidden} more stuck ops whose ranks wait on the victims above "
+                         "(all of them: --format json)")
         lines.append("")
     if report.candidates:
         lines.append("Candidates (culprits, not the victims that waited on them):")

@@ -107,8 +107,8 @@ def _why_waited(blockage: Blockage, membership: GroupMembership) -> str:
     desc = membership.descs.get(blockage.group)
     where = f"process group {blockage.group!r}" + (f" ({desc})" if desc else "")
     what = f"p2p_seq_id {blockage.seq}" if blockage.is_p2p else f"collective #{blockage.seq}"
-    waiting = ranks_phrase(blockage.waiting)
-    return f"{waiting} wait in {where} {what} {blockage.op}: {blockage.detail}"
+    verb = "waits" if len(blockage.waiting) == 1 else "wait"
+    return f"{ranks_phrase(blockage.waiting)} {verb} in {where} {what} {blockage.op}: {blockage.detail}"
 
 
 def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
