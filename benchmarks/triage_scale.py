@@ -64,6 +64,9 @@ class Measurement:
 
     argv: list[str]
     wall_s: float
+    cpu_s: float
+    """User + system CPU of the program and its waited-for children: steadier than wall time
+    when other work shares the cores."""
     returncode: int | None
     finished: bool
     stop_reason: str = ""
@@ -160,7 +163,9 @@ def measure(
     except ProcessLookupError:
         pass
     return Measurement(
-        argv=argv, wall_s=round(wall, 2), returncode=proc.returncode, finished=not reason,
+        argv=argv, wall_s=round(wall, 2),
+        cpu_s=round(usage.ru_utime + usage.ru_stime, 2) if usage else 0.0,
+        returncode=proc.returncode, finished=not reason,
         stop_reason=reason, peak_rss_tree_mb=round(peak_rss / 2**20, 1),
         peak_pss_tree_mb=round(peak_pss / 2**20, 1),
         max_rss_single_mb=round(usage.ru_maxrss / 1024, 1) if usage else 0.0,
@@ -343,6 +348,7 @@ def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
         if floor.get("finished"):
             for entry in result.tools.values():
                 entry["x_floor"] = round(entry["wall_s"] / floor["wall_s"], 2)
+                entry["x_floor_cpu"] = round(entry["cpu_s"] / max(floor["cpu_s"], 0.01), 2)
     finally:
         if args.keep:
             print(f"  kept {folder} and {logs}")
@@ -356,23 +362,26 @@ def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
 # Table and entry point
 # ---------------------------------------------------------------------------------------------
 def print_table(results: list[SizeResult]) -> None:
-    head = (f"{'ranks':>6} {'scenario':<9} {'tool':<13} {'wall s':>8} {'RSS MB':>8} "
-            f"{'PSS MB':>8} {'x floor':>8} {'right':>6}  note")
+    head = (f"{'ranks':>6} {'scenario':<9} {'tool':<13} {'wall s':>8} {'cpu s':>8} "
+            f"{'RSS MB':>8} {'PSS MB':>8} {'x floor':>8} {'right':>6}  note")
     print("\n" + head + "\n" + "-" * len(head))
+    print("(x floor: wall time over the floor's wall time; the JSON also has x_floor_cpu.)")
     for r in results:
         gen = r.generation
         if "error" in gen:
             print(f"{r.ranks:>6} {r.scenario:<9} {'-':<13} {gen['error']}")
             continue
         print(f"{r.ranks:>6} {r.scenario:<9} {'generate':<13} {gen.get('seconds', 0):>8.1f} "
-              f"{'':>8} {'':>8} {'':>8} {'':>6}  {gen.get('bytes', 0) / 2**30:.2f} GiB")
+              f"{'':>8} {'':>8} {'':>8} {'':>8} {'':>6}  {gen.get('bytes', 0) / 2**30:.2f} GiB")
         for tool, t in r.tools.items():
             wall = f"{t['wall_s']:.1f}" if t["finished"] else f">{t['wall_s']:.0f}"
             right = {True: "yes", False: "NO", None: "-"}[t.get("right")]
             note = t.get("note", "") if t["finished"] else f"did not finish: {t['stop_reason']}"
+            if t["finished"] and t["returncode"]:
+                note = f"exit {t['returncode']}; {note}"
             if tool == "torchfrtrace" and t["finished"]:
                 note = f"named {t.get('named_ranks')} ranks {t.get('named_sample')}; {note}"
-            print(f"{r.ranks:>6} {r.scenario:<9} {tool:<13} {wall:>8} "
+            print(f"{r.ranks:>6} {r.scenario:<9} {tool:<13} {wall:>8} {t['cpu_s']:>8.1f} "
                   f"{t['peak_rss_tree_mb']:>8.0f} {t['peak_pss_tree_mb']:>8.0f} "
                   f"{t.get('x_floor', float('nan')):>8.2f} {right:>6}  {note[:90]}")
 

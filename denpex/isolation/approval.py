@@ -49,8 +49,12 @@ def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: s
     )
 
 
-def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datetime) -> Approval:
-    """Return the approval when it lets ``plan`` run now; else one ApprovalError listing every problem."""
+def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datetime,
+                   judge_plan_age: bool = True) -> Approval:
+    """Return the approval when it lets ``plan`` run now; else one ApprovalError listing every problem.
+
+    ``judge_plan_age=False`` for a rollback: undoing an old isolation must stay possible.
+    """
     digest = plan.content_hash()
     if approval is None:
         raise ApprovalError(
@@ -69,7 +73,7 @@ def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datet
     if rule.approvers and approval.approver not in rule.approvers:
         problems.append(f"{approval.approver!r} is not an allowed approver "
                         f"({', '.join(sorted(rule.approvers))})")
-    if now - plan.as_of > rule.max_plan_age:
+    if judge_plan_age and now - plan.as_of > rule.max_plan_age:
         problems.append(f"the plan's evidence is as of {plan.as_of.isoformat()}, more than "
                         f"{human_duration(rule.max_plan_age)} ago; triage again before acting")
     if problems:

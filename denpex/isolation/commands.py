@@ -27,8 +27,8 @@ from denpex.isolation.audit import AuditLog, verify_audit_log
 from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.config import IsolationSettings, load_settings
 from denpex.isolation.errors import ConfigError, IsolationError, RemoteError
-from denpex.isolation.executor import ExecutionReport, Executor, RunMode
-from denpex.isolation.plan import IsolationPlan, Operation, load_plan, save_plan, utc_now
+from denpex.isolation.executor import ExecutionReport, Executor, NodeDecision, RunMode
+from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import load_runbook
@@ -121,8 +121,10 @@ def isolate_command(
     dry_run: Annotated[bool, typer.Option("--dry-run/--execute",
                                           help="--dry-run (default) checks everything and changes nothing; "
                                                "--execute acts on an approved plan.")] = True,
-    approval_path: Annotated[Path | None, typer.Option("--approval", help="Approval file (default: PLAN.approval.json).")] = None,
-    rollback: Annotated[bool, typer.Option("--rollback", help="Undo the plan's actions (RESUME / uncordon) where this incident owns them.")] = False,
+    approval_path: Annotated[Path | None, typer.Option(
+        "--approval", help="Approval file (default: PLAN.approval.json).")] = None,
+    rollback: Annotated[bool, typer.Option(
+        "--rollback", help="Undo the plan's actions (RESUME / uncordon) where this incident owns them.")] = False,
     config: ConfigOption = None,
     output: Annotated[ReportFormat, typer.Option("--format", help="text or json.")] = ReportFormat.TEXT,
 ) -> None:
@@ -206,7 +208,7 @@ def render_execution(report: ExecutionReport) -> str:
         if node.outcome is not None:
             head += f" -> {node.outcome.value}"
         lines.append(head)
-        if node.decision.value == "act":
+        if node.decision is NodeDecision.ACT:
             lines.append(f"      {verb} run: {node.command}")
         lines.append(f"      state: {node.state_before}" + (
             f" -> {node.state_after}" if node.state_after != node.state_before else ""))

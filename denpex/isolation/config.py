@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from denpex.isolation.errors import ConfigError
+from denpex.isolation.errors import ConfigError, validation_problems
 from denpex.isolation.ssh import Backoff, SshSettings
 
 __all__ = ["KubernetesSettings", "IsolationSettings", "load_settings"]
@@ -109,8 +109,6 @@ def load_settings(path: Path | None, environ: Mapping[str, str]) -> IsolationSet
     try:
         return IsolationSettings.model_validate(tree)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = validation_problems(exc)
         where = f"{path} and the environment" if path else "the environment"
         raise ConfigError(f"invalid isolation settings in {where}: {problems}") from exc

@@ -21,7 +21,10 @@ world failing::
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 __all__ = [
+    "validation_problems",
     "IsolationError",
     "PlanError",
     "ApprovalError",
@@ -91,3 +94,10 @@ class RemoteAuthError(RemoteError):
 
 class CommandFailedError(RemoteError):
     """The command ran and failed; the message carries its rc and output."""
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """Every problem of a pydantic error on one line: ``limits.max_nodes: Input should be ...; ...``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+    )

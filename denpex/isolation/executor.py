@@ -131,7 +131,8 @@ class Executor:
         approver = None
         recovered: list[str] = []
         if mode is RunMode.EXECUTE:
-            approver = check_approval(plan, approval, now=self.clock()).approver
+            approver = check_approval(plan, approval, now=self.clock(),
+                                      judge_plan_age=operation is Operation.ISOLATE).approver
             recovered = self._recover(plan, digest, operation, approver)
         if operation is Operation.ISOLATE:
             pending, blocked, trip = self._decide_isolate(plan)

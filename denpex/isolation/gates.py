@@ -169,10 +169,10 @@ def evidence_gate(
             message="verdict is no_hang: no process group is stuck, so there is nothing to isolate",
         )])
     if result.verdict is Verdict.AMBIGUOUS:
-        ranks = ", ".join(str(c.rank) for c in result.candidates) or "none named"
+        named = ", ".join(str(c.rank) for c in result.candidates) or "none named"
         return EvidenceDecision(blocked=[BlockedNode(
             gate=Gate.VERDICT,
-            message=f"verdict is ambiguous: ranks {ranks} could be behind the hang but the evidence "
+            message=f"verdict is ambiguous: ranks {named} could be behind the hang but the evidence "
                     "cannot say which; no node is isolated on a guess",
         )])
     if not result.candidates:

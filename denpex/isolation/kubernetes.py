@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 from denpex.isolation.adapter import ActionOutput
@@ -87,7 +88,7 @@ class KubernetesAdapter:
         *,
         opt_out_label: str = "denpex.io/opt-out",
         actor: str = "denpex",
-        backoff: Backoff = Backoff(),
+        backoff: Backoff | None = None,
         request_timeout_s: float = 10.0,
         eviction_timeout_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -95,14 +96,14 @@ class KubernetesAdapter:
         self.core = core
         self.opt_out_label = opt_out_label
         self.actor = actor
-        self.backoff = backoff
+        self.backoff = backoff or Backoff()
         self.request_timeout_s = request_timeout_s
         self.eviction_timeout_s = eviction_timeout_s
         self._sleep = sleep
 
     @classmethod
     @contextmanager
-    def connect(cls, settings: KubernetesSettings, *, opt_out_label: str) -> Iterator["KubernetesAdapter"]:
+    def connect(cls, settings: KubernetesSettings, *, opt_out_label: str) -> Iterator[KubernetesAdapter]:
         """An adapter on a fresh ``ApiClient`` (kubeconfig, or host plus bearer token), closed after."""
         from kubernetes import client, config
 
@@ -269,21 +270,22 @@ class KubernetesAdapter:
         """Read, build the patch against that version, PATCH; a 409 (changed meanwhile) re-reads."""
         from kubernetes.client.exceptions import ConflictException
 
-        for delay in [*self.backoff.delays(), None]:
+        delays = iter(self.backoff.delays())
+        while True:
             node = self._read(lambda: self.core.read_node(name, _request_timeout=self.request_timeout_s),
                               f"read node {name}")
             body = build(node)
             try:
-                self._change(lambda: self.core.patch_node(name, body, _request_timeout=self.request_timeout_s),
+                self._change(partial(self.core.patch_node, name, body, _request_timeout=self.request_timeout_s),
                              f"patch node {name}", passthrough=(ConflictException,))
             except ConflictException:
+                delay = next(delays, None)
                 if delay is None:
                     raise CommandFailedError(f"node {name} kept changing under us (409 Conflict); "
                                              "try again later") from None
                 self._sleep(delay)
                 continue
             return f"patched node {name} (resourceVersion {node.metadata.resource_version})"
-        raise CommandFailedError(f"patch of node {name} was not attempted")  # backoff has >= 1 try
 
     def _evict_all(self, node: str) -> str:
         from kubernetes import client
@@ -303,8 +305,8 @@ class KubernetesAdapter:
             while True:
                 try:
                     self._change(
-                        lambda: self.core.create_namespaced_pod_eviction(
-                            meta.name, meta.namespace, body, _request_timeout=self.request_timeout_s),
+                        partial(self.core.create_namespaced_pod_eviction, meta.name, meta.namespace, body,
+                                _request_timeout=self.request_timeout_s),
                         f"evict {meta.namespace}/{meta.name}", passthrough=(ApiException,),
                     )
                     evicted.append(f"{meta.namespace}/{meta.name}")
@@ -327,22 +329,15 @@ class KubernetesAdapter:
 
     # -- error handling ------------------------------------------------------------------
     def _read(self, call: Callable[[], _T], what: str, *, passthrough: tuple[type[Exception], ...] = ()) -> _T:
-        """A read: transient failures are retried with backoff."""
-        delays = iter(self.backoff.delays())
-        while True:
-            try:
-                return call()
-            except passthrough:
-                raise
-            except Exception as exc:
-                mapped = self._translate(exc, what, False)
-                delay = next(delays, None)
-                if not isinstance(mapped, TransientRemoteError) or delay is None:
-                    raise mapped from exc
-                self._sleep(delay)
+        """A read: every transient failure is retried with backoff."""
+        return self._call(call, what, changes_state=False, passthrough=passthrough)
 
     def _change(self, call: Callable[[], _T], what: str, *, passthrough: tuple[type[Exception], ...] = ()) -> _T:
-        """A change: retried only when the request surely did not reach the server."""
+        """A change: retried only when the request surely did not take effect (refused, 409, 429)."""
+        return self._call(call, what, changes_state=True, passthrough=passthrough)
+
+    def _call(self, call: Callable[[], _T], what: str, *, changes_state: bool,
+              passthrough: tuple[type[Exception], ...]) -> _T:
         delays = iter(self.backoff.delays())
         while True:
             try:
@@ -350,9 +345,10 @@ class KubernetesAdapter:
             except passthrough:
                 raise
             except Exception as exc:
-                mapped = self._translate(exc, what, True)
+                mapped = self._translate(exc, what, changes_state)
+                retry = isinstance(mapped, TransientRemoteError) and not isinstance(mapped, OutcomeUnknownError)
                 delay = next(delays, None)
-                if type(mapped) is not TransientRemoteError or delay is None:
+                if not retry or delay is None:
                     raise mapped from exc
                 self._sleep(delay)
 

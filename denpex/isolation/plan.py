@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from denpex.isolation.errors import PlanError
+from denpex.isolation.errors import PlanError, validation_problems
 from denpex.isolation.policy import (
     ActionKind,
     CheckKind,
@@ -184,11 +184,8 @@ def load_plan(path: Path) -> IsolationPlan:
     try:
         return IsolationPlan.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-        )
         raise PlanError(
-            f"{path}: not a valid isolation plan: {problems}. "
+            f"{path}: not a valid isolation plan: {validation_problems(exc)}. "
             "Write plans with `denpex triage --plan-out FILE`."
         ) from exc
 

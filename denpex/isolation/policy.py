@@ -164,7 +164,7 @@ class SchedulerSteps(_Frozen):
     rollback: RollbackKind
 
     @model_validator(mode="after")
-    def _safety_checks_present(self) -> "SchedulerSteps":
+    def _safety_checks_present(self) -> SchedulerSteps:
         missing = sorted(MANDATORY_CHECKS - set(self.check))
         if missing:
             raise ValueError(
@@ -190,7 +190,7 @@ class RemediationSteps(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _actions_fit_schedulers(self) -> "RemediationSteps":
+    def _actions_fit_schedulers(self) -> RemediationSteps:
         problems = []
         if self.slurm.act is not ActionKind.DRAIN or self.slurm.rollback is not RollbackKind.RESUME:
             problems.append("slurm must act 'drain' and roll back 'resume'")

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from denpex.isolation.errors import RunbookError
+from denpex.isolation.errors import RunbookError, validation_problems
 from denpex.isolation.policy import (
     ApprovalRule,
     EvidenceRule,
@@ -65,7 +65,4 @@ def load_runbook(path: Path) -> Runbook:
     try:
         return Runbook.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-        )
-        raise RunbookError(f"{path}: invalid runbook: {problems}") from exc
+        raise RunbookError(f"{path}: invalid runbook: {validation_problems(exc)}") from exc

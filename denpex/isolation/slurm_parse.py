@@ -87,7 +87,7 @@ def _parse_record(record: str) -> SlurmNode:
     flat = " ".join(rest.split())
     keys = list(_KEY.finditer(flat))
     fields: dict[str, str] = {}
-    for here, after in zip(keys, [*keys[1:], None]):
+    for here, after in zip(keys, [*keys[1:], None], strict=True):
         end = after.start() if after else len(flat)
         fields[here.group("key")] = flat[here.end():end].strip()
     base, flags = _split_state(fields.get("State", ""))
@@ -129,7 +129,9 @@ def parse_job_ids(text: str) -> tuple[str, ...]:
 
 def _split_top_level(text: str) -> list[str]:
     """Split on commas outside brackets: ``"a[1,2],b"`` -> ``["a[1,2]", "b"]``."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1

@@ -116,7 +116,7 @@ class SshRunner:
         self._sleep = sleep
         self._client: paramiko.SSHClient | None = None
 
-    def __enter__(self) -> "SshRunner":
+    def __enter__(self) -> SshRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,13 +14,15 @@ run: rank logs, store, dump records)::
     OUT_DIR/<scenario>/rank_<r>.json   the same moment as FR JSON
     OUT_DIR/<scenario>/manifest.json   hosts, pids, dumped_at, process groups (no dump_file:
                                        the rank is the file name's trailing number)
-    OUT_DIR/<scenario>/expected.json   {"verdict": ..., "culprits": {"2": "not_entered"}, ...}
+    OUT_DIR/<scenario>/expected.json   the truth: verdict, culprits ({"2": "not_entered"}),
+                                       where each rank waits, and how each rank's dump came about
     OUT_DIR/summary.json               per scenario: seconds, who dumped when and why, exit codes
 
 A scenario folder is a triage folder (both encodings of a rank are the same dump; a reader that
 wants one encoding copies those files and the manifest).
 
-Process groups, by the names FR records in ``process_group[0]``::
+Process groups (:mod:`denpex.testing.gloo_catalog`), by the names FR records in
+``process_group[0]``::
 
     "0" default_pg [0, 1, 2, 3]   "1" tp [0, 1]   "2" tp [2, 3]   "3" dp [0, 2]   "4" dp [1, 3]
 
@@ -48,7 +50,7 @@ The long stall: ``--long-stall NAME`` also runs scenario NAME as ``NAME_long``, 
 dump at 0.75 x timeout. They stay hung past the collective timeout (waiting ranks catch their
 failed collective and stay alive, as a job hung in its error handling does) until an operator
 style request makes every live rank dump ``--long-stall-s`` seconds after the timeout. Those
-dumps are post-exception: the failed ops usually read ``retired=True``. It runs in parallel with
+dumps are post-exception: whether a failed op reads ``retired=True`` is a race. It runs in parallel with
 the short scenarios, which start once it is stalled.
 
 Every rank dies with the generator (PR_SET_PDEATHSIG) and is SIGKILLed with its process group
@@ -69,14 +71,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from pathlib import Path
 
-from denpex.analysis.models import CandidateKind, Verdict
-from denpex.collector.fr_watchdog import (
-    DumpFormat,
+from denpex.collector import (
     DumpRecord,
     DumpTrigger,
     dump_path,
@@ -86,114 +85,33 @@ from denpex.collector.fr_watchdog import (
     write_atomic,
 )
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
+from denpex.testing.gloo_catalog import (
+    DUMP_FORMATS,
+    SCENARIOS,
+    WORLD_SIZE,
+    ParentAction,
+    Role,
+    Scenario,
+    expected_waits,
+    group_names,
+    host_name,
+)
 
 __all__ = [
-    "WORLD_SIZE",
-    "TP_GROUPS",
-    "DP_GROUPS",
-    "P2P_SRC",
-    "P2P_DST",
-    "DUMP_FORMATS",
-    "Role",
-    "ParentAction",
-    "Scenario",
     "SCENARIOS",
     "GeneratorOptions",
     "ScenarioError",
     "ScenarioRun",
-    "host_name",
-    "group_names",
-    "Wait",
-    "expected_waits",
     "run_scenario",
     "run_scenarios",
     "main",
 ]
 
-WORLD_SIZE = 4
-TP_GROUPS = ((0, 1), (2, 3))
-DP_GROUPS = ((0, 2), (1, 3))
-P2P_SRC, P2P_DST = 1, 3
-DUMP_FORMATS = (DumpFormat.PICKLE, DumpFormat.JSON)
 LONG_SUFFIX = "_long"
 WORK_DIR = ".work"
 WORKER_MODULE = "denpex.testing.gloo_worker"
 
 _log = logging.getLogger(__name__)
-
-
-class Role(StrEnum):
-    """What one rank does in its scenario's hang step."""
-
-    STEP = "step"
-    """tp all_reduce, dp all_reduce, world all_reduce, as in every healthy step."""
-    FINISH = "finish"
-    """One more healthy step, then dump and exit: the healthy scenario."""
-    WORLD = "world"
-    """Only the world all_reduce, so that no rank waits on a dead peer in a 2-rank group."""
-    IDLE = "idle"
-    """Calls nothing: alive and answering dump requests, but withheld from every collective."""
-    ALL_GATHER = "all_gather"
-    """The step, with all_gather instead of the world all_reduce (same input tensor)."""
-    SEND = "send"
-    """``send`` to rank P2P_DST, which never posts the matching ``recv``."""
-
-
-class ParentAction(StrEnum):
-    """What the generator does to the target rank once every rank reached the hang step."""
-
-    NONE = "none"
-    SIGKILL = "sigkill"
-    SIGSTOP = "sigstop"
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One hang (or none) and the triage answer it must get."""
-
-    name: str
-    description: str
-    verdict: Verdict
-    culprits: dict[int, CandidateKind] = field(default_factory=dict)
-    roles: dict[int, Role] = field(default_factory=dict)
-    default_role: Role = Role.STEP
-    action: ParentAction = ParentAction.NONE
-    target: int | None = None
-
-    def role(self, rank: int) -> Role:
-        return self.roles.get(rank, self.default_role)
-
-    @property
-    def silent_ranks(self) -> frozenset[int]:
-        """Ranks that cannot dump: killed or stopped by the generator."""
-        if self.action is ParentAction.NONE or self.target is None:
-            return frozenset()
-        return frozenset({self.target})
-
-
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("healthy", "no hang: every rank finishes its steps and dumps at the end",
-             Verdict.NO_HANG, default_role=Role.FINISH),
-    Scenario("withheld_one", "rank 2 is alive but never calls its tp all_reduce; rank 3 waits in "
-             "tp '2', rank 0 in dp '3' for rank 2, rank 1 in dp '4' for rank 3",
-             Verdict.LOCALIZED, {2: CandidateKind.NOT_ENTERED}, {2: Role.IDLE}),
-    Scenario("withheld_two", "ranks 1 and 2 are alive but call nothing; rank 0 waits in tp '1', "
-             "rank 3 in tp '2'", Verdict.LOCALIZED,
-             {1: CandidateKind.NOT_ENTERED, 2: CandidateKind.NOT_ENTERED},
-             {1: Role.IDLE, 2: Role.IDLE}),
-    Scenario("mismatch", "rank 3 calls all_gather where ranks 0-2 call all_reduce, at the same "
-             "world collective_seq_id; every rank hangs", Verdict.LOCALIZED,
-             {3: CandidateKind.MISMATCH}, {3: Role.ALL_GATHER}),
-    Scenario("sigkill", "rank 1 idles and is SIGKILLed while ranks 0, 2 and 3 wait for it in the "
-             "world all_reduce", Verdict.INCOMPLETE, {1: CandidateKind.STOPPED_REPORTING},
-             {1: Role.IDLE}, Role.WORLD, ParentAction.SIGKILL, 1),
-    Scenario("sigstop", "rank 2 idles and is SIGSTOPped while ranks 0, 1 and 3 wait for it in "
-             "the world all_reduce", Verdict.INCOMPLETE, {2: CandidateKind.STOPPED_REPORTING},
-             {2: Role.IDLE}, Role.WORLD, ParentAction.SIGSTOP, 2),
-    Scenario("p2p_hang", f"rank {P2P_SRC} blocks in send to rank {P2P_DST}, which never receives; "
-             f"Gloo does not record p2p, so rank {P2P_SRC} looks as if it never entered tp '1'",
-             Verdict.LOCALIZED, {P2P_SRC: CandidateKind.NOT_ENTERED}, {P2P_SRC: Role.SEND}),
-)}
 
 
 @dataclass(frozen=True)
@@ -228,66 +146,6 @@ class ScenarioRun:
         return {r: str(v["trigger"]) for r, v in ranks.items() if "trigger" in v}
 
 
-def host_name(rank: int) -> str:
-    """The fake host of ``rank`` in every manifest: one rank per node."""
-    return f"gpu-node-{rank + 1:03d}"
-
-
-def group_names() -> dict[tuple[int, ...], str]:
-    """FR's name for each group: the world is "0", then new_group() calls count up in order."""
-    ordered = [tuple(range(WORLD_SIZE)), *TP_GROUPS, *DP_GROUPS]
-    return {ranks: str(i) for i, ranks in enumerate(ordered)}
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Where a rank is blocked when its scenario's dumps are triggered (before any timeout)."""
-
-    process_group: str
-    collective_seq_id: int
-    op: str
-
-
-def expected_waits(scenario: Scenario, steps: int) -> dict[int, Wait]:
-    """Play the hang step's calls and return each rank left blocked in a collective.
-
-    A group's op completes once every member's next call is that op; different ops at the same
-    point never complete. A rank blocked in ``send`` is left out: Gloo does not record p2p in FR.
-    Sequence ids: ``steps`` healthy steps, then the world barrier, then the hang step.
-
-    >>> expected_waits(SCENARIOS["withheld_two"], steps=2)[0]
-    Wait(process_group='1', collective_seq_id=3, op='gloo:all_reduce')
-    """
-    names = group_names()
-    world = names[tuple(range(WORLD_SIZE))]
-    members = {name: ranks for ranks, name in names.items()}
-
-    def calls(rank: int) -> list[tuple[str, str]]:
-        role = Role.IDLE if rank in scenario.silent_ranks else scenario.role(rank)
-        tp = next(names[g] for g in TP_GROUPS if rank in g)
-        dp = next(names[g] for g in DP_GROUPS if rank in g)
-        last = "gloo:all_gather" if role is Role.ALL_GATHER else "gloo:all_reduce"
-        return {Role.IDLE: [], Role.SEND: [("p2p", "send")], Role.WORLD: [(world, "gloo:all_reduce")]
-                }.get(role, [(tp, "gloo:all_reduce"), (dp, "gloo:all_reduce"), (world, last)])
-
-    pending = {r: calls(r) for r in range(WORLD_SIZE)}
-    progressed = True
-    while progressed:
-        progressed = False
-        for group, ranks in members.items():
-            heads = {pending[r][0] if pending[r] else None for r in ranks}
-            if len(heads) == 1 and (head := heads.pop()) is not None and head[0] == group:
-                for r in ranks:
-                    pending[r].pop(0)
-                progressed = True
-    waits = {}
-    for rank, left in pending.items():
-        if left and left[0][0] != "p2p":
-            group, op = left[0]
-            waits[rank] = Wait(group, steps + (2 if group == world else 1), op)
-    return waits
-
-
 def run_scenarios(out_dir: Path, names: Sequence[str], options: GeneratorOptions) -> list[ScenarioRun]:
     """Run the scenarios (and the long-stall variant) into ``out_dir``; write ``summary.json``."""
     unknown = [n for n in [*names, *([options.long_stall] if options.long_stall else [])]
@@ -299,14 +157,14 @@ def run_scenarios(out_dir: Path, names: Sequence[str], options: GeneratorOptions
     runs: list[ScenarioRun] = []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="long-stall") as pool:
         long_run = None
-        if options.long_stall:
-            # Mostly idle for timeout + long_stall_s: overlap it with the short ones, which
-            # start once its ranks are stalled so that its start-up does not slow theirs.
-            stalled = threading.Event()
-            long_run = pool.submit(run_scenario, out_dir, SCENARIOS[options.long_stall], options,
-                                   long_stall=True, on_hang=stalled.set, abort=abort)
-            stalled.wait(options.cap_s)
         try:
+            if options.long_stall:
+                # Mostly idle for timeout + long_stall_s: overlap it with the short ones, which
+                # start once its ranks are stalled so that its start-up does not slow theirs.
+                stalled = threading.Event()
+                long_run = pool.submit(run_scenario, out_dir, SCENARIOS[options.long_stall],
+                                       options, long_stall=True, on_hang=stalled.set, abort=abort)
+                stalled.wait(options.cap_s)
             runs += [run_scenario(out_dir, SCENARIOS[n], options, abort=abort) for n in names]
             if long_run is not None:
                 runs.append(long_run.result())

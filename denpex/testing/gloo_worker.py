@@ -28,8 +28,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from denpex.collector.fr_watchdog import DumpTrigger, HangDumper, write_atomic
-from denpex.testing.gloo_scenarios import (
+from denpex.collector import DumpTrigger, HangDumper, write_atomic
+from denpex.testing.gloo_catalog import (
     DP_GROUPS,
     DUMP_FORMATS,
     P2P_DST,

@@ -48,6 +48,7 @@ __all__ = [
     "build_scenario",
     "write_scenario",
     "dump_file_name",
+    "p2p_mode_for",
     "main",
 ]
 

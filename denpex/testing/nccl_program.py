@@ -67,10 +67,12 @@ class Mutation(StrEnum):
 
 
 class Phase(StrEnum):
-    """Which thread issues the call (FR records ``thread_name``)."""
+    """Which thread issues the call; FR records its pthread name as ``thread_name``."""
 
-    MAIN = "pt_main_thread"
+    MAIN = "python"
+    """The training loop. Its pthread name is the executable's (measured: ``python``)."""
     AUTOGRAD = "pt_autograd_0"
+    """The autograd engine's device thread: collectives issued from backward hooks."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,6 +274,15 @@ def test_file_signal_reads_a_garbled_request_as_a_request(tmp_path: Path) -> Non
     assert request is not None and str(path) in request.reason
 
 
+def test_file_signal_keeps_the_first_request(tmp_path: Path) -> None:
+    at = datetime(2026, 11, 29, 18, 45, tzinfo=UTC)
+    signal = FileDumpSignal(request_path(tmp_path))
+    signal.send(DumpRequest(requested_by="rank 3", reason="stall", requested_at=at))
+    signal.send(DumpRequest(requested_by="rank 1", reason="later", requested_at=at))
+    assert signal.receive() == DumpRequest(requested_by="rank 3", reason="stall", requested_at=at)
+    assert [p.name for p in request_path(tmp_path).parent.iterdir()] == ["dump-request.json"]
+
+
 @pytest.mark.parametrize("kind", ["hash", "file"])
 def test_store_signal_on_a_real_c10d_store(tmp_path: Path, kind: str) -> None:
     dist = pytest.importorskip("torch.distributed")

@@ -1,5 +1,6 @@
 """Run the Gloo scenario generator for real (4 processes per scenario, ~1.5 min on 2 cores) and
 triage what it wrote: every verdict and culprit, from pickle and from JSON, under any file names.
+The tests that need the run are marked ``slow``; CI must run them.
 
 The session fixture runs all scenarios once, including the long stall (withheld_one_long: hung
 35 s past the 5 s collective timeout before anyone dumps).
@@ -32,8 +33,6 @@ from gloo_checks import (
 OPTIONS = GeneratorOptions()
 NAMES = [*SCENARIOS, f"{OPTIONS.long_stall}_long"]
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="session")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, ScenarioRun]]:
@@ -42,6 +41,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return out, {run.name: run for run in runs}
 
 
+@pytest.mark.slow
 def test_every_scenario_was_written(generated: tuple[Path, dict[str, ScenarioRun]]) -> None:
     out, runs = generated
     assert scenario_names(out) == sorted(NAMES)
@@ -49,14 +49,16 @@ def test_every_scenario_was_written(generated: tuple[Path, dict[str, ScenarioRun
     assert (out / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_no_rank_outlives_its_scenario(generated: tuple[Path, dict[str, ScenarioRun]]) -> None:
     _, runs = generated
     for run in runs.values():
-        for rank, info in run.detail["ranks"].items():  # type: ignore[union-attr]
+        for info in run.detail["ranks"].values():  # type: ignore[union-attr]
             with pytest.raises(ProcessLookupError):
                 os.kill(info["pid"], 0)
 
 
+@pytest.mark.slow
 def test_long_stall_lasts_over_30s_past_the_timeout(
         generated: tuple[Path, dict[str, ScenarioRun]]) -> None:
     _, runs = generated
@@ -65,12 +67,14 @@ def test_long_stall_lasts_over_30s_past_the_timeout(
     assert detail["stall_seconds_past_timeout"] > 30  # type: ignore[operator]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_dumps_show_the_scenario(generated: tuple[Path, dict[str, ScenarioRun]], name: str) -> None:
     out, _ = generated
     check_dump_facts(out / name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("naming", NAMINGS)
 @pytest.mark.parametrize("fmt", list(EXTENSIONS))
 @pytest.mark.parametrize("name", NAMES)

@@ -21,8 +21,25 @@ def killed_rank_1(tmp_path: Path) -> Path:
     dumps = {r: dump(history("0", 5, pending=1)) for r in (0, 2, 3)}
     return write(tmp_path / "dumps", dumps, manifest={
         "job_id": "job-123", "world_size": 4,
-        "ranks": {str(r): {"host": f"gpu-node-{r + 1:03d}"} for r in range(4)},
+        "ranks": {str(r): {"host": f"gpu-node-{r + 1:03d}", "gpu_pci_bus_id": "0000:3b:00.0", "pid": 4240 + r}
+                  for r in range(4)},
         "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}})
+
+
+def test_killed_process_plus_xid79_in_the_kernel_log_plans_a_drain_of_that_node(
+    killed_rank_1: Path, tmp_path: Path
+) -> None:
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("2025-11-29T18:44:30+0000 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, "
+                          "pid=4241, GPU has fallen off the bus.\n")
+    plan_path = tmp_path / "plan.json"
+    result = runner.invoke(app, ["triage", str(killed_rank_1), "--telemetry", str(kernel_log), "--format", "json",
+                                 "--scheduler", "slurm", "--plan-out", str(plan_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan"] == {
+        "recommend_isolation": True, "actions": [{"node": "gpu-node-002", "action": "drain"}], "blocked": []}
+    [action] = load_plan(plan_path).actions
+    assert action.ranks == (1,) and action.reason.startswith("denpex:inc-20251129T184502Z rank 1: xid 79 at ")
 
 
 @pytest.mark.parametrize("scheduler", ["slurm", "kubernetes"])
@@ -44,9 +61,11 @@ def test_triage_with_scheduler_plans_and_says_why_not(killed_rank_1: Path, tmp_p
 
 
 def test_triage_text_shows_the_block_and_incident_id_is_deterministic(killed_rank_1: Path, tmp_path: Path) -> None:
-    first = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(tmp_path / "a.json")])
-    second = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(tmp_path / "b.json")])
+    args = ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out"]
+    first = runner.invoke(app, [*args, str(tmp_path / "a.json")])
+    second = runner.invoke(app, [*args, str(tmp_path / "b.json")])
     assert first.exit_code == 0 and "blocked: rank 1 stopped reporting" in first.stdout
+    assert second.exit_code == 0 and second.stdout == first.stdout
     assert load_plan(tmp_path / "a.json").content_hash() == load_plan(tmp_path / "b.json").content_hash()
 
 

@@ -195,3 +195,25 @@ def test_unknown_node_and_dry_run(api: FakeApiServer, adapter: KubernetesAdapter
     dry = executor.run(make_plan(adapter), mode=RunMode.DRY_RUN)
     assert dry.nodes[0].decision is NodeDecision.ACT and "strategic-merge" in dry.nodes[0].command
     assert api.patches(NODE) == [] and not executor.audit.path.exists()
+
+
+def test_cli_isolates_on_kubernetes_from_environment_settings(api: FakeApiServer, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from denpex.cli import app
+    from denpex.isolation.plan import save_plan
+
+    plan_path = tmp_path / "plan.json"
+    save_plan(make_plan(None), plan_path)
+    env = {"DENPEX_KUBE_HOST": api.url, "DENPEX_KUBE_TOKEN": "test-token",
+           "DENPEX_AUDIT_LOG": str(tmp_path / "audit.jsonl"), "DENPEX_BREAKER_STATE": str(tmp_path / "b.json"),
+           "DENPEX_EVIDENCE_STORE": str(tmp_path / "store")}
+    runner = CliRunner()
+    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice"]).exit_code == 0
+    result = runner.invoke(app, ["isolate", str(plan_path), "--execute"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "cordon_taint" not in result.stderr and "-> applied" in result.stdout
+    assert api.nodes[NODE]["spec"]["unschedulable"] is True
+    assert (tmp_path / "store" / "audit" / "inc-k8s" / "audit.jsonl").exists()
+    refused = runner.invoke(app, ["isolate", str(plan_path), "--dry-run"], env={**env, "DENPEX_KUBE_TOKEN": "x"})
+    assert refused.exit_code == 3 and "refused our credentials" in refused.stderr

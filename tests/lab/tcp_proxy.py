@@ -49,7 +49,7 @@ class FaultProxy:
         self.port: int = self._listener.getsockname()[1]
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         thread = threading.Thread(target=self._accept_loop, name="fault-proxy", daemon=True)
         thread.start()
         self._threads.append(thread)

@@ -57,3 +57,12 @@ def test_only_listed_approvers_may_approve() -> None:
     with pytest.raises(ApprovalError, match="approver's name"):
         approve_plan(plan, "", at=NOW)
     assert approve_plan(plan, "alice", at=NOW).approver == "alice"
+
+
+def test_rollback_of_an_old_plan_is_not_refused_for_its_age() -> None:
+    plan = make_plan()
+    late = NOW + timedelta(days=3)
+    approval = approve_plan(plan, "alice", at=late)
+    with pytest.raises(ApprovalError, match="triage again"):
+        check_approval(plan, approval, now=late)
+    assert check_approval(plan, approval, now=late, judge_plan_age=False) == approval

@@ -1,0 +1,76 @@
+"""What each rank records about its dump, and how the records become the manifest's ``ranks``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from denpex.collector.layout import COLLECTOR_DIR
+from denpex.evidence.manifest import RankIdentity
+
+__all__ = ["DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
+
+_log = logging.getLogger(__name__)
+
+
+class DumpTrigger(StrEnum):
+    """Why a rank dumped."""
+
+    STALL = "stall"
+    """This rank had one collective in flight for the trigger fraction of its timeout."""
+    REQUEST = "request"
+    """Another rank, or an operator, asked through the shared signal."""
+    ERROR = "error"
+    """Code run under the dumper raised (e.g. a collective failed)."""
+    MANUAL = "manual"
+    """The job called :meth:`HangDumper.dump_now` itself."""
+
+
+class DumpRecord(BaseModel):
+    """The sidecar each rank writes next to its dump; merged into the job manifest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=0)
+    host: str | None = None
+    local_rank: int | None = Field(default=None, ge=0)
+    pid: int = Field(ge=0)
+    dumped_at: datetime
+    trigger: DumpTrigger
+    reason: str
+    files: list[str]
+    dump_seconds: float = Field(ge=0.0, description="how long taking and writing the dumps took")
+
+    def identity(self) -> RankIdentity:
+        """This rank's manifest entry."""
+        return RankIdentity(host=self.host, local_rank=self.local_rank, pid=self.pid,
+                            dumped_at=self.dumped_at)
+
+
+def read_dump_records(out_dir: Path) -> dict[int, DumpRecord]:
+    """Every rank's :class:`DumpRecord` under ``out_dir``, by rank. Unreadable records are skipped."""
+    records: dict[int, DumpRecord] = {}
+    for path in sorted((out_dir / COLLECTOR_DIR).glob("rank_*.record.json")):
+        try:
+            record = DumpRecord.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError) as exc:
+            _log.warning("skipping dump record %s: %s", path, exc)
+            continue
+        records[record.rank] = record
+    return records
+
+
+def rank_identities(records: Iterable[DumpRecord],
+                    known: Mapping[int, RankIdentity] | None = None) -> dict[int, RankIdentity]:
+    """Manifest ``ranks``: what the launcher knew (``known``), updated by what each rank recorded."""
+    merged = dict(known or {})
+    for record in records:
+        before = merged.get(record.rank)
+        fields = record.identity().model_dump(exclude_none=True)
+        merged[record.rank] = before.model_copy(update=fields) if before else RankIdentity(**fields)
+    return dict(sorted(merged.items()))

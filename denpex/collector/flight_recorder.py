@@ -1,0 +1,113 @@
+"""The rank's own Flight Recorder, as the hang dumper needs it: cheap progress, one op, whole dumps.
+
+:class:`TorchFlightRecorder` reads it through ``torch._C._distributed_c10d`` (torch imported
+lazily); tests use an in-memory :class:`FlightRecorderSource`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+__all__ = ["DumpFormat", "GroupProgress", "InFlightOp", "FlightRecorderSource", "TorchFlightRecorder"]
+
+
+class DumpFormat(StrEnum):
+    """An encoding of the FR dump."""
+
+    PICKLE = "pickle"
+    """torch's pickle (protocol 2, plain containers): the full dump, stack traces included."""
+    JSON = "json"
+    """torch's JSON dump: no stack traces, and a few encoding differences from the pickle."""
+
+    @property
+    def suffix(self) -> str:
+        return ".pkl" if self is DumpFormat.PICKLE else ".json"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """One process group's counters from FR ``pg_status`` (keyed by the rank-local ``pg_id``)."""
+
+    last_enqueued: int
+    last_completed: int
+
+    @property
+    def in_flight(self) -> int | None:
+        """The sequence id of the newest op enqueued but not completed, if any.
+
+        >>> GroupProgress(last_enqueued=5, last_completed=4).in_flight
+        5
+        >>> GroupProgress(last_enqueued=5, last_completed=5).in_flight is None
+        True
+        """
+        return self.last_enqueued if self.last_enqueued > self.last_completed else None
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightOp:
+    """What FR says about one op still in flight: enough to name it and to know its timeout."""
+
+    pg_id: str
+    seq: int
+    group_name: str
+    profiling_name: str
+    timeout_ms: int | None
+
+
+class FlightRecorderSource(Protocol):
+    """The rank's own Flight Recorder. :class:`TorchFlightRecorder` is the real one."""
+
+    def progress(self) -> Mapping[str, GroupProgress]:
+        """``pg_status`` per rank-local ``pg_id``; cheap enough to call every second."""
+        ...
+
+    def in_flight_op(self, pg_id: str, seq: int) -> InFlightOp | None:
+        """The unretired collective ``seq`` of group ``pg_id``, or None when FR has no such entry."""
+        ...
+
+    def dump(self, fmt: DumpFormat) -> bytes:
+        """The whole dump, encoded as ``fmt``."""
+        ...
+
+
+class TorchFlightRecorder:
+    """Reads this process's Flight Recorder through ``torch._C._distributed_c10d``."""
+
+    def __init__(self) -> None:
+        # Imported here so that the collector module loads where torch is not installed.
+        from torch._C import _distributed_c10d as c10d
+
+        self._c10d = c10d
+
+    def progress(self) -> Mapping[str, GroupProgress]:
+        # Without collectives the JSON dump is only pg_config and pg_status: ~0.1 ms.
+        status = json.loads(self._c10d._dump_fr_trace_json(includeCollectives=False, onlyActive=False))
+        return {
+            str(pg_id): GroupProgress(
+                last_enqueued=int(counters["last_enqueued_collective"]),
+                last_completed=int(counters["last_completed_collective"]),
+            )
+            for pg_id, counters in status.get("pg_status", {}).items()
+        }
+
+    def in_flight_op(self, pg_id: str, seq: int) -> InFlightOp | None:
+        # onlyActive filters on "completed" state, which Gloo never sets, so read all entries.
+        dump = json.loads(self._c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        for entry in reversed(dump.get("entries", [])):
+            if (str(entry.get("pg_id")) == pg_id and entry.get("collective_seq_id") == seq
+                    and not entry.get("is_p2p") and not entry.get("retired")):
+                group = entry.get("process_group") or ["?"]
+                return InFlightOp(pg_id=pg_id, seq=seq, group_name=str(group[0]),
+                                  profiling_name=str(entry.get("profiling_name", "?")),
+                                  timeout_ms=entry.get("timeout_ms"))
+        return None
+
+    def dump(self, fmt: DumpFormat) -> bytes:
+        if fmt is DumpFormat.PICKLE:
+            return bytes(self._c10d._dump_fr_trace(
+                includeCollectives=True, includeStackTraces=True, onlyActive=False))
+        return bytes(self._c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))

@@ -1,0 +1,71 @@
+"""Where the collector writes, and how: whole files only (temporary name, then rename).
+
+    <out>/rank_<global rank>.pkl          FR pickle, with stack traces
+    <out>/rank_<global rank>.json         FR JSON
+    <out>/collector/rank_<r>.record.json  who dumped, where, when and why (DumpRecord)
+    <out>/collector/dump-request.json     the shared request (FileDumpSignal)
+
+Evidence readers list only the files directly in ``<out>``, so ``collector/`` never looks like a
+dump; a temporary file left by a crash is hidden and ends in ``.tmp``, which readers skip too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from denpex.collector.flight_recorder import DumpFormat
+
+__all__ = ["COLLECTOR_DIR", "dump_path", "record_path", "request_path", "write_atomic", "write_exclusive"]
+
+COLLECTOR_DIR = "collector"
+REQUEST_NAME = "dump-request.json"
+
+
+def dump_path(out_dir: Path, rank: int, fmt: DumpFormat) -> Path:
+    """``<out>/rank_<rank>.pkl`` or ``.json``."""
+    return out_dir / f"rank_{rank}{fmt.suffix}"
+
+
+def record_path(out_dir: Path, rank: int) -> Path:
+    """``<out>/collector/rank_<rank>.record.json``."""
+    return out_dir / COLLECTOR_DIR / f"rank_{rank}.record.json"
+
+
+def request_path(out_dir: Path) -> Path:
+    """Where :class:`FileDumpSignal` keeps the request by default."""
+    return out_dir / COLLECTOR_DIR / REQUEST_NAME
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` so that readers see the whole file or none of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_name(path)
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _temporary_name(path: Path) -> Path:
+    # Hidden and ending in .tmp: evidence readers skip it if a crash leaves it behind.
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
+def write_exclusive(path: Path, data: bytes) -> bool:
+    """Write ``path`` only if it does not exist yet; return whether this call wrote it.
+
+    A complete temporary file is linked into place: link() fails when the name exists, so of
+    several writers racing (ranks on one shared file system, NFS included) exactly one wins.
+    """
+    tmp = _temporary_name(path)
+    write_atomic(tmp, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
