@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEMO   ?= examples/gloo-withheld-rank
+DEMO   ?= tests/fixtures/gloo/withheld_one
 
 .PHONY: demo test setup system-deps clean
 

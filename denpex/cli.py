@@ -13,23 +13,15 @@ from typing import Annotated
 
 import typer
 
-from denpex.analysis.triage import MANIFEST_NAME, triage_path
 from denpex.evidence.errors import EvidenceError
-from denpex.evidence.manifest import MAX_MANIFEST_BYTES, JobManifest, load_manifest, parse_manifest_bytes
-from denpex.evidence.store import open_store
-from denpex.hardware import HardwareError, correlate, load_telemetry
+from denpex.hardware import HardwareError
 from denpex.hardware.collect_command import collect_telemetry_command
-from denpex.isolation.commands import (
-    approve_command,
-    audit_app,
-    breaker_app,
-    isolate_command,
-    plan_for_triage,
-)
+from denpex.investigate import investigate
+from denpex.isolation.commands import approve_command, audit_app, breaker_app, isolate_command
 from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import save_plan
 from denpex.isolation.policy import Scheduler
-from denpex.report import PlanView, TriageReport, render_text
+from denpex.report import render_text
 
 __all__ = ["app", "main"]
 
@@ -81,35 +73,17 @@ def triage(
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
     try:
-        result = triage_path(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of))
-        if telemetry:
-            result = correlate(result, _job_manifest(path, manifest), load_telemetry(telemetry))
-    except (EvidenceError, HardwareError) as exc:
+        found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
+                            telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,
+                            runbook=runbook)
+    except (EvidenceError, HardwareError, IsolationError, ValueError) as exc:
         raise fail(str(exc)) from exc
-    report = TriageReport(**dict(result))
-    if scheduler is not None:
-        try:
-            plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook)
-        except (IsolationError, ValueError) as exc:
-            raise fail(str(exc)) from exc
-        report.plan = PlanView.model_validate(plan.contract_view())
-        if plan_out is not None:
-            save_plan(plan, plan_out)
+    if plan_out is not None and found.plan is not None:
+        save_plan(found.plan, plan_out)
     if output is OutputFormat.JSON:
-        typer.echo(report.model_dump_json(indent=2))
+        typer.echo(found.report.model_dump_json(indent=2))
     else:
-        typer.echo(render_text(report), nl=False)
-
-
-def _job_manifest(path: str, given: Path | None) -> JobManifest | None:
-    """The manifest triage used (--manifest, else PATH/manifest.json), for the hardware correlation."""
-    if given is not None:
-        return load_manifest(given)
-    store = open_store(path)
-    if not any(o.name == MANIFEST_NAME for o in store.list()):
-        return None
-    return parse_manifest_bytes(store.read(MANIFEST_NAME, max_bytes=MAX_MANIFEST_BYTES),
-                                source=f"{store.uri}/{MANIFEST_NAME}")
+        typer.echo(render_text(found.report), nl=False)
 
 
 app.command("collect-telemetry")(collect_telemetry_command)

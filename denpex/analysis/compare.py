@@ -167,13 +167,19 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
                          missing: set[int], unknown: tuple[int, ...],
                          as_of_ns: int | None, heads: dict[int, int]) -> _Found | None:
     last_enqueued = max(p.last_enqueued for p in progress.values())
-    seq = min(p.last_completed for p in progress.values()) + 1
+    floor = min(p.last_enqueued for p in progress.values())
+    if any(p.last_completed > floor for p in progress.values()):
+        # A collective cannot finish unless every member enqueued it. A peer that shows it
+        # finished anyway was blocked in it until it failed (Gloo may retire a failed op).
+        seq, failed = floor + 1, True
+    else:
+        seq, failed = min(p.last_completed for p in progress.values()) + 1, False
     if last_enqueued < 0 or seq > last_enqueued:
         return None
     behind = tuple(r for r, p in sorted(progress.items()) if p.last_enqueued < seq)
     waiting_ops = {r: op for r, p in sorted(progress.items())
-                   if p.last_enqueued >= seq and p.last_completed < seq
-                   and (op := _pending_at(p, seq)) is not None}
+                   if p.last_enqueued >= seq and (failed or p.last_completed < seq)
+                   and (op := _op_at(p, seq)) is not None}
     if not waiting_ops:
         return None
     absent = tuple(r for r in members if r in missing)
@@ -198,11 +204,13 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
     return (overdue, []) if overdue is not None else None
 
 
-def _pending_at(progress: GroupProgress, seq: int) -> PendingOp | None:
+def _op_at(progress: GroupProgress, seq: int) -> PendingOp | None:
+    """The rank's op at ``seq``: in flight, or (after a failure) its newest, retired one."""
     for op in progress.pending:
         if op.kind is OpKind.COLLECTIVE and op.collective_seq_id == seq:
             return op
-    return None
+    last = progress.last_op
+    return last if last is not None and last.collective_seq_id == seq else None
 
 
 def _mismatch(name: str, seq: int, ops: dict[int, PendingOp], absent: tuple[int, ...],

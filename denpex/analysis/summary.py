@@ -117,6 +117,9 @@ class GroupProgress(BaseModel):
     last_p2p_enqueued: int = -1
     pending: list[PendingOp] = Field(default_factory=list)
     pending_dropped: int = 0
+    # The newest collective this rank enqueued in the group, finished or not: after an op fails,
+    # Gloo may mark it retired, and this is the only trace of what the rank was blocked in.
+    last_op: PendingOp | None = None
     entry_count: int = 0
     newest_time_ns: int | None = None
 
@@ -183,7 +186,7 @@ class _GroupScan:
     """Mutable per-group accumulator; ``_Scan.finish`` freezes it into a GroupProgress."""
 
     __slots__ = ("name", "desc", "pg_id", "enq", "comp", "first", "p2p_enq", "pending",
-                 "dropped", "count", "newest")
+                 "dropped", "count", "newest", "last_entry")
 
     def __init__(self, name: str, desc: str | None, pg_id: int | None) -> None:
         self.name, self.desc, self.pg_id = name, desc, pg_id
@@ -193,6 +196,7 @@ class _GroupScan:
         self.dropped = 0
         self.count = 0
         self.newest: int | None = None
+        self.last_entry: dict[str, Any] | None = None
 
 
 class _Scan:
@@ -257,8 +261,9 @@ class _Scan:
             return None
         if group.first is None or csid < group.first:
             group.first = csid
-        if csid > group.enq:
+        if csid >= group.enq:
             group.enq = csid
+            group.last_entry = e
         if done:
             if csid > group.comp:
                 group.comp = csid
@@ -313,6 +318,7 @@ class _Scan:
                 last_p2p_enqueued=g.p2p_enq,
                 pending=[_pending_op(e) for e in g.pending if not _finished_by_later(e, g.comp)],
                 pending_dropped=g.dropped,
+                last_op=_pending_op(g.last_entry) if g.last_entry is not None else None,
                 entry_count=g.count,
                 newest_time_ns=g.newest,
             )

@@ -25,7 +25,8 @@ from denpex.evidence.errors import EvidenceError, ManifestError
 from denpex.evidence.manifest import JobManifest, load_manifest, parse_manifest_bytes
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
 
-__all__ = ["TriageOptions", "NoUsableEvidence", "triage_path", "triage_store", "triage_summaries"]
+__all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "resolve_manifest", "triage_path",
+           "triage_store", "triage_summaries"]
 
 MANIFEST_NAME = "manifest.json"
 
@@ -60,7 +61,7 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
     """Triage every dump in ``store``."""
     options = options or TriageOptions()
     objects = store.list()
-    job = _manifest(store, objects, manifest)
+    job = resolve_manifest(store, manifest, objects)
     size, size_note = _world_size(world_size, job, objects)
     inventory = discover_dumps(store.uri, objects, job, size)
     outcomes = summarize_all(list(inventory.dumps.values()), max_bytes=options.max_dump_bytes,
@@ -113,13 +114,14 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     )
 
 
-def _manifest(store: EvidenceStore, objects: list[StoredObject],
-              given: JobManifest | Path | str | None) -> JobManifest | None:
+def resolve_manifest(store: EvidenceStore, given: JobManifest | Path | str | None,
+                     objects: list[StoredObject] | None = None) -> JobManifest | None:
+    """The manifest to use: the one given (model or path), else ``manifest.json`` in the store."""
     if isinstance(given, JobManifest):
         return given
     if given is not None:
         return load_manifest(Path(given))
-    if any(o.name == MANIFEST_NAME for o in objects):
+    if any(o.name == MANIFEST_NAME for o in (objects if objects is not None else store.list())):
         try:
             data = store.read(MANIFEST_NAME, max_bytes=64 * 1024 * 1024)
         except EvidenceError as exc:

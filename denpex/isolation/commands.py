@@ -29,7 +29,7 @@ from denpex.isolation.config import IsolationSettings, load_settings
 from denpex.isolation.errors import ConfigError, IsolationError, RemoteError
 from denpex.isolation.executor import ExecutionReport, Executor, NodeDecision, RunMode
 from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
-from denpex.isolation.planner import plan_isolation
+from denpex.isolation.planner import default_incident_id, plan_for_triage
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import load_runbook
 from denpex.isolation.slurm import SlurmAdapter
@@ -69,33 +69,6 @@ class ReportFormat(StrEnum):
 def _exit(message: str, code: int) -> typer.Exit:
     typer.echo(f"denpex: error: {message}", err=True)
     return typer.Exit(code)
-
-
-def default_incident_id(result: TriageResult, job_id: str | None = None) -> str:
-    """Deterministic, so re-running triage on the same evidence yields the same plan hash.
-
-    ``job-123`` judged as of 2026-11-29T18:45:02Z -> ``job-123-20261129T184502Z``.
-    """
-    stamp = (result.as_of or utc_now()).strftime("%Y%m%dT%H%M%SZ")
-    head = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in (job_id or "inc"))[:40]
-    return f"{head.strip('-._') or 'inc'}-{stamp}"
-
-
-def plan_for_triage(
-    result: TriageResult,
-    scheduler: Scheduler,
-    *,
-    incident_id: str | None = None,
-    runbook: Path | None = None,
-    job_id: str | None = None,
-) -> IsolationPlan:
-    """The plan ``denpex triage --scheduler`` prints. Offline: no cluster facts, no breaker state;
-    ``denpex isolate`` re-runs those gates on live facts before acting."""
-    policy = load_runbook(runbook).policy() if runbook else IsolationPolicy()
-    return plan_isolation(
-        result, None, policy, None, scheduler,
-        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(),
-    )
 
 
 def approve_command(

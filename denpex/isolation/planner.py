@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 from denpex.analysis.models import TriageResult
 from denpex.evidence.manifest import JobManifest
 from denpex.isolation.breaker import BreakerState
 from denpex.isolation.facts import ClusterFacts, ReasonOwner, owned_reason_prefix
 from denpex.isolation.gates import NodeProposal, blast_radius_gate, evidence_gate, node_gate
-from denpex.isolation.plan import BlockedNode, IsolationPlan, NodeAction
+from denpex.isolation.plan import BlockedNode, IsolationPlan, NodeAction, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler
+from denpex.isolation.runbook import load_runbook
 
-__all__ = ["plan_isolation", "reason_for"]
+__all__ = ["plan_isolation", "plan_for_triage", "default_incident_id", "reason_for"]
 
 _MAX_REASON = 250
 
@@ -99,4 +101,31 @@ def plan_isolation(
         breaker_trip=radius.trip_reason,
         facts_checked=cluster_facts is not None,
         policy=policy,
+    )
+
+
+def default_incident_id(result: TriageResult, job_id: str | None = None) -> str:
+    """Deterministic, so re-running triage on the same evidence yields the same plan hash.
+
+    ``job-123`` judged as of 2026-11-29T18:45:02Z -> ``job-123-20261129T184502Z``.
+    """
+    stamp = (result.as_of or utc_now()).strftime("%Y%m%dT%H%M%SZ")
+    head = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in (job_id or "inc"))[:40]
+    return f"{head.strip('-._') or 'inc'}-{stamp}"
+
+
+def plan_for_triage(
+    result: TriageResult,
+    scheduler: Scheduler,
+    *,
+    incident_id: str | None = None,
+    runbook: Path | None = None,
+    job_id: str | None = None,
+) -> IsolationPlan:
+    """The plan ``denpex triage --scheduler`` prints. Offline: no cluster facts, no breaker state;
+    ``denpex isolate`` re-runs those gates on live facts before acting."""
+    policy = load_runbook(runbook).policy() if runbook else IsolationPolicy()
+    return plan_isolation(
+        result, None, policy, None, scheduler,
+        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(),
     )

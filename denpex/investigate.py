@@ -1,0 +1,53 @@
+"""One investigation: triage the dumps, correlate hardware signals, propose an isolation.
+
+This is what ``denpex triage`` runs and what the Prefect flow composes step by step. It decides
+and never acts: executing a plan is ``denpex.isolation.executor``'s job, after approval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from denpex.analysis.triage import TriageOptions, resolve_manifest, triage_store
+from denpex.evidence.manifest import JobManifest
+from denpex.evidence.store import open_store
+from denpex.hardware import correlate, load_telemetry
+from denpex.isolation.plan import IsolationPlan
+from denpex.isolation.planner import plan_for_triage
+from denpex.isolation.policy import Scheduler
+from denpex.report import PlanView, TriageReport
+
+__all__ = ["Investigation", "investigate"]
+
+
+class Investigation(BaseModel):
+    """The report people and machines read, and the full plan ``denpex isolate`` executes."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    report: TriageReport
+    plan: IsolationPlan | None = None
+
+
+def investigate(path: str | Path, *, world_size: int | None = None,
+                manifest: JobManifest | Path | None = None, as_of: datetime | None = None,
+                telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
+                incident_id: str | None = None, runbook: Path | None = None,
+                options: TriageOptions | None = None) -> Investigation:
+    """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
+    store = open_store(path)
+    job = resolve_manifest(store, manifest)
+    result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options)
+    if telemetry:
+        result = correlate(result, job, load_telemetry(list(telemetry)))
+    report = TriageReport(**dict(result))
+    plan = None
+    if scheduler is not None:
+        plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook,
+                               job_id=job.job_id if job else None)
+        report.plan = PlanView.model_validate(plan.contract_view())
+    return Investigation(report=report, plan=plan)
