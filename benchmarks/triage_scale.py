@@ -67,6 +67,8 @@ class Measurement:
     cpu_s: float
     """User + system CPU of the program and its waited-for children: steadier than wall time
     when other work shares the cores."""
+    sys_s: float
+    """The system part of ``cpu_s`` (reading files, mapping memory)."""
     returncode: int | None
     finished: bool
     stop_reason: str = ""
@@ -165,6 +167,7 @@ def measure(
     return Measurement(
         argv=argv, wall_s=round(wall, 2),
         cpu_s=round(usage.ru_utime + usage.ru_stime, 2) if usage else 0.0,
+        sys_s=round(usage.ru_stime, 2) if usage else 0.0,
         returncode=proc.returncode, finished=not reason,
         stop_reason=reason, peak_rss_tree_mb=round(peak_rss / 2**20, 1),
         peak_pss_tree_mb=round(peak_pss / 2**20, 1),
@@ -346,7 +349,7 @@ def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
                   f"{'' if m.finished else ' — DID NOT FINISH: ' + m.stop_reason}", flush=True)
         floor = result.tools.get("floor", {})
         if floor.get("finished"):
-            for entry in result.tools.values():
+            for entry in (e for e in result.tools.values() if e["finished"]):
                 entry["x_floor"] = round(entry["wall_s"] / floor["wall_s"], 2)
                 entry["x_floor_cpu"] = round(entry["cpu_s"] / max(floor["cpu_s"], 0.01), 2)
     finally:
@@ -381,9 +384,10 @@ def print_table(results: list[SizeResult]) -> None:
                 note = f"exit {t['returncode']}; {note}"
             if tool == "torchfrtrace" and t["finished"]:
                 note = f"named {t.get('named_ranks')} ranks {t.get('named_sample')}; {note}"
+            ratio = f"{t['x_floor']:.2f}" if "x_floor" in t else "-"
             print(f"{r.ranks:>6} {r.scenario:<9} {tool:<13} {wall:>8} {t['cpu_s']:>8.1f} "
                   f"{t['peak_rss_tree_mb']:>8.0f} {t['peak_pss_tree_mb']:>8.0f} "
-                  f"{t.get('x_floor', float('nan')):>8.2f} {right:>6}  {note[:90]}")
+                  f"{ratio:>8} {right:>6}  {note[:90]}")
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

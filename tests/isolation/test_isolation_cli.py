@@ -39,7 +39,7 @@ def test_killed_process_plus_xid79_in_the_kernel_log_plans_a_drain_of_that_node(
     assert json.loads(result.stdout)["plan"] == {
         "recommend_isolation": True, "actions": [{"node": "gpu-node-002", "action": "drain"}], "blocked": []}
     [action] = load_plan(plan_path).actions
-    assert action.ranks == (1,) and action.reason.startswith("denpex:inc-20251129T184502Z rank 1: xid 79 at ")
+    assert action.ranks == (1,) and action.reason.startswith("denpex:job-123-20251129T184502Z rank 1: xid 79 at ")
 
 
 @pytest.mark.parametrize("scheduler", ["slurm", "kubernetes"])

@@ -59,6 +59,12 @@ def _last(made: GeneratedSet, rank: int) -> dict[str, Any]:
     return entry
 
 
+def _culprit(dump_sets: dict[Scenario, GeneratedSet], scenario: Scenario) -> tuple[GeneratedSet, int]:
+    rank = culprit_rank(LAYOUT, scenario)
+    assert rank is not None
+    return dump_sets[scenario], rank
+
+
 def _seq(entry: dict[str, Any]) -> int:
     return int(entry["p2p_seq_id"] if entry["is_p2p"] else entry["collective_seq_id"])
 
@@ -122,9 +128,7 @@ def test_healthy_set_has_nothing_in_flight(dump_sets: dict[Scenario, GeneratedSe
 def test_withheld_rank_is_idle_while_its_peers_wait_for_it(
     dump_sets: dict[Scenario, GeneratedSet],
 ) -> None:
-    made = dump_sets[Scenario.WITHHELD]
-    culprit = culprit_rank(LAYOUT, Scenario.WITHHELD)
-    assert culprit is not None
+    made, culprit = _culprit(dump_sets, Scenario.WITHHELD)
     mine = _last(made, culprit)
     assert mine["state"] == "completed" and mine["retired"]
     for peer in _tp_peers(culprit):
@@ -140,9 +144,7 @@ def test_withheld_rank_is_idle_while_its_peers_wait_for_it(
 def test_mismatched_rank_differs_in_size_at_the_same_seq(
     dump_sets: dict[Scenario, GeneratedSet],
 ) -> None:
-    made = dump_sets[Scenario.MISMATCH]
-    culprit = culprit_rank(LAYOUT, Scenario.MISMATCH)
-    assert culprit is not None
+    made, culprit = _culprit(dump_sets, Scenario.MISMATCH)
     s, _, t = LAYOUT.coords(culprit)
     peer = LAYOUT.rank_of(s, 0, t)  # same data-parallel group
     mine, theirs = _last(made, culprit), _last(made, peer)
@@ -153,9 +155,8 @@ def test_mismatched_rank_differs_in_size_at_the_same_seq(
 
 
 def test_missing_rank_has_no_file_and_peers_wait(dump_sets: dict[Scenario, GeneratedSet]) -> None:
-    made = dump_sets[Scenario.MISSING]
-    culprit = culprit_rank(LAYOUT, Scenario.MISSING)
-    assert culprit is not None and made.expected.missing_ranks == [culprit]
+    made, culprit = _culprit(dump_sets, Scenario.MISSING)
+    assert made.expected.missing_ranks == [culprit]
     assert not (made.path / f"{DEFAULT_PREFIX}{culprit}").exists()
     for peer in _tp_peers(culprit):
         assert _last(made, peer)["state"] == "started"
@@ -164,9 +165,7 @@ def test_missing_rank_has_no_file_and_peers_wait(dump_sets: dict[Scenario, Gener
 def test_stalled_rank_is_stuck_in_an_op_its_peers_finished(
     dump_sets: dict[Scenario, GeneratedSet],
 ) -> None:
-    made = dump_sets[Scenario.STALLED]
-    culprit = culprit_rank(LAYOUT, Scenario.STALLED)
-    assert culprit is not None
+    made, culprit = _culprit(dump_sets, Scenario.STALLED)
     mine = _last(made, culprit)
     assert mine["process_group"][1] == "mesh_tp" and mine["state"] == "started"
     for peer in _tp_peers(culprit):
@@ -176,9 +175,7 @@ def test_stalled_rank_is_stuck_in_an_op_its_peers_finished(
 
 
 def test_p2p_neighbours_block_in_send_and_recv(dump_sets: dict[Scenario, GeneratedSet]) -> None:
-    made = dump_sets[Scenario.P2P]
-    culprit = culprit_rank(LAYOUT, Scenario.P2P)
-    assert culprit is not None
+    made, culprit = _culprit(dump_sets, Scenario.P2P)
     s, d, t = LAYOUT.coords(culprit)
     assert _last(made, culprit)["state"] == "completed"
     sender = _last(made, LAYOUT.rank_of(s + 1, d, t))
