@@ -57,7 +57,7 @@ def test_triage_with_scheduler_plans_and_says_why_not(killed_rank_1: Path, tmp_p
     }
     plan = load_plan(plan_path)
     assert plan.scheduler.value == scheduler and plan.contract_view() == body["plan"]
-    assert plan.incident_id.startswith("inc-") and not plan.facts_checked
+    assert plan.incident_id.startswith("job-123-") and not plan.facts_checked
 
 
 def test_triage_text_shows_the_block_and_incident_id_is_deterministic(killed_rank_1: Path, tmp_path: Path) -> None:
