@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from denpex.analysis.models import Candidate, TriageResult, Verdict
 from denpex.analysis.wording import ranks_phrase
+from denpex.hardware.describe import describe_hardware
 
 __all__ = ["PlanAction", "PlanView", "TriageReport", "render_text"]
 
@@ -93,9 +94,7 @@ def _candidate_lines(c: Candidate) -> list[str]:
     where = f", group {c.process_group!r} #{c.collective_seq_id}" if c.process_group is not None else ""
     lines = [f"  * rank {c.rank}{host}: {c.kind.value}{where}, confidence {c.confidence:.2f}"]
     lines += [f"      - {reason}" for reason in c.reasons]
-    for event in c.hardware:
-        when = event.time.isoformat() if event.time else "time unknown"
-        lines.append(f"      hw: [{event.bearing.value}] {event.kind} {event.code or ''} at {when}: {event.summary}")
+    lines += [f"      hardware: {describe_hardware(event)}" for event in c.hardware]
     return lines
 
 
@@ -110,6 +109,9 @@ def _evidence_lines(report: TriageReport) -> list[str]:
         lines.append(f"  skipped {skipped.path}: {skipped.reason}")
     if len(report.skipped_files) > 20:
         lines.append(f"  ... and {len(report.skipped_files) - 20} more skipped files")
+    if report.other_hardware:
+        lines.append("  hardware signals on ranks that are not candidates (the culprit may be elsewhere):")
+        lines += [f"    - {describe_hardware(event)}" for event in report.other_hardware[:20]]
     lines += [f"  note: {note}" for note in report.notes]
     return lines + [""]
 

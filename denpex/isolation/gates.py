@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from denpex.analysis.wording import ranks_phrase
 from denpex.analysis.models import (
     Candidate,
     CandidateHardware,
@@ -169,10 +170,10 @@ def evidence_gate(
             message="verdict is no_hang: no process group is stuck, so there is nothing to isolate",
         )])
     if result.verdict is Verdict.AMBIGUOUS:
-        named = ", ".join(str(c.rank) for c in result.candidates) or "none named"
+        named = ranks_phrase([c.rank for c in result.candidates]) if result.candidates else "no rank"
         return EvidenceDecision(blocked=[BlockedNode(
             gate=Gate.VERDICT,
-            message=f"verdict is ambiguous: ranks {named} could be behind the hang but the evidence "
+            message=f"verdict is ambiguous: {named} could be behind the hang but the evidence "
                     "cannot say which; no node is isolated on a guess",
         )])
     if not result.candidates:
