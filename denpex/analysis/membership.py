@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from denpex.analysis.rank_runs import RankRuns, expand_ranks
 from denpex.analysis.summary import RankSummary
 from denpex.evidence.manifest import JobManifest
 
@@ -25,12 +26,17 @@ class GroupMembership:
     descs: dict[str, str | None] = field(default_factory=dict)
     inferred: frozenset[str] = frozenset()
     conflicts: tuple[str, ...] = ()
+    sets: dict[str, frozenset[int]] = field(default_factory=dict)
+
+    def has_member(self, name: str, rank: int) -> bool:
+        """Constant-time membership (a world group can hold 32,768 ranks)."""
+        return rank in self.sets.get(name, ())
 
 
 def resolve_membership(summaries: dict[int, RankSummary], manifest: JobManifest | None,
                        world_size: int) -> GroupMembership:
     """Group name -> member ranks, from the most trusted source available for each group."""
-    members: dict[str, tuple[int, ...]] = {}
+    configured: dict[str, RankRuns] = {}
     descs: dict[str, str | None] = {}
     conflicts: list[str] = []
     mentioned: dict[str, set[int]] = {}
@@ -41,12 +47,13 @@ def resolve_membership(summaries: dict[int, RankSummary], manifest: JobManifest 
             descs.setdefault(name, group.desc)
             if group.config_ranks is None:
                 continue
-            seen = members.setdefault(name, group.config_ranks)
+            seen = configured.setdefault(name, group.config_ranks)
             if seen != group.config_ranks:
                 conflicts.append(
-                    f"process group {name!r}: rank {rank}'s pg_config says {list(group.config_ranks)}, "
-                    f"another rank's says {list(seen)}"
+                    f"process group {name!r}: rank {rank}'s pg_config lists other members "
+                    f"({_preview(group.config_ranks)}) than another rank's ({_preview(seen)})"
                 )
+    members = {name: expand_ranks(runs) for name, runs in configured.items()}
     inferred: set[str] = set()
     for name, ranks in mentioned.items():
         if name in members:
@@ -63,4 +70,10 @@ def resolve_membership(summaries: dict[int, RankSummary], manifest: JobManifest 
             if spec.desc is not None or name not in descs:
                 descs[name] = spec.desc if spec.desc is not None else descs.get(name)
     return GroupMembership(members=members, descs=descs, inferred=frozenset(inferred),
-                           conflicts=tuple(conflicts))
+                           conflicts=tuple(conflicts),
+                           sets={name: frozenset(ranks) for name, ranks in members.items()})
+
+
+def _preview(runs: RankRuns) -> str:
+    ranks = expand_ranks(runs)
+    return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from denpex.analysis.rank_runs import RankRuns, parse_rank_list
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import DecodedDump, DumpEncoding
 
@@ -110,10 +111,9 @@ class GroupProgress(BaseModel):
     desc: str | None = None
     pg_id: int | None = None
     # Global ranks from this rank's own pg_config (NCCL records them correctly; Gloo does not).
-    config_ranks: tuple[int, ...] | None = None
+    config_ranks: RankRuns | None = None
     last_enqueued: int = -1
     last_completed: int = -1
-    first_seen: int | None = None
     last_p2p_enqueued: int = -1
     pending: list[PendingOp] = Field(default_factory=list)
     pending_dropped: int = 0
@@ -121,7 +121,6 @@ class GroupProgress(BaseModel):
     # Gloo may mark it retired, and this is the only trace of what the rank was blocked in.
     last_op: PendingOp | None = None
     entry_count: int = 0
-    newest_time_ns: int | None = None
 
     def oldest_pending_collective(self) -> PendingOp | None:
         ops = [op for op in self.pending if op.kind is OpKind.COLLECTIVE]
@@ -151,20 +150,23 @@ class RankSummary(BaseModel):
     rejected_entries: dict[str, int] = Field(default_factory=dict)
 
 
-def summarize_dump(dump: DecodedDump, *, rank: int) -> RankSummary:
-    """One pass over ``dump``'s entries; raises DumpError only if nothing usable is left."""
+def summarize_dump(dump: DecodedDump, *, rank: int,
+                   rank_lists: dict[str, RankRuns | None] | None = None) -> RankSummary:
+    """One pass over ``dump``'s entries; raises DumpError only if nothing usable is left.
+
+    ``rank_lists`` caches parsed ``pg_config`` rank lists across the dumps of one batch.
+    """
     raw = dump.raw
     scan = _Scan()
     entries = raw.get("entries") or []
-    for entry in entries:
-        scan.add(entry)
+    scan.run(entries)
     if entries and scan.accepted == 0:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(scan.rejected.items()))
         raise DumpError(f"none of its {len(entries)} entries is usable ({reasons})")
     groups = scan.finish()
     if scan.backend != "gloo":
         # Gloo records pg_config before Python names the group, so it is wrong there.
-        _apply_pg_config(groups, raw.get("pg_config"))
+        _apply_pg_config(groups, raw.get("pg_config"), rank_lists if rank_lists is not None else {})
     return RankSummary(
         rank=rank,
         source=dump.source,
@@ -185,22 +187,20 @@ def summarize_dump(dump: DecodedDump, *, rank: int) -> RankSummary:
 class _GroupScan:
     """Mutable per-group accumulator; ``_Scan.finish`` freezes it into a GroupProgress."""
 
-    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "first", "p2p_enq", "pending",
-                 "dropped", "count", "newest", "last_entry")
+    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "p2p_enq", "pending", "dropped", "count",
+                 "last_entry")
 
     def __init__(self, name: str, desc: str | None, pg_id: int | None) -> None:
         self.name, self.desc, self.pg_id = name, desc, pg_id
         self.enq = self.comp = self.p2p_enq = -1
-        self.first: int | None = None
         self.pending: list[dict[str, Any]] = []
         self.dropped = 0
         self.count = 0
-        self.newest: int | None = None
         self.last_entry: dict[str, Any] | None = None
 
 
 class _Scan:
-    """The streaming pass. Hot path: plain dict lookups, no model objects per entry."""
+    """The streaming pass. Hot path: plain dict lookups and locals, no objects per entry."""
 
     def __init__(self) -> None:
         self.groups: dict[str, _GroupScan] = {}
@@ -215,63 +215,82 @@ class _Scan:
     def reject(self, why: str) -> None:
         self.rejected[why] = self.rejected.get(why, 0) + 1
 
-    def add(self, e: object) -> None:  # noqa: C901 - one flat pass is the point
-        if type(e) is not dict:
-            return self.reject("entry is not a mapping")
-        pg = e.get("process_group")
-        csid = e.get("collective_seq_id")
-        name = e.get("profiling_name")
-        if not isinstance(pg, (list, tuple)) or not pg or not isinstance(pg[0], str):
-            return self.reject("no process_group name")
-        if type(csid) is not int or type(name) is not str:
-            return self.reject("no collective_seq_id or profiling_name")
-        group = self.groups.get(pg[0])
-        if group is None:
-            desc = pg[1] if len(pg) > 1 and isinstance(pg[1], str) else None
-            pg_id = e.get("pg_id")
-            group = self.groups[pg[0]] = _GroupScan(pg[0], desc, pg_id if type(pg_id) is int else None)
-        self.accepted += 1
-        group.count += 1
-        if self.backend is None:
-            self.backend = name.partition(":")[0] or None
-        record_id = e.get("record_id")
-        if type(record_id) is int and (self.min_record_id is None or record_id < self.min_record_id):
-            self.min_record_id = record_id
-        state = e.get("state")
-        if state == "started" or e.get("time_discovered_started_ns"):
-            self.timing_seen = True
-        newest = _newest_time(e)
-        if newest is not None:
-            if self.newest_ns is None or newest > self.newest_ns:
-                self.newest_ns = newest
-            if group.newest is None or newest > group.newest:
-                group.newest = newest
-        retired = e.get("retired") is True
-        if not retired and state != "scheduled":
-            self._note_live_discovery(e)
-        done = retired or state == "completed"
-        if e.get("is_p2p") is True:
-            psid = e.get("p2p_seq_id")
-            if type(psid) is int and psid > group.p2p_enq:
-                group.p2p_enq = psid
-            if not done:
-                self._keep_pending(group, e)
-            return None
-        if name.endswith("coalesced") and self._closes_p2p_batch(group, e, done):
-            return None
-        if group.first is None or csid < group.first:
-            group.first = csid
-        if csid >= group.enq:
-            group.enq = csid
-            group.last_entry = e
-        if done:
-            if csid > group.comp:
-                group.comp = csid
-            if group.pending:
-                group.pending = [p for p in group.pending if not _finished_by_later(p, csid)]
-        else:
-            self._keep_pending(group, e)
-        return None
+    def run(self, entries: list[Any]) -> None:  # noqa: C901 - one flat loop is the point
+        groups = self.groups
+        newest = 0
+        min_record = None
+        accepted = 0
+        for e in entries:
+            if type(e) is not dict:
+                self.reject("entry is not a mapping")
+                continue
+            pg = e.get("process_group")
+            csid = e.get("collective_seq_id")
+            name = e.get("profiling_name")
+            if type(pg) not in (tuple, list) or not pg or type(pg[0]) is not str:
+                self.reject("no process_group name")
+                continue
+            if type(csid) is not int or type(name) is not str:
+                self.reject("no collective_seq_id or profiling_name")
+                continue
+            group = groups.get(pg[0])
+            if group is None:
+                group = groups[pg[0]] = self._new_group(pg, e.get("pg_id"))
+            accepted += 1
+            group.count += 1
+            record_id = e.get("record_id")
+            if type(record_id) is int and (min_record is None or record_id < min_record):
+                min_record = record_id
+            created = e.get("time_created_ns")
+            if type(created) is int and created > newest:
+                newest = created
+            # Completion is discovered after start, so it is the newer of the two.
+            finished = e.get("time_discovered_completed_ns")
+            if finished and type(finished) is int and finished > newest:
+                newest = finished
+            state = e.get("state")
+            retired = e.get("retired") is True
+            if not retired and state != "scheduled":
+                self._note_live_discovery(e)
+            done = retired or state == "completed"
+            if e.get("is_p2p") is True:
+                psid = e.get("p2p_seq_id")
+                if type(psid) is int and psid > group.p2p_enq:
+                    group.p2p_enq = psid
+                if not done:
+                    _keep_pending(group, e)
+                continue
+            if group.pending and name.endswith("coalesced") and _closes_p2p_batch(group, e, done):
+                continue
+            if csid >= group.enq:
+                group.enq = csid
+                group.last_entry = e
+            if done:
+                if csid > group.comp:
+                    group.comp = csid
+                if group.pending:
+                    group.pending = [p for p in group.pending if not _finished_by_later(p, csid)]
+            else:
+                _keep_pending(group, e)
+        self.accepted += accepted
+        self.min_record_id = min_record
+        self.newest_ns = newest or None
+        self._note_backend_and_timing(entries)
+
+    def _new_group(self, pg: Any, pg_id: object) -> _GroupScan:
+        desc = pg[1] if len(pg) > 1 and isinstance(pg[1], str) else None
+        return _GroupScan(pg[0], desc, pg_id if type(pg_id) is int else None)
+
+    def _note_backend_and_timing(self, entries: list[Any]) -> None:
+        """Read off the first usable entries rather than testing every entry in the hot loop."""
+        for e in entries:
+            if type(e) is dict and type(e.get("profiling_name")) is str:
+                self.backend = e["profiling_name"].partition(":")[0] or None
+                break
+        # With TORCH_NCCL_ENABLE_TIMING, completed entries carry a discovered start time.
+        self.timing_seen = any(type(e) is dict and (e.get("state") == "started"
+                                                   or e.get("time_discovered_started_ns"))
+                               for e in entries[-64:])
 
     def _note_live_discovery(self, e: dict[str, Any]) -> None:
         for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
@@ -279,32 +298,6 @@ class _Scan:
             if type(value) is int and value > 0 and (self.live_discovered_ns is None
                                                      or value > self.live_discovered_ns):
                 self.live_discovered_ns = value
-
-    @staticmethod
-    def _keep_pending(group: _GroupScan, e: dict[str, Any]) -> None:
-        if len(group.pending) < MAX_PENDING_PER_GROUP:
-            group.pending.append(e)
-        else:
-            group.dropped += 1
-
-    @staticmethod
-    def _closes_p2p_batch(group: _GroupScan, e: dict[str, Any], done: bool) -> bool:
-        """A ``coalesced`` entry after p2p ops of the same ``p2p_seq_id`` carries their state.
-
-        ``batch_isend_irecv`` records each send/recv without events, so they stay ``scheduled``
-        forever; only the following coalesced entry tells whether the batch finished.
-        """
-        psid = e.get("p2p_seq_id")
-        members = [p for p in group.pending if p.get("is_p2p") is True and p.get("p2p_seq_id") == psid]
-        if not members:
-            return False
-        for member in members:
-            group.pending.remove(member)
-        if not done:
-            for member in members:
-                member = dict(member, _in_batch=True)
-                group.pending.append(member)
-        return True
 
     def finish(self) -> dict[str, GroupProgress]:
         return {
@@ -314,31 +307,44 @@ class _Scan:
                 pg_id=g.pg_id,
                 last_enqueued=g.enq,
                 last_completed=g.comp,
-                first_seen=g.first,
                 last_p2p_enqueued=g.p2p_enq,
                 pending=[_pending_op(e) for e in g.pending if not _finished_by_later(e, g.comp)],
                 pending_dropped=g.dropped,
                 last_op=_pending_op(g.last_entry) if g.last_entry is not None else None,
                 entry_count=g.count,
-                newest_time_ns=g.newest,
             )
             for name, g in self.groups.items()
         }
+
+
+def _keep_pending(group: _GroupScan, e: dict[str, Any]) -> None:
+    if len(group.pending) < MAX_PENDING_PER_GROUP:
+        group.pending.append(e)
+    else:
+        group.dropped += 1
+
+
+def _closes_p2p_batch(group: _GroupScan, e: dict[str, Any], done: bool) -> bool:
+    """A ``coalesced`` entry after p2p ops of the same ``p2p_seq_id`` carries their state.
+
+    ``batch_isend_irecv`` records each send/recv without events, so they stay ``scheduled``
+    forever; only the following coalesced entry tells whether the batch finished.
+    """
+    psid = e.get("p2p_seq_id")
+    members = [p for p in group.pending if p.get("is_p2p") is True and p.get("p2p_seq_id") == psid]
+    if not members:
+        return False
+    for member in members:
+        group.pending.remove(member)
+    if not done:
+        group.pending.extend(dict(member, _in_batch=True) for member in members)
+    return True
 
 
 def _finished_by_later(e: dict[str, Any], last_completed: int) -> bool:
     """Members of a coalesced collective never get events; their closing entry's completion
     (same ``collective_seq_id``) or any later completed collective proves they finished."""
     return e.get("is_p2p") is not True and e["collective_seq_id"] <= last_completed
-
-
-def _newest_time(e: dict[str, Any]) -> int | None:
-    newest = None
-    for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
-        value = e.get(key)
-        if type(value) is int and value > 0 and (newest is None or value > newest):
-            newest = value
-    return newest
 
 
 def _pending_op(e: dict[str, Any]) -> PendingOp:
@@ -406,15 +412,23 @@ def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _apply_pg_config(groups: dict[str, GroupProgress], pg_config: object) -> None:
-    """Attach NCCL's per-group global ranks. Gloo's pg_config is wrong and yields nothing."""
+def _apply_pg_config(groups: dict[str, GroupProgress], pg_config: object,
+                     cache: dict[str, RankRuns | None]) -> None:
+    """Attach NCCL's per-group global ranks. ``cache`` spares re-parsing the lists that every
+    dump of a job repeats (the world's is ~190 KB of text at 32k ranks)."""
     if not isinstance(pg_config, dict):
         return
     for key, cfg in pg_config.items():
         if not isinstance(cfg, dict):
             continue
         name = cfg.get("name", key)
-        ranks = _parse_rank_list(cfg.get("ranks"))
+        text = cfg.get("ranks")
+        if isinstance(text, str):
+            if text not in cache:
+                cache[text] = parse_rank_list(text)
+            ranks = cache[text]
+        else:
+            ranks = parse_rank_list(text)
         if not isinstance(name, str) or not name or not ranks:
             continue
         group = groups.get(name)
@@ -422,18 +436,3 @@ def _apply_pg_config(groups: dict[str, GroupProgress], pg_config: object) -> Non
             desc = cfg.get("desc")
             group = groups[name] = GroupProgress(name=name, desc=desc if isinstance(desc, str) else None)
         group.config_ranks = ranks
-
-
-def _parse_rank_list(value: object) -> tuple[int, ...] | None:
-    """``"[0, 1, 2]"`` (NCCL's string form) or a list -> ``(0, 1, 2)``; never ``eval``."""
-    if isinstance(value, str):
-        body = value.strip()
-        if not (body.startswith("[") and body.endswith("]")):
-            return None
-        parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
-        if not all(p.isdigit() for p in parts):
-            return None
-        return tuple(int(p) for p in parts) or None
-    if isinstance(value, (list, tuple)) and all(type(r) is int and r >= 0 for r in value):
-        return tuple(value) or None
-    return None

@@ -158,7 +158,7 @@ def _drop_mislabeled(summaries: dict[int, RankSummary], membership: GroupMembers
         foreign = [
             name for name, group in summary.groups.items()
             if name not in membership.inferred and name in membership.members
-            and rank not in membership.members[name] and (group.entry_count or group.config_ranks)
+            and not membership.has_member(name, rank) and (group.entry_count or group.config_ranks)
         ]
         if foreign:
             name = foreign[0]
@@ -177,7 +177,7 @@ def _as_of_ns(as_of: datetime | None, summaries: dict[int, RankSummary],
         if as_of.tzinfo is None:
             as_of = as_of.replace(tzinfo=UTC)
         return int(as_of.timestamp() * 1e9)
-    times = [s.newest_time_ns for s in summaries.values() if s.newest_time_ns]
+    times = [t for s in summaries.values() for t in (s.newest_time_ns, s.dumped_at_ns) if t]
     if manifest is not None:
         times += [int(i.dumped_at.timestamp() * 1e9) for i in manifest.ranks.values() if i.dumped_at]
     return max(times) if times else None
