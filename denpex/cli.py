@@ -60,7 +60,7 @@ def _root() -> None:
 
 @app.command()
 def triage(
-    path: Annotated[str, typer.Argument(help="Folder of per-rank FR dumps, or s3://bucket/prefix.")],
+    path: Annotated[str, typer.Argument(metavar="PATH", help="Folder of per-rank FR dumps, or s3://bucket/prefix.")],
     world_size: Annotated[int | None, typer.Option("--world-size", min=1, help="Number of ranks in the job.")] = None,
     manifest: Annotated[Path | None, typer.Option("--manifest", help="Job manifest JSON (default: PATH/manifest.json).")] = None,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Incident time (ISO); default: newest time in the evidence.")] = None,
@@ -69,7 +69,7 @@ def triage(
     incident_id: Annotated[str | None, typer.Option("--incident-id", help="Incident id for the plan (default: from the evidence time).")] = None,
     runbook: Annotated[Path | None, typer.Option("--runbook", help="Runbook YAML (default: built-in safe policy).")] = None,
     plan_out: Annotated[Path | None, typer.Option("--plan-out", help="Write the full isolation plan JSON here (for `denpex isolate`).")] = None,
-    telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
+    telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", metavar="FILE", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
     try:

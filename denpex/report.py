@@ -68,7 +68,7 @@ def render_text(report: TriageReport) -> str:
             lines.append(f"      why:     {stuck.detail}")
         hidden = len(report.stuck) - min(len(direct or chained), MAX_STUCK_SHOWN)
         if hidden:
-            lines.append(f"  ... and {hidden} more stuck ops whose ranks wait on the victims above "
+            lines.append(f"  ... and {hidden} more stuck op{'s' if hidden != 1 else ''} whose ranks wait on the victims above "
                          "(all of them: --format json)")
         lines.append("")
     if report.candidates:
@@ -105,10 +105,14 @@ def _evidence_lines(report: TriageReport) -> list[str]:
         lines.append(f"  no usable dump: {ranks_phrase(report.missing_ranks, limit=32)}")
     if report.stale_ranks:
         lines.append(f"  stale dump: {ranks_phrase(report.stale_ranks, limit=32)}")
-    for skipped in report.skipped_files[:20]:
+    copies = [s for s in report.skipped_files if s.copy_of]
+    problems = [s for s in report.skipped_files if not s.copy_of]
+    if copies:
+        lines.append(f"  {len(copies)} JSON copies of pickled dumps set aside; the pickles are used")
+    for skipped in problems[:20]:
         lines.append(f"  skipped {skipped.path}: {skipped.reason}")
-    if len(report.skipped_files) > 20:
-        lines.append(f"  ... and {len(report.skipped_files) - 20} more skipped files")
+    if len(problems) > 20:
+        lines.append(f"  ... and {len(problems) - 20} more skipped files")
     if report.other_hardware:
         lines.append("  hardware signals on ranks that are not candidates (the culprit may be elsewhere):")
         lines += [f"    - {describe_hardware(event)}" for event in report.other_hardware[:20]]

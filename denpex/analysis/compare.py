@@ -91,7 +91,8 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         found = [_collective_blockage(name, progress, members, missing, unknown, as_of_ns, heads)]
         found += _p2p_blockages(name, progress, members, missing, summaries, heads)
         for blockage, ops in (f for f in found if f is not None):
-            young = _young(ops, dumped_at_ns)
+            # A rank that left no dump may be dead: then a young wait proves nothing either way.
+            young = None if missing.intersection(blockage.targets) else _young(ops, dumped_at_ns)
             if young:
                 result.notes.append(f"process group {name!r} {blockage.op} #{blockage.seq} is partly "
                                     f"entered but was at most {young} old when the ranks dumped: "

@@ -114,6 +114,8 @@ class SkippedFile(BaseModel):
     path: str
     reason: str
     rank: int | None = None
+    # Set when the file is the same dump as another one that is used (pickle and JSON of a rank).
+    copy_of: str | None = None
 
 
 class TriageResult(BaseModel):

@@ -16,7 +16,7 @@ from denpex.analysis.compare import Blockage, BlockageKind, Comparison
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
 from denpex.analysis.models import Candidate, CandidateKind, Verdict
-from denpex.analysis.summary import OpKind, RankSummary
+from denpex.analysis.summary import RankSummary
 from denpex.analysis.waitgraph import Culprit, find_culprits
 from denpex.evidence.manifest import JobManifest
 

@@ -12,10 +12,10 @@ dump; a temporary file left by a crash is hidden and ends in ``.tmp``, which rea
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from denpex.collector.flight_recorder import DumpFormat
+from denpex.evidence.files import temporary_name, write_atomic
 
 __all__ = ["COLLECTOR_DIR", "dump_path", "record_path", "request_path", "write_atomic", "write_exclusive"]
 
@@ -38,29 +38,13 @@ def request_path(out_dir: Path) -> Path:
     return out_dir / COLLECTOR_DIR / REQUEST_NAME
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` so that readers see the whole file or none of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_name(path)
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _temporary_name(path: Path) -> Path:
-    # Hidden and ending in .tmp: evidence readers skip it if a crash leaves it behind.
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-
-
 def write_exclusive(path: Path, data: bytes) -> bool:
     """Write ``path`` only if it does not exist yet; return whether this call wrote it.
 
     A complete temporary file is linked into place: link() fails when the name exists, so of
     several writers racing (ranks on one shared file system, NFS included) exactly one wins.
     """
-    tmp = _temporary_name(path)
+    tmp = temporary_name(path)
     write_atomic(tmp, data)
     try:
         os.link(tmp, path)

@@ -97,7 +97,7 @@ def _one_dump_per_rank(rank: int, files: list[StoredObject],
         json_file = next((f for f in files if f.name.lower().endswith(".json")), None)
         if json_file is not None:
             kept = files[0] if files[1] is json_file else files[1]
-            skipped.append(SkippedFile(path=json_file.name, rank=rank,
+            skipped.append(SkippedFile(path=json_file.name, rank=rank, copy_of=kept.name,
                                        reason=f"same dump as {kept.name} in JSON; the pickle is used"))
             return kept
     names = ", ".join(f.name for f in files)

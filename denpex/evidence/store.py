@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from denpex.evidence.errors import DumpError, EvidenceSourceError
+from denpex.evidence.files import write_atomic
 
 __all__ = ["StoredObject", "EvidenceStore", "LocalStore", "S3Store", "open_store"]
 
@@ -77,11 +78,7 @@ class LocalStore:
         return data
 
     def write(self, name: str, data: bytes) -> None:
-        path = self._path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_atomic(self._path(name), data)
 
     def _path(self, name: str) -> Path:
         if name.startswith("/") or ".." in Path(name).parts:
@@ -124,10 +121,13 @@ class S3Store:
 
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(name))
-            if int(response.get("ContentLength", 0)) > max_bytes:
-                response["Body"].close()
-                raise DumpError(f"larger than the {max_bytes}-byte cap per dump")
-            data: bytes = response["Body"].read(max_bytes + 1)
+            body = response["Body"]
+            try:
+                if int(response.get("ContentLength", 0)) > max_bytes:
+                    raise DumpError(f"larger than the {max_bytes}-byte cap per dump")
+                data: bytes = body.read(max_bytes + 1)
+            finally:
+                body.close()
         except (ClientError, BotoCoreError) as exc:
             raise DumpError(f"cannot read {self.uri}/{name} ({exc})") from exc
         if len(data) > max_bytes:

@@ -19,7 +19,6 @@ from typing import Annotated
 
 import typer
 
-from denpex.analysis.models import TriageResult
 from denpex.evidence.store import open_store
 from denpex.isolation.adapter import ClusterAdapter
 from denpex.isolation.approval import approve_plan, load_approval, save_approval
@@ -29,9 +28,7 @@ from denpex.isolation.config import IsolationSettings, load_settings
 from denpex.isolation.errors import ConfigError, IsolationError, RemoteError
 from denpex.isolation.executor import ExecutionReport, Executor, NodeDecision, RunMode
 from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
-from denpex.isolation.planner import default_incident_id, plan_for_triage
-from denpex.isolation.policy import IsolationPolicy, Scheduler
-from denpex.isolation.runbook import load_runbook
+from denpex.isolation.policy import Scheduler
 from denpex.isolation.slurm import SlurmAdapter
 from denpex.isolation.ssh import SshRunner
 
@@ -39,8 +36,6 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_UNUSABLE",
     "EXIT_REMOTE",
-    "plan_for_triage",
-    "default_incident_id",
     "approve_command",
     "isolate_command",
     "audit_app",

@@ -42,7 +42,10 @@ def test_triage_with_telemetry_fills_candidate_hardware(withheld: Path, tmp_path
     [hw] = candidate["hardware"]
     assert (hw["kind"], hw["code"], hw["bearing"], hw["time"]) == ("xid", 79, "supports_hardware_fault", "2025-11-29T18:44:30Z")
     text = runner.invoke(app, ["triage", str(withheld), "--telemetry", str(log)])
-    assert "supports_hardware_fault" in text.stdout and "consistent with a hardware fault" in text.stdout
+    assert text.exit_code == 0, text.output
+    # People read the bearing as a phrase (denpex.hardware.describe), not as the enum's JSON value.
+    assert ("hardware: [supports a hardware fault] 2025-11-29T18:44:30Z gpu-node-003: Xid 79 "
+            in text.stdout) and "consistent with a hardware fault" in text.stdout
 
 
 def test_telemetry_is_repeatable_and_other_hosts_are_reported(withheld: Path, tmp_path: Path) -> None:
