@@ -53,7 +53,7 @@ _HEADLINES = {
 
 def render_text(report: TriageReport) -> str:
     """A plain-text report, most important line first."""
-    lines = [_headline(report), ""]
+    lines = [_headline(report), *_host_lines(report), ""]
     if report.stuck:
         culprits = {c.rank for c in report.candidates}
         direct = [s for s in report.stuck if culprits & set(s.behind_ranks)]
@@ -87,6 +87,22 @@ def _headline(report: TriageReport) -> str:
     who = ", ".join(f"rank {c.rank} ({c.kind.value})" for c in report.candidates[:6])
     more = f" and {len(report.candidates) - 6} more" if len(report.candidates) > 6 else ""
     return f"{head}: {who}{more}" if who else head
+
+
+def _host_lines(report: TriageReport) -> list[str]:
+    """Several candidates on one node point at the node rather than at a rank: say so first."""
+    by_host: dict[str, list[Candidate]] = {}
+    for c in report.candidates:
+        if c.host:
+            by_host.setdefault(c.host, []).append(c)
+    lines = []
+    for host, cands in sorted(by_host.items()):
+        if len(cands) < 2:
+            continue
+        kinds = ", ".join(sorted({c.kind.value for c in cands}))
+        lines.append(f"  {len(cands)} candidates on {host}: "
+                     f"{ranks_phrase([c.rank for c in cands])} ({kinds})")
+    return lines
 
 
 def _candidate_lines(c: Candidate) -> list[str]:

@@ -77,3 +77,14 @@ def test_console_script_runs(withheld: Path) -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verdict"] == "localized"
+
+
+def test_text_output_names_a_host_whose_ranks_all_went_silent(tmp_path: Path) -> None:
+    write(tmp_path, {r: dump(history("0", 5, pending=1)) for r in (0, 1)}, manifest={
+        "world_size": 4, "ranks": {str(r): {"host": f"gpu-node-00{1 + r // 2}"} for r in range(4)},
+        "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}})
+    result = runner.invoke(app, ["triage", str(tmp_path)])
+    assert result.exit_code == 0
+    headline, host_line = result.stdout.splitlines()[:2]
+    assert headline.startswith("EVIDENCE INCOMPLETE: rank 2 (stopped_reporting), rank 3")
+    assert host_line == "  2 candidates on gpu-node-002: ranks 2, 3 (stopped_reporting)"
