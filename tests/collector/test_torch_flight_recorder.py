@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -35,9 +36,22 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     try:
         for _ in range(3):
             dist.all_reduce(torch.ones(4))
+        _wait_until_retired(TorchFlightRecorder(), "0")
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _wait_until_retired(recorder: TorchFlightRecorder, pg_id: str) -> None:
+    # Gloo retires an FR entry from the work's completion callback, which may run just after
+    # all_reduce() has returned to us; CI once saw last_completed one behind. Wait, bounded.
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        progress = recorder.progress()[pg_id]
+        if progress.last_completed == progress.last_enqueued:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"Flight Recorder never retired group {pg_id}'s last collective: {progress}")
 
 
 def test_progress_reads_pg_status(one_rank: None) -> None:
