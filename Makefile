@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   ?= tests/fixtures/gloo/withheld_one
 
-.PHONY: demo test setup system-deps clean
+.PHONY: demo test setup system-deps typecheck clean
 
 $(BIN)/denpex: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,11 @@ system-deps:
 demo: setup
 	$(BIN)/denpex triage $(DEMO)
 
-test: setup system-deps
+typecheck: setup
+	$(BIN)/mypy
+
+test: setup system-deps typecheck
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -189,18 +189,18 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
     mismatch = _mismatch(name, seq, waiting_ops, absent, unknown)
     if mismatch is not None:
         return mismatch, ops
-    op = next(iter(waiting_ops.values())).signature.describe()
+    op_text = next(iter(waiting_ops.values())).signature.describe()
     if behind or absent:
-        return Blockage(name, seq, BlockageKind.BEHIND, op, waiting, behind + absent,
+        return Blockage(name, seq, BlockageKind.BEHIND, op_text, waiting, behind + absent,
                         detail=_behind_detail(behind, absent), unknown=unknown), ops
     queued = tuple(r for r, o in waiting_ops.items() if _queued_behind(r, o, heads))
     if queued and len(queued) < len(waiting_ops):
         # Everyone enqueued it, but on these ranks it sits behind an op that is itself stuck.
         ready = tuple(r for r in waiting_ops if r not in queued)
-        return Blockage(name, seq, BlockageKind.BEHIND, op, ready, queued, unknown=unknown,
+        return Blockage(name, seq, BlockageKind.BEHIND, op_text, ready, queued, unknown=unknown,
                         detail=f"{ranks_phrase(queued)} enqueued it behind an earlier op that has "
                                "not finished"), [(r, waiting_ops[r]) for r in ready]
-    overdue = _overdue(name, seq, op, waiting_ops, as_of_ns, unknown)
+    overdue = _overdue(name, seq, op_text, waiting_ops, as_of_ns, unknown)
     # An overdue op is old by definition: no dump-time test may excuse it.
     return (overdue, []) if overdue is not None else None
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["DumpFormat", "GroupProgress", "InFlightOp", "FlightRecorderSource", "TorchFlightRecorder"]
 
@@ -81,7 +81,8 @@ class TorchFlightRecorder:
         # Imported here so that the collector module loads where torch is not installed.
         from torch._C import _distributed_c10d as c10d
 
-        self._c10d = c10d
+        # The _dump_fr_trace* bindings are private and absent from torch's type stubs.
+        self._c10d: Any = c10d
 
     def progress(self) -> Mapping[str, GroupProgress]:
         # Without collectives the JSON dump is only pg_config and pg_status: ~0.1 ms.

@@ -41,7 +41,7 @@ __all__ = [
     "dump_record",
 ]
 
-RECORD_VERSION = 1
+RECORD_VERSION: Literal[1] = 1
 
 
 class NvLinkCounter(StrEnum):

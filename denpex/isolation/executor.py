@@ -16,6 +16,7 @@ and the call is only repeated when the state shows it did not take effect.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -222,8 +223,12 @@ class Executor:
         output, notes = self._send_once(plan, action, operation)
         final = self.adapter.node_facts(action.node)
         unmet = self._unmet(plan, action, operation, final)
+        # Bounded by both the poll count and the clock: an injected sleep (tests) must not spin
+        # for the whole timeout, and a slow node_facts must not stretch it either.
         deadline = time.monotonic() + self.verify_timeout_s
-        while unmet and time.monotonic() < deadline:
+        polls = max(1, math.ceil(self.verify_timeout_s / self.poll_s))
+        while unmet and polls > 0 and time.monotonic() < deadline:
+            polls -= 1
             self.sleep(self.poll_s)
             final = self.adapter.node_facts(action.node)
             unmet = self._unmet(plan, action, operation, final)

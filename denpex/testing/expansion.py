@@ -382,7 +382,7 @@ def _rank_bytes(plan: _Plan, rank: int) -> list[bytes | bytearray]:
     body = bytearray(enc.body)
     arr = np.frombuffer(body, dtype=np.uint8)
     for kind in _SUBGROUPS:
-        name_slot, desc_slot = (header.slot_of(s) for s in names[kind])
+        name_slot, desc_slot = (header.required_slot(s) for s in names[kind])
         if name_slot != enc.slots[kind][0]:
             arr[enc.name_refs[kind]] = name_slot
         if desc_slot != enc.slots[kind][1]:

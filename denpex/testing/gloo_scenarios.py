@@ -358,14 +358,15 @@ class _Attempt:
         exits: dict[int, int | str] = {}
         for rank, proc in enumerate(self.procs):
             rc = proc.poll()
-            if rc is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-                rc = "killed at the end" if proc.returncode == -signal.SIGKILL else proc.returncode
-            exits[rank] = rc
+            if rc is not None:
+                exits[rank] = rc
+                continue
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            exits[rank] = "killed at the end" if proc.returncode == -signal.SIGKILL else proc.returncode
         if self.scenario.action is ParentAction.SIGKILL and self.scenario.target is not None \
                 and self.scenario.target in exits:
             exits[self.scenario.target] = "SIGKILLed as the scenario's fault"

@@ -365,7 +365,8 @@ def count_step(topology: Topology, programs: dict[int, list[ProgramItem]]) -> di
     Runs the same enqueue path as the simulation on fresh counters (no GPU, nothing completes),
     with every ``CpuSync`` skipped: counting needs no waiting.
     """
-    quiet = {rank: [i for i in items if not isinstance(i, CpuSync)] for rank, items in programs.items()}
+    quiet: dict[int, list[ProgramItem]] = {
+        rank: [i for i in items if not isinstance(i, CpuSync)] for rank, items in programs.items()}
     sim = Simulation(topology, quiet, {rank: RankCounters() for rank in programs},
                      {rank: 0 for rank in programs})
     for rank in programs:

@@ -28,6 +28,7 @@ The default group is always named ``"0"`` with desc ``default_pg`` and ``pg_id``
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -180,8 +181,8 @@ def build_topology(layout: Layout) -> Topology:
     return Topology(layout=layout, groups=groups, creation_order=creation_order)
 
 
-def _megatron_order(dp_groups: list[tuple[int, ...]], tp_groups: list[tuple[int, ...]],
-                    pp_groups: list[tuple[int, ...]], embedding_groups: list[tuple[int, ...]]
+def _megatron_order(dp_groups: Sequence[tuple[int, ...]], tp_groups: Sequence[tuple[int, ...]],
+                    pp_groups: Sequence[tuple[int, ...]], embedding_groups: Sequence[tuple[int, ...]]
                     ) -> list[ProcessGroupInfo]:
     """``initialize_model_parallel``: dp, then tp, then each pp group followed by its embedding
     group. ``_world.group_count`` starts at 1 after the default group."""
@@ -197,8 +198,8 @@ def _megatron_order(dp_groups: list[tuple[int, ...]], tp_groups: list[tuple[int,
     ]
 
 
-def _mesh_order(dp_groups: list[tuple[int, ...]], tp_groups: list[tuple[int, ...]],
-                pp_groups: list[tuple[int, ...]], embedding_groups: list[tuple[int, ...]]
+def _mesh_order(dp_groups: Sequence[tuple[int, ...]], tp_groups: Sequence[tuple[int, ...]],
+                pp_groups: Sequence[tuple[int, ...]], embedding_groups: Sequence[tuple[int, ...]]
                 ) -> list[ProcessGroupInfo]:
     """Embedding groups first (first/last-stage ranks only), then mesh dims pp, dp, tp."""
     planned: list[tuple[GroupKind, tuple[int, ...]]] = [(GroupKind.EMBEDDING, g) for g in embedding_groups]

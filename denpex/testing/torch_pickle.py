@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 __all__ = ["TorchPickleWriter", "encode_torch_style", "shared_frame_ids", "FRAMES_KEY"]
 
@@ -101,6 +102,13 @@ class TorchPickleWriter:
         """The memo slot of an already written string, else None."""
         return self._strings.get(s)
 
+    def required_slot(self, s: str) -> int:
+        """The memo slot of a string this writer must already have written."""
+        slot = self._strings.get(s)
+        if slot is None:
+            raise KeyError(f"string {s!r} was never written, so it has no memo slot to refer to")
+        return slot
+
     # -- values ---------------------------------------------------------------------------
     def value(self, obj: object, *, memo_dict: bool = False) -> None:
         """Append one plain value. ``memo_dict`` memoizes a top-level dict after its items."""
@@ -150,7 +158,7 @@ class TorchPickleWriter:
             self.long_payloads.append(len(self.out))
             self.out += struct.pack("<q", n)
 
-    def mapping(self, d: Mapping[object, object], *, memo: bool = False) -> None:
+    def mapping(self, d: Mapping[Any, object], *, memo: bool = False) -> None:
         self.out += _EMPTY_DICT + _MARK
         for key, val in d.items():
             self.value(key)
