@@ -15,7 +15,7 @@ values, so a CI job or a Prefect worker can point at another cluster without a f
 
 Environment: DENPEX_SSH_HOST, DENPEX_SSH_PORT, DENPEX_SSH_USER, DENPEX_SSH_KEY,
 DENPEX_SSH_KNOWN_HOSTS, DENPEX_KUBECONFIG, DENPEX_KUBE_CONTEXT, DENPEX_KUBE_HOST,
-DENPEX_KUBE_TOKEN, DENPEX_AUDIT_LOG, DENPEX_BREAKER_STATE, DENPEX_EVIDENCE_STORE.
+DENPEX_KUBE_TOKEN, DENPEX_KUBE_CA_CERT, DENPEX_AUDIT_LOG, DENPEX_BREAKER_STATE, DENPEX_EVIDENCE_STORE.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ _ENV: dict[str, tuple[str, ...]] = {
     "DENPEX_KUBE_CONTEXT": ("kubernetes", "context"),
     "DENPEX_KUBE_HOST": ("kubernetes", "host"),
     "DENPEX_KUBE_TOKEN": ("kubernetes", "token"),
+    "DENPEX_KUBE_CA_CERT": ("kubernetes", "ca_cert"),
     "DENPEX_AUDIT_LOG": ("audit_log",),
     "DENPEX_BREAKER_STATE": ("breaker_state",),
     "DENPEX_EVIDENCE_STORE": ("evidence_store",),

@@ -208,11 +208,25 @@ class KubernetesAdapter:
     def apply(self, action: NodeAction, operation: Operation) -> ActionOutput:
         if operation is Operation.ROLLBACK:
             output = self._guarded_patch(action.node, self._uncordon_patch)
+        elif action.action is ActionKind.CORDON_TAINT_EVICT:
+            output = self._cordon_before_evicting(action) + "; " + self._evict_all(action.node)
         else:
             output = self._guarded_patch(action.node, lambda node: self._cordon_patch(node, action))
-            if action.action is ActionKind.CORDON_TAINT_EVICT:
-                output += "; " + self._evict_all(action.node)
         return ActionOutput(command=self.command_for(action, operation), rc=0, output=output)
+
+    def _cordon_before_evicting(self, action: NodeAction) -> str:
+        """Cordon; if its answer is lost but the node shows our cordon, go on to the evictions.
+
+        Otherwise the executor would read the cordon, count the whole action as done, and the
+        evictions the plan asked for would silently never happen.
+        """
+        try:
+            return self._guarded_patch(action.node, lambda node: self._cordon_patch(node, action))
+        except OutcomeUnknownError as exc:
+            facts = self.node_facts(action.node)
+            if not (facts.isolated and f"{TAINT_KEY}={_incident_tag(action)}:NoSchedule" in facts.taints):
+                raise
+            return f"the answer to the cordon was lost ({exc}); the node shows it took effect"
 
     def unmet_checks(self, action: NodeAction, operation: Operation, facts: NodeFacts, *,
                      reason_prefix: str, incident_id: str) -> list[str]:

@@ -12,12 +12,14 @@ It serves exactly what the adapter uses, with the API server's semantics for the
   (``policy/v1``, ``matchLabels``) allows no disruption, else the pod is deleted (201);
 - ``GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets``.
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). Requests are recorded.
+With ``tls`` (a server ``SSLContext``) it serves HTTPS, as a real API server does.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -124,7 +126,7 @@ def _json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
 class FakeApiServer:
     """``with FakeApiServer(token) as api: api.url ...``; state is plain JSON dicts."""
 
-    def __init__(self, token: str = "test-token") -> None:
+    def __init__(self, token: str = "test-token", *, tls: ssl.SSLContext | None = None) -> None:
         self.token = token
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
@@ -139,7 +141,12 @@ class FakeApiServer:
         """Taints another writer adds right before the next node PATCHes (one per PATCH)."""
         self.lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        if tls is not None:
+            # The handshake runs in accept(); a client that refuses our certificate never
+            # reaches a handler, so it leaves no request behind.
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
 

@@ -172,6 +172,17 @@ def test_ambiguous_server_error_is_resolved_by_reading_not_by_repeating(
     assert len(api.patches(NODE)) == 1
 
 
+def test_a_lost_cordon_answer_still_evicts(api: FakeApiServer, adapter: KubernetesAdapter,
+                                          executor: Executor) -> None:
+    api.fail_next_patches = 1  # the cordon PATCH is applied, then answered with 500
+    report = execute(executor, make_plan(adapter, policy=EVICTING))
+    [outcome] = report.nodes
+    assert outcome.outcome is Outcome.APPLIED
+    assert "answer to the cordon was lost" in outcome.output and "evicted train/trainer-1" in outcome.output
+    assert len(api.patches(NODE)) == 1  # the cordon was not sent twice
+    assert [p["metadata"]["name"] for p in api.pods] == ["dcgm-exporter-x"]
+
+
 def test_concurrent_change_is_reread_not_overwritten(api: FakeApiServer, adapter: KubernetesAdapter,
                                                      executor: Executor) -> None:
     racing = {"key": "maintenance", "value": "bios", "effect": "NoSchedule"}
