@@ -60,7 +60,7 @@ class FileDumpSignal:
 class _Store(Protocol):
     """The part of ``torch.distributed.Store`` that :class:`StoreDumpSignal` uses."""
 
-    def set(self, key: str, value: str | bytes) -> None: ...
+    def set(self, key: str, value: str) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -88,7 +88,12 @@ class StoreDumpSignal:
         # check() never blocks; get() would wait for the key until the store timeout.
         if not self._store.check([self._key]):
             return None
-        return DumpRequest.model_validate_json(self._store.get(self._key))
+        try:
+            return DumpRequest.model_validate_json(self._store.get(self._key))
+        except ValidationError:
+            # As with the file signal: an unreadable value is still a request to dump.
+            return DumpRequest(requested_by="unknown", reason=f"unreadable request at store key {self._key}",
+                               requested_at=datetime.now(UTC))
 
 
 def request_dump(out_dir: Path, reason: str, requested_by: str = "operator") -> DumpRequest:

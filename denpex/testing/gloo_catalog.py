@@ -27,6 +27,7 @@ __all__ = [
     "DUMP_FORMATS",
     "Role",
     "ParentAction",
+    "SignalKind",
     "Scenario",
     "SCENARIOS",
     "Wait",
@@ -67,6 +68,16 @@ class ParentAction(StrEnum):
     SIGSTOP = "sigstop"
 
 
+class SignalKind(StrEnum):
+    """How the first rank's dump request reaches the others."""
+
+    FILE = "file"
+    """A request file in a folder every rank shares."""
+    STORE = "store"
+    """A key in a TCPStore served by the launcher (as torchrun's agent serves one), for jobs
+    without a shared folder; it outlives any rank."""
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One hang (or none) and the triage answer it must get."""
@@ -79,6 +90,7 @@ class Scenario:
     default_role: Role = Role.STEP
     action: ParentAction = ParentAction.NONE
     target: int | None = None
+    dump_signal: SignalKind = SignalKind.FILE
 
     def role(self, rank: int) -> Role:
         return self.roles.get(rank, self.default_role)
@@ -98,9 +110,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "tp '2', rank 0 in dp '3' for rank 2, rank 1 in dp '4' for rank 3",
              Verdict.LOCALIZED, {2: CandidateKind.NOT_ENTERED}, {2: Role.IDLE}),
     Scenario("withheld_two", "ranks 1 and 2 are alive but call nothing; rank 0 waits in tp '1', "
-             "rank 3 in tp '2'", Verdict.LOCALIZED,
+             "rank 3 in tp '2'; the dump request travels through the generator's TCPStore",
+             Verdict.LOCALIZED,
              {1: CandidateKind.NOT_ENTERED, 2: CandidateKind.NOT_ENTERED},
-             {1: Role.IDLE, 2: Role.IDLE}),
+             {1: Role.IDLE, 2: Role.IDLE}, dump_signal=SignalKind.STORE),
     Scenario("mismatch", "rank 3 calls all_gather where ranks 0-2 call all_reduce, at the same "
              "world collective_seq_id; every rank hangs", Verdict.LOCALIZED,
              {3: CandidateKind.MISMATCH}, {3: Role.ALL_GATHER}),

@@ -74,6 +74,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from denpex.collector import (
     DumpRecord,
@@ -92,6 +93,7 @@ from denpex.testing.gloo_catalog import (
     ParentAction,
     Role,
     Scenario,
+    SignalKind,
     expected_waits,
     group_names,
     host_name,
@@ -99,6 +101,7 @@ from denpex.testing.gloo_catalog import (
 
 __all__ = [
     "SCENARIOS",
+    "WORK_DIR",
     "GeneratorOptions",
     "ScenarioError",
     "ScenarioRun",
@@ -220,6 +223,8 @@ class _Attempt:
         self.cap_s = options.cap_s + (options.timeout_s + options.long_stall_s if long_stall else 0)
         self.deadline = time.monotonic() + self.cap_s
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.signal_store: Any = None
+        """The TCPStore this generator serves for a STORE-signal scenario; alive as long as the ranks."""
 
     def execute(self) -> dict[str, object]:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -245,6 +250,8 @@ class _Attempt:
                 self._wait_clean_exit()
         finally:
             exits = self._kill_all()
+            self.signal_store = None  # the last reference: stops its server
+        detail["dump_signal"] = self.scenario.dump_signal.value
         detail["ranks"] = {
             r: {"pid": self.procs[r].pid, "exit": exits[r], **(
                 {"trigger": rec.trigger.value, "reason": rec.reason,
@@ -267,8 +274,9 @@ class _Attempt:
                "GLOO_SOCKET_IFNAME": "lo",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root),
                                                            os.environ.get("PYTHONPATH")]))}
+        signal_args = self._serve_signal_store()
         for rank in range(WORLD_SIZE):
-            argv = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank),
+            argv = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), *signal_args,
                     "--work-dir", str(self.work), "--scenario", self.scenario.name,
                     "--timeout-s", str(self.options.timeout_s), "--steps", str(self.options.steps),
                     "--parent-pid", str(os.getpid()), *(["--long-stall"] if self.long_stall else [])]
@@ -276,6 +284,16 @@ class _Attempt:
                 # A session per rank: one killpg takes the rank and anything it started.
                 self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                    env=env, start_new_session=True))
+
+    def _serve_signal_store(self) -> list[str]:
+        """For a STORE-signal scenario, serve the TCPStore the ranks send dump requests through."""
+        if self.scenario.dump_signal is not SignalKind.STORE:
+            return []
+        import torch.distributed as dist
+
+        self.signal_store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                          timeout=timedelta(seconds=self.cap_s))
+        return ["--signal-store", f"127.0.0.1:{self.signal_store.port}"]
 
     def _act(self) -> None:
         target = self.scenario.target

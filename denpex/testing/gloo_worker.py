@@ -1,7 +1,7 @@
 """One rank of a Gloo hang scenario: the program :mod:`denpex.testing.gloo_scenarios` launches 4 of.
 
     python -m denpex.testing.gloo_worker --rank R --work-dir DIR --scenario NAME --timeout-s 5
-                                         --parent-pid PID [--long-stall]
+                                         --parent-pid PID [--long-stall] [--signal-store HOST:PORT]
 
 The rank joins a FileStore rendezvous in ``DIR``, creates the scenario's process groups, runs
 the healthy steps under the product's :class:`~denpex.collector.fr_watchdog.HangDumper`, takes
@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from denpex.collector import DumpTrigger, HangDumper, write_atomic
+from denpex.collector import DumpTrigger, HangDumper, StoreDumpSignal, write_atomic
 from denpex.testing.gloo_catalog import (
     DP_GROUPS,
     DUMP_FORMATS,
@@ -46,7 +46,7 @@ POLL_INTERVAL = timedelta(seconds=0.25)
 
 
 def run_rank(rank: int, work: Path, scenario_name: str, timeout: timedelta, steps: int,
-             long_stall: bool) -> int:
+             long_stall: bool, signal_store: str | None = None) -> int:
     """Play ``rank`` in the scenario; returns only in the healthy scenario."""
     import torch
     import torch.distributed as dist
@@ -66,7 +66,8 @@ def run_rank(rank: int, work: Path, scenario_name: str, timeout: timedelta, step
     # failed collective is caught below instead of dumping on the way out.
     dumper = HangDumper(work / "collected", rank=rank, collective_timeout=timeout,
                         host=host_name(rank), local_rank=0, formats=DUMP_FORMATS,
-                        trigger_fraction=None if long_stall else 0.75, poll_interval=POLL_INTERVAL)
+                        trigger_fraction=None if long_stall else 0.75, poll_interval=POLL_INTERVAL,
+                        signal=_store_signal(signal_store, timeout) if signal_store else None)
     tensor = torch.ones(16)
 
     def step(world_op: Role = Role.STEP) -> None:
@@ -99,6 +100,14 @@ def run_rank(rank: int, work: Path, scenario_name: str, timeout: timedelta, step
         dumper.wait_dumped(timedelta(hours=1))
         while True:
             time.sleep(1.0)
+
+
+def _store_signal(address: str, timeout: timedelta) -> StoreDumpSignal:
+    """A client of the launcher's TCPStore: the request survives any rank, unlike rank 0's store."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    return StoreDumpSignal(dist.TCPStore(host, int(port), is_master=False, timeout=timeout))
 
 
 def _hang_step(role: Role, step: Callable[[Role], None], dist: Any, tensor: Any) -> None:
@@ -143,11 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--parent-pid", type=int, required=True)
     p.add_argument("--long-stall", action="store_true")
+    p.add_argument("--signal-store", metavar="HOST:PORT",
+                   help="send and receive dump requests through this TCPStore, not the shared folder")
     args = p.parse_args(argv)
     _die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {args.rank} %(message)s")
     return run_rank(args.rank, args.work_dir, args.scenario, timedelta(seconds=args.timeout_s),
-                    args.steps, args.long_stall)
+                    args.steps, args.long_stall, args.signal_store)
 
 
 if __name__ == "__main__":

@@ -295,6 +295,15 @@ def test_store_signal_on_a_real_c10d_store(tmp_path: Path, kind: str) -> None:
     assert second.receive() == DumpRequest(requested_by="rank 3", reason="stall", requested_at=at)
 
 
+def test_store_signal_reads_an_unreadable_value_as_a_request() -> None:
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    store.set("denpex/dump-request", "not a request")
+    request = StoreDumpSignal(store).receive()
+    assert request is not None and request.requested_by == "unknown"
+    assert "denpex/dump-request" in request.reason
+
+
 def test_records_merge_into_manifest_identities(tmp_path: Path) -> None:
     at = datetime(2026, 11, 29, 18, 45, 2, tzinfo=UTC)
     for rank in (0, 2):

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from denpex.collector.layout import request_path
 from denpex.testing.gloo_scenarios import (
     SCENARIOS,
+    WORK_DIR,
     GeneratorOptions,
     ScenarioRun,
     main,
@@ -65,6 +67,22 @@ def test_long_stall_lasts_over_30s_past_the_timeout(
     detail = runs[f"{OPTIONS.long_stall}_long"].detail
     assert detail["long_stall"] is True
     assert detail["stall_seconds_past_timeout"] > 30  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_store_signal_carries_the_request_between_real_processes(
+        generated: tuple[Path, dict[str, ScenarioRun]]) -> None:
+    """withheld_two's idle ranks are in no collective: only the request can make them dump, and
+    it reached them through the generator's TCPStore, with no shared request file."""
+    out, runs = generated
+    detail = runs["withheld_two"].detail
+    assert detail["dump_signal"] == "store"
+    ranks = detail["ranks"]
+    assert {ranks[r]["trigger"] for r in (1, 2)} == {"request"}  # type: ignore[index]
+    # The first of the waiting ranks to stall sent it; the other may have got it first.
+    assert "stall" in {ranks[r]["trigger"] for r in (0, 3)}  # type: ignore[index]
+    assert not request_path(out / WORK_DIR / "withheld_two" / "collected").exists()
+    assert runs["withheld_one"].detail["dump_signal"] == "file"
 
 
 @pytest.mark.slow
