@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"collector: {summary.model_dump()} -> {out}")
 
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    session = next((r for r in lines if r["type"] == "session"), {})
+    session: dict[str, object] = next((r for r in lines if r["type"] == "session"), {})
     print(f"host {host}, driver {session.get('driver_version', 'unknown')}")
     parsed = load_telemetry([out])
     for gpu in parsed.gpus:

@@ -2,7 +2,10 @@
 
 Counters become events only as differences: NVLink error counters that rose between two snapshots
 of the same link, a link that went down, new uncorrectable remapped rows, a row-remap failure or a
-newly pending remap. Xid records become Xid events directly.
+newly pending remap. Such an event carries ``since``, the earlier reading's time. A counter that
+went back was reset in between (GPU reset, driver reload): a non-zero new value is reported as at
+least that many errors, and a zero as a "not available" gap, never as "no errors". Xid records
+become Xid events directly.
 
 Example::
 
@@ -158,33 +161,44 @@ class CollectorLogReader:
     def result(self) -> TelemetryParseResult:
         """Everything read so far, with snapshot differences turned into events."""
         events = list(self._events)
+        unavailable = list(self._unavailable)
         for snapshots in self._links.values():
-            events += _link_events(sorted(snapshots, key=lambda r: (r.time, r.snapshot)))
+            link_events, reset = _link_events(sorted(snapshots, key=lambda r: (r.time, r.snapshot)))
+            events += link_events
+            unavailable += reset
         for rows in self._rows.values():
             events += _row_events(sorted(rows, key=lambda r: (r.time, r.snapshot)))
         return TelemetryParseResult(
             events=sorted(events, key=lambda e: e.time),
             gpus=list(self._gpus),
-            unavailable=list(self._unavailable),
+            unavailable=unavailable,
             hosts=sorted(self._hosts),
             lines_read=self._lines,
             rejects=dict(self._rejects),
         )
 
 
-def _link_events(snapshots: list[NvLinkRecord]) -> list[HardwareEvent]:
-    events = []
+def _link_events(snapshots: list[NvLinkRecord]) -> tuple[list[HardwareEvent], list[Unavailable]]:
+    """Events for counters that rose or links that went down; gaps for counters that went back."""
+    events, gaps = [], []
     for before, after in zip(snapshots, snapshots[1:]):
         span = f"between {_hms(before.time)} and {_hms(after.time)}"
         rises = []
         severity = Severity.UNKNOWN
         for counter in NvLinkCounter:
-            if counter in before.counters and counter in after.counters:
-                delta = after.counters[counter] - before.counters[counter]
-                # A lower value means the counters were reset in between: no rise is visible.
-                if delta > 0:
-                    rises.append(f"{counter.value} +{delta} ({before.counters[counter]} -> {after.counters[counter]})")
-                    severity = max(severity, _COUNTER_SEVERITY[counter], key=_SEVERITY_RANK.index)
+            if counter not in before.counters or counter not in after.counters:
+                continue
+            old, new = before.counters[counter], after.counters[counter]
+            if new == old:
+                continue
+            if new == 0:
+                # Reset in between (GPU reset, driver reload): the change is unknown, never "none".
+                gaps.append(_reset_gap(after, counter, old, span))
+                continue
+            # A lower non-zero value was counted since a reset: at least that many errors.
+            rises.append(f"{counter.value} +{new - old} ({old} -> {new})" if new > old
+                         else f"{counter.value} reset ({old} -> {new}): at least +{new}")
+            severity = max(severity, _COUNTER_SEVERITY[counter], key=_SEVERITY_RANK.index)
         went_down = before.active is True and after.active is False
         if went_down:
             rises.insert(0, "went down")
@@ -195,6 +209,7 @@ def _link_events(snapshots: list[NvLinkRecord]) -> list[HardwareEvent]:
                     host=after.host,
                     kind=SignalKind.NVLINK,
                     time=after.time,
+                    since=before.time,
                     severity=severity,
                     gpu=after.gpu,
                     link=after.link,
@@ -203,7 +218,18 @@ def _link_events(snapshots: list[NvLinkRecord]) -> list[HardwareEvent]:
                     line=after.model_dump_json(exclude_none=True)[:MAX_SOURCE_LINE_CHARS],
                 )
             )
-    return events
+    return events, gaps
+
+
+def _reset_gap(after: NvLinkRecord, counter: NvLinkCounter, old: int, span: str) -> Unavailable:
+    return Unavailable(
+        host=after.host,
+        what=f"nvlink_{counter.value}",
+        detail=f"{counter.value} went back from {old} to 0 {span} (reset): its change in between is unknown",
+        gpu=after.gpu,
+        link=after.link,
+        time=after.time,
+    )
 
 
 def _row_events(rows: list[RemappedRowsRecord]) -> list[HardwareEvent]:
@@ -231,6 +257,8 @@ def _row_events(rows: list[RemappedRowsRecord]) -> list[HardwareEvent]:
                     host=row.host,
                     kind=SignalKind.ROW_REMAP,
                     time=row.time,
+                    # Seen first at this reading: it changed after the previous one.
+                    since=previous.time if previous is not None else None,
                     severity=severity,
                     gpu=row.gpu,
                     detail=detail,

@@ -12,7 +12,8 @@
 min) to ``trail`` after ``as_of`` (the dumps; default 2 min, for clock skew and late log lines).
 Without an enqueue time it starts ``default_lookback`` (15 min, torch's default NCCL timeout of
 10 min plus margin) before ``as_of``. Without ``as_of`` either, every event counts, and a note
-says so.
+says so. A change seen between two readings (NVLink counters, remapped rows) counts when the span
+between the readings meets the window.
 
 **Elsewhere rule.** A *fault signal* (one that would support a hardware fault on its own device:
 a supports-isolation Xid, a fatal SXid or AER, rising NVLink counters, a row-remap failure) in the
@@ -46,7 +47,8 @@ from denpex.analysis.models import (
 )
 from denpex.evidence.manifest import JobManifest
 from denpex.hardware.bearing import Reading, is_fault_signal, read_elsewhere, read_for_candidate
-from denpex.hardware.events import GpuRef, HardwareEvent, TelemetryParseResult
+from denpex.hardware.events import HardwareEvent, TelemetryParseResult
+from denpex.hardware.pci import same_pci_device
 from denpex.hardware.placement import GpuDirectory, RankPlacement, host_key, place_rank, same_gpu
 from denpex.hardware.xid_catalog import XidCatalog, default_xid_catalog
 
@@ -82,6 +84,17 @@ class HangWindow(BaseModel):
     def contains(self, time: datetime) -> bool:
         """True when ``time`` lies inside the window (ends included)."""
         return (self.start is None or time >= self.start) and (self.end is None or time <= self.end)
+
+    def holds(self, event: HardwareEvent) -> bool:
+        """True when the event lies in the window.
+
+        A change seen between two readings (``since`` to ``time``) happened somewhere in that span,
+        so it counts when the span meets the window, e.g. a counter read before the dumps and again
+        after them.
+        """
+        if event.since is None or event.since >= event.time:
+            return self.contains(event.time)
+        return (self.start is None or event.time >= self.start) and (self.end is None or event.since < self.end)
 
 
 def hang_window(result: TriageResult, options: CorrelationOptions | None = None) -> HangWindow:
@@ -126,7 +139,7 @@ def correlate(
         events = list(telemetry)
         telemetry = TelemetryParseResult(events=events, hosts=sorted({e.host for e in events if e.host}))
     window = hang_window(result, options)
-    in_window = [e for e in telemetry.events if window.contains(e.time)]
+    in_window = [e for e in telemetry.events if window.holds(e)]
     directory = GpuDirectory(telemetry.gpus)
     placements = {
         c.rank: place_rank(c.rank, manifest, directory, fallback_host=c.host) for c in result.candidates
@@ -147,7 +160,7 @@ def correlate(
             reading = read_for_candidate(
                 event, place, candidate.kind, catalog=catalog, training_comms=options.training_comms
             )
-            owner = job.rank_of_gpu(event.host, event.gpu)
+            owner = job.rank_of(event)
             if owner is not None and owner not in candidate_ranks and is_fault_signal(event, catalog):
                 # A fault on another rank's GPU of this host: that rank may be where the hang began.
                 elsewhere_in_job.append(f"{event.kind.value} on rank {owner}'s GPU on {event.host}")
@@ -228,17 +241,20 @@ class _JobMap:
         key = host_key(host)
         return [p.rank for p in self._by_host.get(key, [])] if key else []
 
-    def rank_of_gpu(self, host: str | None, gpu: GpuRef | None) -> int | None:
-        key = host_key(host)
+    def rank_of(self, event: HardwareEvent) -> int | None:
+        """The rank whose GPU the event names: by GPU identity, or an AER line's device address."""
+        key = host_key(event.host)
         for place in self._by_host.get(key, []) if key else []:
-            if same_gpu(gpu, place.gpu) is True:
+            if same_gpu(event.gpu, place.gpu) is True:
+                return place.rank
+            if event.gpu is None and place.gpu is not None and same_pci_device(event.device_pci, place.gpu.pci_bus_id):
                 return place.rank
         return None
 
     def describe_owner(self, event: HardwareEvent, ranks: list[int]) -> str:
         if not ranks:
             return f"{event.host} (not known to run this job)"
-        owner = self.rank_of_gpu(event.host, event.gpu)
+        owner = self.rank_of(event)
         shown = ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
         gpu = f", rank {owner}'s GPU" if owner is not None else ""
         return f"{event.host} (ranks {shown}{gpu}, no candidate)"

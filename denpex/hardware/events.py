@@ -26,6 +26,7 @@ __all__ = [
     "RejectReason",
     "TelemetryParseResult",
     "MAX_SOURCE_LINE_CHARS",
+    "to_utc",
 ]
 
 # Kept lines are evidence for a human; a few hundred characters show everything that matters.
@@ -99,9 +100,13 @@ class GpuRef(BaseModel):
         return f"index {self.index}" if self.index is not None else "unknown GPU"
 
 
-def _utc(value: datetime) -> datetime:
+def to_utc(value: datetime) -> datetime:
+    """``value`` in UTC; ``ValueError`` when that leaves the calendar (``0001-01-01T00:00+01:00``)."""
     # Every time is compared in UTC; the parsers already refuse times without an offset.
-    return value.astimezone(timezone.utc)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError as exc:
+        raise ValueError(f"time {value.isoformat()} is outside the UTC calendar") from exc
 
 
 class HardwareEvent(BaseModel):
@@ -120,6 +125,9 @@ class HardwareEvent(BaseModel):
     host: str | None
     kind: SignalKind
     time: AwareDatetime
+    # For a change seen between two readings (NVLink counters, remapped rows): the earlier
+    # reading's time. The change happened somewhere after ``since`` and by ``time``.
+    since: AwareDatetime | None = None
     severity: Severity = Severity.UNKNOWN
     code: int | None = None
     gpu: GpuRef | None = None
@@ -135,10 +143,10 @@ class HardwareEvent(BaseModel):
     source: SignalSource
     line: str = Field(default="", max_length=MAX_SOURCE_LINE_CHARS)
 
-    @field_validator("time")
+    @field_validator("time", "since")
     @classmethod
-    def _to_utc(cls, value: datetime) -> datetime:
-        return _utc(value)
+    def _to_utc(cls, value: datetime | None) -> datetime | None:
+        return to_utc(value) if value is not None else None
 
 
 class GpuIdentity(BaseModel):

@@ -45,6 +45,7 @@ from denpex.hardware.events import (
     SignalKind,
     SignalSource,
     TelemetryParseResult,
+    to_utc,
 )
 from denpex.hardware.pci import PCI_ADDRESS_PATTERN, canonical_pci
 from denpex.hardware.xid_catalog import XidCatalog, default_xid_catalog
@@ -59,7 +60,8 @@ _SAME_REPORT = timedelta(seconds=5)
 _MAX_CODE = 1_000_000
 
 _ADDR = PCI_ADDRESS_PATTERN
-_PREFIX = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d[T ]\S+)\s+(?P<host>\S+)\s+(?P<ident>[^\s:]+):\s?(?P<msg>.*)$")
+# A host name never ends in ":"; "TIME kernel: msg" (journalctl --no-hostname) has no host at all.
+_PREFIX = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d[T ]\S+)\s+(?P<host>\S*[^\s:])\s+(?P<ident>[^\s:]+):\s?(?P<msg>.*)$")
 _PRINTK_TIME = re.compile(r"^\[\s*\d+\.\d+\]\s*")
 
 _XID = re.compile(r"NVRM: Xid\b.*?:\s*(?P<code>\d+)\s*(?:,|$)\s*(?P<rest>.*)$")
@@ -384,7 +386,13 @@ def _parse_time(text: str) -> datetime | None:
     except ValueError:
         return None
     # A time without an offset cannot be placed against the dumps' UTC times.
-    return parsed if parsed.tzinfo is not None else None
+    if parsed.tzinfo is None:
+        return None
+    try:
+        return to_utc(parsed)
+    except ValueError:
+        # "0001-01-01T00:00:00+0100" is valid ISO but lies before year 1 in UTC: garbage, not a crash.
+        return None
 
 
 def _aer_severity(text: str) -> Severity:

@@ -146,6 +146,9 @@ def _identify(nvml: Any, writer: _Writer, sysfs_pci: Path | None) -> list[tuple[
     except nvml.NVMLError as exc:
         writer.gap("gpu_count", exc)
         return []
+    if count == 0:
+        # E.g. a container started without GPU access: nothing was read, which is not "healthy".
+        writer.write(NotAvailableRecord, what="gpus", detail="NVML lists no GPUs on this host")
     devices = []
     for index in range(count):
         try:
@@ -192,6 +195,9 @@ def _nvlink_snapshot(nvml: Any, writer: _Writer, handle: Any, gpu: GpuRef, snaps
             return
         except nvml.NVMLError_InvalidArgument:
             return  # past the GPU's last link
+        except nvml.NVMLError_GpuIsLost as exc:
+            writer.gap("nvlink", exc, gpu=gpu)  # the GPU is gone: one record, not one per link
+            return
         except nvml.NVMLError as exc:
             writer.gap("nvlink", exc, gpu=gpu, link=link)
             continue

@@ -7,6 +7,7 @@ a UUID still matches a kernel Xid line that only has a PCI address.
 
 from __future__ import annotations
 
+import ipaddress
 from collections import defaultdict
 
 from pydantic import BaseModel, ConfigDict
@@ -20,11 +21,17 @@ __all__ = ["RankPlacement", "GpuDirectory", "host_key", "same_gpu", "place_rank"
 def host_key(host: str | None) -> str | None:
     """A host's comparison key: lower case, short name (``gpu-node-002.dc1`` -> ``gpu-node-002``).
 
-    Journals print the short host name while schedulers often know the FQDN.
+    Journals print the short host name while schedulers often know the FQDN. An IP address is kept
+    whole: ``10.0.0.1`` and ``10.0.0.2`` are two nodes, not both ``10``.
     """
     if not host:
         return None
-    return host.strip().lower().split(".", 1)[0] or None
+    text = host.strip().lower()
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return text.split(".", 1)[0] or None
+    return text
 
 
 class RankPlacement(BaseModel):
@@ -76,10 +83,16 @@ def same_gpu(a: GpuRef | None, b: GpuRef | None) -> bool | None:
     if a.pci_bus_id and b.pci_bus_id:
         return a.pci_bus_id == b.pci_bus_id
     if a.uuid and b.uuid:
-        return a.uuid.lower() == b.uuid.lower()
+        return _uuid_key(a.uuid) == _uuid_key(b.uuid)
     if a.index is not None and b.index is not None and not (a.pci_bus_id or a.uuid or b.pci_bus_id or b.uuid):
         return a.index == b.index
     return None
+
+
+def _uuid_key(uuid: str) -> str:
+    # NVML and the kernel log write "GPU-5d1e...", torch's device uuid just "5d1e...": one GPU.
+    text = uuid.strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
 
 
 def _same_index_only(query: GpuRef, known: GpuRef) -> bool:

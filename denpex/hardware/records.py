@@ -19,12 +19,13 @@ A ``not_available`` record says a signal could not be read. It is never a health
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal, Union
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from denpex.hardware.events import GpuRef
+from denpex.hardware.events import GpuRef, to_utc
 
 __all__ = [
     "RECORD_VERSION",
@@ -63,6 +64,12 @@ class _Record(BaseModel):
     v: Literal[1] = RECORD_VERSION
     host: str
     time: AwareDatetime
+
+    @field_validator("time")
+    @classmethod
+    def _to_utc(cls, value: datetime) -> datetime:
+        # Valid ISO, but before year 1 or after 9999 in UTC: an invalid record, not a crash.
+        return to_utc(value)
 
 
 class SessionRecord(_Record):

@@ -65,7 +65,8 @@ def load_telemetry(paths: list[Path], *, catalog: XidCatalog | None = None) -> T
                     "cut it to the hours around the hang (journalctl --since/--until)"
                 )
             # Undecodable bytes become U+FFFD: the line is then counted as unknown, not fatal.
-            with path.open("r", encoding="utf-8", errors="replace", newline="") as handle:
+            # utf-8-sig drops a leading byte-order mark, which would otherwise spoil line one.
+            with path.open("r", encoding="utf-8-sig", errors="replace", newline="") as handle:
                 parsed = parse_telemetry_lines(handle, source=str(path), catalog=catalog)
         except OSError as exc:
             raise TelemetryFileError(

@@ -50,6 +50,8 @@ class FakeGpu:
     unsupported_counters: set[int] = field(default_factory=set)
     remapped: tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None = ((0, 0, 0, 0), (0, 0, 0, 0))
     events_supported: bool = True
+    # From this virtual time on, every call about this GPU raises NVMLError_GpuIsLost (fell off the bus).
+    lost_at: float | None = None
 
 
 class FakeNvml:
@@ -108,7 +110,10 @@ class FakeNvml:
         return ctypes.c_void_p(0x1000 + index)  # a fresh pointer object each call, as in NVML
 
     def _gpu(self, handle: ctypes.c_void_p) -> FakeGpu:
-        return self.gpus[handle.value - 0x1000]
+        gpu = self.gpus[handle.value - 0x1000]
+        if gpu.lost_at is not None and self.clock.now >= gpu.lost_at:
+            raise pynvml.NVMLError_GpuIsLost()
+        return gpu
 
     def nvmlDeviceGetUUID(self, handle: ctypes.c_void_p) -> str:
         return self._gpu(handle).uuid

@@ -61,6 +61,23 @@ def test_no_nvlink_event_without_a_rise(lines: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("before", "after", "event_part", "gap_part"),
+    [
+        pytest.param(9, 0, None, "dl_recovery went back from 9 to 0", id="reset-to-zero"),
+        pytest.param(100, 5, "dl_recovery reset (100 -> 5): at least +5", None, id="reset-then-rose"),
+    ],
+)
+def test_counters_that_go_back_are_never_read_as_healthy(
+    before: int, after: int, event_part: str | None, gap_part: str | None
+) -> None:
+    """A counter that went down was reset (GPU reset, driver reload): its change is unknown, or at least its new value."""
+    result = parse_collector_lines([nvlink(0, T0, dl_recovery=before), nvlink(1, T1, dl_recovery=after)])
+    assert [event_part in e.detail for e in result.events] == ([True] if event_part else [])
+    gaps = [(u.what, u.link, u.gpu.pci_bus_id if u.gpu else None) for u in result.unavailable if gap_part and gap_part in u.detail]
+    assert gaps == ([("nvlink_dl_recovery", 3, "0000:3b:00.0")] if gap_part else [])
+
+
+@pytest.mark.parametrize(
     ("lines", "expected"),
     [
         pytest.param([rows(0, T0, failure=True), rows(1, T1, failure=True)], [Severity.FATAL], id="failure-once"),
@@ -102,6 +119,8 @@ def test_xid_identity_and_gaps_are_read() -> None:
                      RejectReason.UNSUPPORTED_VERSION, id="future-version"),
         pytest.param('{"v": 1, "type": "xid", "host": "h", "time": "2026-11-29T18:40:00", "code": 79}',
                      RejectReason.INVALID_RECORD, id="time-without-offset"),
+        pytest.param('{"v": 1, "type": "xid", "host": "h", "time": "0001-01-01T00:00:00+01:00", "code": 79}',
+                     RejectReason.INVALID_RECORD, id="time-before-year-1-in-utc"),
         pytest.param('{"v": 1, "type": "xid", "host": "h", "time": "2026-11-29T18:40:00Z", "code": -1}',
                      RejectReason.INVALID_RECORD, id="negative-code"),
         pytest.param('{"v": 1, "type": "xid", "host": "h", "time": "2026-11-29T18:40:00Z", "code": 79, "extra": 1}',

@@ -347,3 +347,64 @@ def test_events_can_be_passed_as_a_plain_list() -> None:
     tel = telemetry(kline("gpu-node-001", "NVRM: Xid (PCI:0000:5e:00): 79, GPU has fallen off the bus."))
     candidate = only(correlate(triage(), manifest(), tel.events))
     assert supports_isolation(candidate)
+
+
+# -- hosts, GPU identities and intervals as operators spell them ----------------------------------
+
+
+def with_rank_fields(m: JobManifest, **fields: dict[int, object]) -> JobManifest:
+    ranks = {r: identity.model_copy(update={name: values[r] for name, values in fields.items() if r in values})
+             for r, identity in m.ranks.items()}
+    return m.model_copy(update={"ranks": ranks})
+
+
+def test_hosts_named_by_ip_address_are_not_merged() -> None:
+    """10.0.0.1 and 10.0.0.2 are two nodes; shortening them like host names made both "10"."""
+    ips = with_rank_fields(manifest(), host={0: "10.0.0.1", 1: "10.0.0.1", 2: "10.0.0.2", 3: "10.0.0.2"})
+    tel = parse_telemetry_lines([kline("10.0.0.1", "usb 1-1: reset"),
+                                 kline("10.0.0.2", "NVRM: Xid (PCI:0000:5e:00): 79, GPU has fallen off the bus.")])
+    result = correlate(triage(host="10.0.0.1"), ips, tel)
+    assert only(result).hardware == []
+    [other] = result.other_hardware
+    assert (other.host, other.bearing) == ("10.0.0.2", HardwareBearing.SUPPORTS_HARDWARE_FAULT)
+    assert "rank 3's GPU" in other.summary and result.verdict is Verdict.AMBIGUOUS
+
+
+def test_gpu_uuid_without_the_gpu_prefix_still_matches() -> None:
+    """torch's device uuid has no "GPU-" prefix; NVML and the kernel log have one. Same GPU."""
+    uuid = "5d1e7a2c-1111-2222-3333-444455556666"
+    m = with_rank_fields(manifest(gpu=False), gpu_uuid={1: uuid})
+    tel = telemetry(kline("gpu-node-001", f"NVRM: GPU at PCI:0000:5e:00: GPU-{uuid.upper()}"),
+                    kline("gpu-node-001", "NVRM: Xid (PCI:0000:5e:00): 79, GPU has fallen off the bus."))
+    [hw] = only(correlate(triage(), m, tel)).hardware
+    assert hw.bearing is HardwareBearing.SUPPORTS_HARDWARE_FAULT
+
+
+def test_fatal_aer_on_another_ranks_gpu_on_the_candidates_host_counts_as_elsewhere() -> None:
+    """As an Xid on that GPU does: the hang may have started on rank 0, which shares the host."""
+    tel = telemetry(kline("gpu-node-001", "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), "
+                                          "type=Transaction Layer, (Receiver ID)"))
+    result = correlate(triage(), manifest(), tel)
+    [hw] = only(result).hardware
+    assert hw.bearing is HardwareBearing.UNRELATED
+    assert result.verdict is Verdict.AMBIGUOUS and only(result).confidence == pytest.approx(0.4)
+    assert any("rank 0's GPU" in n for n in result.notes)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kept"),
+    [
+        pytest.param("18:45:00", "18:55:00", True, id="rise-seen-across-the-window-end"),
+        pytest.param("18:30:00", "18:36:00", True, id="rise-seen-across-the-window-start"),
+        pytest.param("18:53:00", "18:58:00", False, id="both-readings-after-the-window"),
+        pytest.param("18:00:00", "18:30:00", False, id="both-readings-before-the-window"),
+    ],
+)
+def test_counter_rises_count_when_their_interval_meets_the_window(before: str, after: str, kept: bool) -> None:
+    """Window 18:35-18:52. A rise between two readings happened somewhere in between."""
+    def snap(n: int, at: str, value: int) -> str:
+        return json.dumps({"v": 1, "type": "nvlink", "host": "gpu-node-001", "time": f"2026-11-29T{at}Z",
+                           "snapshot": n, "gpu": {"pci_bus_id": "0000:5e:00.0"}, "link": 2, "active": True,
+                           "counters": {"dl_recovery": 1 + 3 * n}})
+    candidate = only(correlate(triage(), manifest(), telemetry(snap(0, before, 0), snap(1, after, 1))))
+    assert [h.bearing for h in candidate.hardware] == ([HardwareBearing.SUPPORTS_HARDWARE_FAULT] if kept else [])

@@ -207,8 +207,16 @@ def test_gpu_identity_line_maps_pci_to_uuid() -> None:
         pytest.param("Nov 29 18:45:02 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.NO_PREFIX, id="syslog-date"),
         pytest.param("[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.NO_PREFIX, id="raw-dmesg"),
         pytest.param("-- Boot 3f2c0d8e5a4b4c1e9f6a7b8c9d0e1f2a --", RejectReason.NO_PREFIX, id="journal-banner"),
+        # journalctl --no-hostname: no host to place the Xid on; "kernel:" is not a host name.
+        pytest.param("2026-11-29T18:45:02+0000 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.NO_PREFIX,
+                     id="no-hostname"),
         pytest.param("2026-11-29T18:45:02 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x", RejectReason.BAD_TIME, id="no-offset"),
         pytest.param("2026-13-45T99:99:99+0000 gpu-node-002 kernel: hello", RejectReason.BAD_TIME, id="impossible-date"),
+        # Valid ISO times whose UTC conversion leaves the calendar: counted, not an OverflowError.
+        pytest.param("0001-01-01T00:00:00+0100 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x",
+                     RejectReason.BAD_TIME, id="before-year-1-in-utc"),
+        pytest.param("9999-12-31T23:59:59-0100 gpu-node-002 kernel: NVRM: Xid (PCI:0000:3b:00): 79, x",
+                     RejectReason.BAD_TIME, id="after-year-9999-in-utc"),
         pytest.param(P + "usb 1-1: new high-speed USB device number 2", RejectReason.UNKNOWN_LINE, id="unrelated-kernel-line"),
         pytest.param(P + "pcieport 0000:00:01.0: AER: enabled with IRQ 122", RejectReason.UNKNOWN_LINE, id="aer-setup-line"),
         pytest.param(P + "NVRM: Xid (PCI:0000:3b:00): garbled", RejectReason.MALFORMED_SIGNAL, id="xid-without-code"),

@@ -121,6 +121,28 @@ def test_gpu_lost_while_listening_is_recorded_and_the_collection_finishes() -> N
     assert '"phase":"end"' in lines[-1]
 
 
+def test_gpu_lost_before_the_second_snapshot_is_one_gap_per_signal_never_healthy() -> None:
+    """A GPU that falls off the bus mid-collection: its snapshot 1 is "not available", once per signal."""
+    clock = FakeClock()
+    gpus = [h100(0, links=[True] * 18, lost_at=5.0), h100(1, counters={(0, RECOVERY): (1, 4)})]
+    _, lines = run(FakeNvml(gpus, clock), clock, duration=10)
+    result = parse_telemetry_lines(lines)
+    lost = sorted((u.what, u.link) for u in result.unavailable if u.detail == "GPU is lost")
+    assert lost == [("nvlink", None), ("remapped_rows", None)]
+    assert all(u.gpu is not None and u.gpu.index == 0 for u in result.unavailable if u.detail == "GPU is lost")
+    # Nothing about GPU 0 reads as a healthy second snapshot; GPU 1 is still read.
+    assert not [line for line in lines if '"snapshot":1' in line and '"index":0' in line]
+    assert [(e.kind, e.gpu.index) for e in result.events] == [(SignalKind.NVLINK, 1)]
+
+
+def test_no_gpus_listed_is_not_available_never_healthy() -> None:
+    """A container started without GPU access: NVML runs but lists none; nothing was read."""
+    clock = FakeClock()
+    summary, lines = run(FakeNvml([], clock), clock, duration=1)
+    [gap] = parse_telemetry_lines(lines).unavailable
+    assert (gap.what, gap.gpu, summary.gpus) == ("gpus", None, 0) and "no GPUs" in gap.detail
+
+
 def test_real_pynvml_without_a_gpu_reports_nvml_unavailable() -> None:
     """The real library on a machine without the NVIDIA driver: a clean, written refusal."""
     skip_if_nvml_works()

@@ -29,6 +29,15 @@ def test_crlf_and_undecodable_bytes_are_not_fatal(tmp_path: Path) -> None:
     assert [e.code for e in result.events] == [79] and result.rejects == {RejectReason.NO_PREFIX: 1}
 
 
+@pytest.mark.parametrize("first", [pytest.param(XID, id="kernel-line"), pytest.param(JSON_XID, id="collector-record")])
+def test_a_byte_order_mark_does_not_cost_the_first_line(tmp_path: Path, first: str) -> None:
+    """Files saved by some editors start with a UTF-8 BOM; the first line may be the only Xid."""
+    path = tmp_path / "k.log"
+    path.write_bytes(b"\xef\xbb\xbf" + first.encode())
+    result = load_telemetry([path])
+    assert [e.kind for e in result.events] == [SignalKind.XID] and result.rejected == 0
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [

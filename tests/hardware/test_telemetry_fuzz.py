@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from denpex.hardware import parse_telemetry_lines
+from denpex.hardware import RejectReason, parse_telemetry_lines
 from denpex.hardware.collector_log import parse_collector_lines
 from denpex.hardware.kernel_log import parse_kernel_log
 
@@ -106,3 +107,25 @@ def test_hostile_lines_stay_cheap() -> None:
     parse_kernel_log([line[:8192] for line in shapes] * 40)
     # 200 lines; the nested-lazy AER pattern this replaced took about 0.3 s per line.
     assert time.perf_counter() - started < 5.0
+
+
+# The edges of the calendar are drawn on purpose: that is where an offset leaves it.
+CALENDAR_TIMES = st.one_of(st.datetimes(max_value=datetime(1, 1, 2)), st.datetimes(min_value=datetime(9999, 12, 31)),
+                           st.datetimes())
+
+
+@FUZZ
+@given(CALENDAR_TIMES, st.integers(-(24 * 60 - 1), 24 * 60 - 1), st.sampled_from(["", ":"]))
+def test_any_calendar_time_with_any_offset_is_an_event_or_a_counted_bad_time(
+    when: datetime, offset_min: int, separator: str
+) -> None:
+    """Offsets can push a valid local time past year 1 or 9999 in UTC: counted, never an OverflowError."""
+    hours, minutes = divmod(abs(offset_min), 60)
+    sign = "-" if offset_min < 0 else "+"
+    local = f"{when.year:04d}-{when:%m-%dT%H:%M:%S}"
+    line = f"{local}{sign}{hours:02d}{separator}{minutes:02d} h kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU fell off."
+    result = parse_kernel_log([line])
+    assert len(result.events) + result.rejects.get(RejectReason.BAD_TIME, 0) == 1
+    record = {"v": 1, "type": "xid", "host": "h", "time": f"{local}{sign}{hours:02d}:{minutes:02d}", "code": 79}
+    collected = parse_collector_lines([json.dumps(record)])
+    assert len(collected.events) + collected.rejected == 1
