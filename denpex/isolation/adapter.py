@@ -32,6 +32,10 @@ class ClusterAdapter(Protocol):
 
     scheduler: Scheduler
 
+    def cluster_name(self) -> str | None:
+        """The cluster's own name (Slurm ``ClusterName``, the Kubernetes context); None if unknown."""
+        ...
+
     def cluster_facts(self) -> ClusterFacts:
         """Every node, for the blast-radius gate (running jobs may be left empty)."""
         ...

@@ -9,13 +9,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from denpex.isolation.errors import ApprovalError
+from denpex.isolation.errors import ApprovalError, validation_problems
 from denpex.isolation.gates import human_duration
 from denpex.isolation.plan import IsolationPlan
 
-__all__ = ["Approval", "approve_plan", "check_approval", "save_approval", "load_approval"]
+__all__ = ["Approval", "approve_plan", "check_approval", "check_cluster", "save_approval", "load_approval"]
 
 _CLOCK_SKEW = timedelta(minutes=5)
 
@@ -28,13 +28,18 @@ class Approval(BaseModel):
     plan_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     incident_id: str
     approver: str = Field(min_length=1, max_length=200)
-    approved_at: datetime
-    expires_at: datetime
+    approved_at: AwareDatetime
+    expires_at: AwareDatetime
     comment: str = ""
+    cluster: str | None = Field(default=None, min_length=1, max_length=200)
+    """The cluster it was approved for (Slurm ``ClusterName``, Kubernetes context); None: any.
+    Node names repeat across clusters; this keeps a plan reviewed for one off another."""
 
 
-def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: str = "") -> Approval:
-    """Record ``approver``'s consent to ``plan``, valid for the policy's approval TTL."""
+def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: str = "",
+                 cluster: str | None = None) -> Approval:
+    """Record ``approver``'s consent to ``plan``, valid for the policy's approval TTL (and, when
+    ``cluster`` is given, only on that cluster)."""
     name = approver.strip()
     allowed = plan.policy.approval.approvers
     if not name:
@@ -46,6 +51,7 @@ def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: s
     return Approval(
         plan_hash=plan.content_hash(), incident_id=plan.incident_id, approver=name,
         approved_at=at, expires_at=at + plan.policy.approval.ttl, comment=comment,
+        cluster=cluster.strip() if cluster and cluster.strip() else None,
     )
 
 
@@ -81,6 +87,18 @@ def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datet
     return approval
 
 
+def check_cluster(approval: Approval, actual: str | None) -> None:
+    """Refuse when the approval names a cluster and the settings reach another (or an unnamed) one."""
+    if approval.cluster is None or approval.cluster == actual:
+        return
+    reached = repr(actual) if actual else "one that does not say its name"
+    raise ApprovalError(
+        f"execution refused: {approval.approver} approved this plan for cluster {approval.cluster!r}, "
+        f"but the settings reach cluster {reached}; nothing was done. Check --config and the "
+        "DENPEX_* variables, or have the plan approved for this cluster"
+    )
+
+
 def save_approval(approval: Approval, path: Path) -> None:
     path.write_text(approval.model_dump_json(indent=2) + "\n", encoding="utf-8")
 
@@ -94,4 +112,5 @@ def load_approval(path: Path) -> Approval:
     try:
         return Approval.model_validate_json(raw)
     except ValidationError as exc:
-        raise ApprovalError(f"{path}: not a valid approval ({exc.error_count()} problems)") from exc
+        raise ApprovalError(f"{path}: not a valid approval: {validation_problems(exc)}; approve the plan "
+                            "again with `denpex approve PLAN --approver NAME`") from exc

@@ -71,17 +71,21 @@ def approve_command(
     approver: Annotated[str, typer.Option("--approver", help="Your name, recorded in the audit log.")],
     out: Annotated[Path | None, typer.Option("--out", help="Approval file (default: PLAN.approval.json).")] = None,
     comment: Annotated[str, typer.Option("--comment", help="Why, for the audit trail.")] = "",
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="Only for this cluster (Slurm ClusterName or Kubernetes context); "
+                          "`isolate` refuses to act on any other.")] = None,
 ) -> None:
     """Approve one plan, by its content hash, for the runbook's approval TTL."""
     try:
         plan = load_plan(plan_path)
-        approval = approve_plan(plan, approver, at=utc_now(), comment=comment)
+        approval = approve_plan(plan, approver, at=utc_now(), comment=comment, cluster=cluster)
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     target = out or _approval_path(plan_path)
     save_approval(approval, target)
+    where = f" on cluster {approval.cluster}" if approval.cluster else ""
     typer.echo(f"approved plan {approval.plan_hash[:12]} ({len(plan.actions)} action(s)) for incident "
-               f"{plan.incident_id} as {approval.approver}, until {approval.expires_at.isoformat()}: {target}")
+               f"{plan.incident_id}{where} as {approval.approver}, until {approval.expires_at.isoformat()}: {target}")
 
 
 def isolate_command(
@@ -111,7 +115,7 @@ def isolate_command(
                 approval=approval,
             )
     except RemoteError as exc:
-        raise _exit(f"{exc} (nothing further was done)", EXIT_REMOTE) from exc
+        raise _exit(str(exc), EXIT_REMOTE) from exc
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     if output is ReportFormat.JSON:
@@ -125,14 +129,22 @@ def isolate_command(
 @audit_app.command("verify")
 def audit_verify(
     path: Annotated[Path, typer.Argument(metavar="FILE", help="Audit log (JSON lines).")],
+    against: Annotated[Path | None, typer.Option(
+        "--against", metavar="COPY",
+        help="A copy of the log (e.g. from the evidence store): each of its records must be in FILE, "
+             "unchanged. Catches a log cut at a record boundary, which still chains.")] = None,
 ) -> None:
     """Check every record's hash and the chain; name each edited, removed or reordered line."""
     try:
-        verification = verify_audit_log(path)
+        verification = verify_audit_log(path, reference=against)
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     if verification.ok:
-        typer.echo(f"{path}: {verification.records} records, chain intact")
+        last = verification.last
+        head = (f", last seq {last.seq} at {last.time.isoformat()} (hash {last.hash[:12]})"
+                if last else "")
+        checked = f"; every record of {against} is in it" if against else ""
+        typer.echo(f"{path}: {verification.records} records, chain intact{head}{checked}")
         return
     for problem in verification.problems:
         typer.echo(f"{path}: {problem}", err=True)

@@ -10,6 +10,7 @@ world failing::
     ├── ConfigError             SSH / cluster / store settings missing or invalid
     ├── RunbookError            a runbook file is unreadable or invalid
     ├── AuditError              the audit log cannot be read or written, or its chain is broken
+    ├── BusyError               another run is acting on the same audit log right now
     ├── StoreError              the audit log cannot be copied to the evidence store
     └── RemoteError             a remote command or API call failed
         ├── TransientRemoteError    connection refused, dropped or timed out: worth a retry
@@ -31,6 +32,7 @@ __all__ = [
     "ConfigError",
     "RunbookError",
     "AuditError",
+    "BusyError",
     "StoreError",
     "RemoteError",
     "TransientRemoteError",
@@ -63,6 +65,10 @@ class RunbookError(IsolationError):
 
 class AuditError(IsolationError):
     """The audit log cannot be read or written, or its hash chain is broken."""
+
+
+class BusyError(IsolationError):
+    """Another run holds the audit log's run lock; acting now could send a command twice."""
 
 
 class StoreError(IsolationError):

@@ -2,9 +2,14 @@
 
 Stages of one run (each audited in EXECUTE mode)::
 
-    approval check -> recover dangling intents -> read facts -> gates again (node, blast radius)
-    -> per node: intent -> one changing call -> read state until the post-checks pass -> result
-    -> copy the audit log to the evidence store
+    approval check -> run lock -> recover dangling intents -> read facts -> gates again (node,
+    blast radius) -> per node: read it again -> intent -> one changing call -> read state until
+    the post-checks pass -> result -> copy the audit log to the evidence store
+
+The run lock (one executing run per audit log) keeps a second run from taking the first one's
+fresh intent for a crash's leftover and sending the command again. Each node is read again right
+before its intent, because acting on the nodes ahead of it takes time in which a person may drain
+it; what is left is the moment between that read and the send, which ``scontrol`` cannot close.
 
 DRY_RUN performs every read and every gate and stops before the first write: no command that
 changes a node, no audit record, no breaker trip.
@@ -27,10 +32,10 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.evidence.store import EvidenceStore
 from denpex.isolation.adapter import ActionOutput, ClusterAdapter
-from denpex.isolation.approval import Approval, check_approval
+from denpex.isolation.approval import Approval, check_approval, check_cluster
 from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome, copy_audit_log
 from denpex.isolation.breaker import CircuitBreaker
-from denpex.isolation.errors import OutcomeUnknownError, StoreError
+from denpex.isolation.errors import OutcomeUnknownError, RemoteError, StoreError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner
 from denpex.isolation.gates import blast_radius_gate, node_gate
 from denpex.isolation.plan import IsolationPlan, NodeAction, Operation, utc_now
@@ -127,18 +132,30 @@ class Executor:
         operation: Operation = Operation.ISOLATE,
         approval: Approval | None = None,
     ) -> ExecutionReport:
-        """Dry-run or execute ``plan``. EXECUTE raises ApprovalError without a matching approval."""
+        """Dry-run or execute ``plan``. EXECUTE raises ApprovalError without a matching approval,
+        and BusyError while another run acts on the same audit log."""
+        if mode is RunMode.DRY_RUN:
+            return self._run(plan, mode, operation, None)
+        approved = check_approval(plan, approval, now=self.clock(), judge_plan_age=operation is Operation.ISOLATE)
+        if approved.cluster is not None:
+            check_cluster(approved, self.adapter.cluster_name())
+        with self.audit.run_lock():
+            return self._run(plan, mode, operation, approved.approver)
+
+    def _run(self, plan: IsolationPlan, mode: RunMode, operation: Operation,
+             approver: str | None) -> ExecutionReport:
         digest = plan.content_hash()
-        approver = None
         recovered: list[str] = []
         if mode is RunMode.EXECUTE:
-            approver = check_approval(plan, approval, now=self.clock(),
-                                      judge_plan_age=operation is Operation.ISOLATE).approver
-            recovered = self._recover(plan, digest, operation, approver)
-        if operation is Operation.ISOLATE:
-            pending, blocked, trip = self._decide_isolate(plan)
-        else:
-            pending, blocked, trip = self._decide_rollback(plan), [], None
+            recovered = self._recover(plan, digest, approver)
+        try:
+            if operation is Operation.ISOLATE:
+                pending, blocked, trip = self._decide_isolate(plan)
+            else:
+                pending, blocked, trip = self._decide_rollback(plan), [], None
+        except RemoteError as exc:
+            raise type(exc)(f"{exc}. The run stopped while reading the cluster, before changing any "
+                            "node") from exc
         report = ExecutionReport(
             mode=mode, operation=operation, incident_id=plan.incident_id, plan_hash=digest,
             approver=approver, nodes=[], blocked=blocked, recovered=recovered,
@@ -149,36 +166,56 @@ class Executor:
         if trip:
             self._trip(plan, digest, operation, approver, trip)
             report.breaker_tripped = True
-        for item in pending:
-            if item.decision is NodeDecision.ACT:
-                report.nodes.append(self._act(plan, digest, operation, approver, item))
-            else:
-                report.nodes.append(self._skip(plan, digest, operation, approver, item))
-        if self.store is not None:
-            try:
-                report.audit_copy = copy_audit_log(self.audit, self.store, plan.incident_id)
-            except StoreError as exc:
-                report.warnings.append(str(exc))
+        try:
+            for index, item in enumerate(pending):
+                if item.decision is NodeDecision.ACT:
+                    # The facts were read before the nodes ahead of this one were acted on and
+                    # verified; a person may have drained it meanwhile. Read it again, right
+                    # before the intent, so their drain is never overwritten or undone.
+                    item = self._decide(plan, operation, item.action, self.adapter.node_facts(item.action.node))
+                if item.decision is NodeDecision.ACT:
+                    report.nodes.append(self._act(plan, digest, operation, approver, item))
+                else:
+                    report.nodes.append(self._skip(plan, digest, operation, approver, item))
+        except RemoteError as exc:
+            raise self._interrupted(exc, plan, digest, operation, report, pending[index:]) from exc
+        finally:
+            if self.store is not None:
+                try:
+                    report.audit_copy = copy_audit_log(self.audit, self.store, plan.incident_id)
+                except StoreError as exc:
+                    report.warnings.append(str(exc))
         return report
+
+    def _interrupted(self, exc: RemoteError, plan: IsolationPlan, digest: str, operation: Operation,
+                     report: ExecutionReport, rest: list[_Pending]) -> RemoteError:
+        """The same error, saying what the run had already done: "nothing happened" is not safe to assume."""
+        first = plan.actions[0]
+        verb = first.rollback.value if operation is Operation.ROLLBACK else first.action.value
+        done = [f"{n.node} {n.outcome.value if n.outcome else n.decision.value}" for n in report.nodes]
+        parts = [f"before this error: {', '.join(done) if done else 'no node was changed'}"]
+        open_intents = {r.node for r in self.audit.pending_intents(digest, operation)}
+        current, *unreached = [p.action.node for p in rest]
+        if current in open_intents:
+            parts.append(f"{verb} {current} was sent or about to be (the next run settles it from the "
+                         "node's state)")
+        else:
+            unreached.insert(0, current)
+        if unreached:
+            parts.append(f"not reached: {', '.join(unreached)}")
+        return type(exc)(f"{exc}. {'; '.join(parts)}. Every step is in the audit log {self.audit.path}")
 
     # -- deciding on live facts ----------------------------------------------------------
     def _decide_isolate(self, plan: IsolationPlan) -> tuple[list[_Pending], list[str], str | None]:
         policy = plan.policy
         cluster = self.adapter.cluster_facts()
-        pending: list[_Pending] = []
-        for action in plan.actions:
-            facts = self.adapter.node_facts(action.node)
-            view = ClusterFacts(nodes={**cluster.nodes, action.node: facts}, collected_at=cluster.collected_at)
-            block = node_gate(action.node, view, policy.limits, policy.reason_prefix, plan.incident_id)
-            if block is not None:
-                pending.append(_Pending(action, facts, NodeDecision.BLOCKED, block.message))
-            elif not self._unmet(plan, action, Operation.ISOLATE, facts):
-                pending.append(_Pending(action, facts, NodeDecision.ALREADY_DONE,
-                                        f"{action.node} already shows {facts.state} under this incident"))
-            else:
-                pending.append(_Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, Operation.ISOLATE)))
+        pending = [self._decide(plan, Operation.ISOLATE, action, self.adapter.node_facts(action.node))
+                   for action in plan.actions]
         to_act = [p.action.node for p in pending if p.decision is NodeDecision.ACT]
-        radius = blast_radius_gate(to_act, cluster, policy.limits, self.breaker.state())
+        current = {**cluster.nodes, **{p.action.node: p.facts for p in pending}}
+        ours = [name for name, facts in current.items()
+                if facts.owner(policy.reason_prefix, plan.incident_id) is ReasonOwner.THIS_INCIDENT]
+        radius = blast_radius_gate(to_act, cluster, policy.limits, self.breaker.state(), incident_nodes=ours)
         if not radius.blocked:
             return pending, [], plan.breaker_trip
         message = radius.blocked[0].message
@@ -189,25 +226,34 @@ class Executor:
         return pending, [message], radius.trip_reason or plan.breaker_trip
 
     def _decide_rollback(self, plan: IsolationPlan) -> list[_Pending]:
-        pending = []
-        for action in plan.actions:
-            facts = self.adapter.node_facts(action.node)
-            owner = facts.owner(plan.policy.reason_prefix, plan.incident_id)
-            if not facts.exists:
-                pending.append(_Pending(action, facts, NodeDecision.BLOCKED,
-                                        f"{action.node} is not known to the scheduler"))
-            elif owner is ReasonOwner.THIS_INCIDENT:
-                pending.append(_Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, Operation.ROLLBACK)))
-            elif owner is ReasonOwner.NONE:
-                pending.append(_Pending(action, facts, NodeDecision.ALREADY_DONE,
-                                        f"{action.node} is not isolated ({facts.state}); nothing to undo"))
-            else:
-                pending.append(_Pending(
-                    action, facts, NodeDecision.BLOCKED,
-                    f"{action.node} is now isolated by someone else (reason {facts.reason!r}); "
-                    "Denpex never undoes an isolation it does not own",
-                ))
-        return pending
+        return [self._decide(plan, Operation.ROLLBACK, action, self.adapter.node_facts(action.node))
+                for action in plan.actions]
+
+    def _decide(self, plan: IsolationPlan, operation: Operation, action: NodeAction,
+                facts: NodeFacts) -> _Pending:
+        """One node's decision on its own facts (the blast radius is judged over all nodes)."""
+        if operation is Operation.ISOLATE:
+            view = ClusterFacts(nodes={action.node: facts})
+            block = node_gate(action.node, view, plan.policy.limits, plan.policy.reason_prefix, plan.incident_id)
+            if block is not None:
+                return _Pending(action, facts, NodeDecision.BLOCKED, block.message)
+            if not self._unmet(plan, action, operation, facts):
+                return _Pending(action, facts, NodeDecision.ALREADY_DONE,
+                                f"{action.node} already shows {facts.state} under this incident")
+            return _Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, operation))
+        owner = facts.owner(plan.policy.reason_prefix, plan.incident_id)
+        if not facts.exists:
+            return _Pending(action, facts, NodeDecision.BLOCKED, f"{action.node} is not known to the scheduler")
+        if owner is ReasonOwner.THIS_INCIDENT:
+            return _Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, operation))
+        if owner is ReasonOwner.NONE:
+            return _Pending(action, facts, NodeDecision.ALREADY_DONE,
+                            f"{action.node} is not isolated ({facts.state}); nothing to undo")
+        return _Pending(
+            action, facts, NodeDecision.BLOCKED,
+            f"{action.node} is now isolated by someone else (reason {facts.reason!r}); "
+            "Denpex never undoes an isolation it does not own",
+        )
 
     # -- acting --------------------------------------------------------------------------
     def _act(self, plan: IsolationPlan, digest: str, operation: Operation, approver: str | None,
@@ -284,22 +330,27 @@ class Executor:
         )
         return self._outcome(item, operation, outcome)
 
-    def _recover(self, plan: IsolationPlan, digest: str, operation: Operation,
-                 approver: str | None) -> list[str]:
-        """Resolve intents left without a result by reading each node's real state."""
+    def _recover(self, plan: IsolationPlan, digest: str, approver: str | None) -> list[str]:
+        """Resolve intents left without a result by reading each node's real state.
+
+        Intents of both operations are settled: an isolation cut short and then rolled back
+        would otherwise be judged later against the rolled-back state, and recorded as never
+        having taken effect.
+        """
         messages = []
-        for intent in self.audit.pending_intents(digest, operation):
+        dangling = [i for op in Operation for i in self.audit.pending_intents(digest, op)]
+        for intent in sorted(dangling, key=lambda record: record.seq):
             action = plan.action_for(intent.node) if intent.node else None
             if action is None:
                 continue
             facts = self.adapter.node_facts(action.node)
-            done = not self._unmet(plan, action, operation, facts)
+            done = not self._unmet(plan, action, intent.operation, facts)
             outcome = Outcome.RECOVERED_APPLIED if done else Outcome.RECOVERED_NOT_APPLIED
             message = (f"an earlier run stopped between intent seq {intent.seq} and its result; "
-                       f"{action.node} shows {facts.state}, so the {operation.value} "
+                       f"{action.node} shows {facts.state}, so the {intent.operation.value} "
                        f"{'took effect' if done else 'did not take effect'}; nothing was repeated blindly")
             self.audit.append(
-                self._entry(plan, digest, operation, approver, AuditKind.RESULT, action,
+                self._entry(plan, digest, intent.operation, approver, AuditKind.RESULT, action,
                             command=intent.command, outcome=outcome, intent_seq=intent.seq,
                             state=facts.state, running_jobs=facts.running_jobs, message=message),
                 at=self.clock(),

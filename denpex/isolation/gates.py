@@ -265,11 +265,15 @@ def blast_radius_gate(
     facts: ClusterFacts | None,
     limits: SafetyLimits,
     breaker: BreakerState,
+    *,
+    incident_nodes: Iterable[str] = (),
 ) -> RadiusDecision:
     """Block everything when the breaker is open or these isolations would exceed a limit.
 
     Shares count nodes isolated by anyone: with 16 nodes in partition ``gpu``, one already
     drained by a person and a limit of 10%, isolating one more gives 2/16 = 12.5% and trips.
+    The per-incident count adds ``incident_nodes``, those this incident already isolates, so a
+    re-triaged plan of the same incident cannot take it past the limit one node at a time.
     """
     new = sorted(set(new_nodes))
     if not new:
@@ -283,9 +287,12 @@ def blast_radius_gate(
                     "until a person resets it with `denpex breaker reset --by NAME`",
         )])
     trips: list[str] = []
-    if len(new) > limits.max_nodes_per_incident:
-        trips.append(f"{len(new)} nodes ({', '.join(new)}) is over the limit of "
-                     f"{limits.max_nodes_per_incident} per incident")
+    earlier = set(incident_nodes) - set(new)
+    incident = sorted(earlier | set(new))
+    if len(incident) > limits.max_nodes_per_incident:
+        already = f" ({len(earlier)} already isolated by this incident)" if earlier else ""
+        trips.append(f"{len(incident)} nodes ({', '.join(incident)}) is over the limit of "
+                     f"{limits.max_nodes_per_incident} per incident{already}")
     if facts is not None and facts.nodes:
         trips.extend(_share_trips(new, facts, limits.max_isolated_fraction))
     if not trips:

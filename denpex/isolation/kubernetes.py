@@ -92,8 +92,10 @@ class KubernetesAdapter:
         request_timeout_s: float = 10.0,
         eviction_timeout_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
+        cluster: str | None = None,
     ) -> None:
         self.core = core
+        self.cluster = cluster
         self.opt_out_label = opt_out_label
         self.actor = actor
         self.backoff = backoff or Backoff()
@@ -108,6 +110,7 @@ class KubernetesAdapter:
         from kubernetes import client, config
 
         configuration = client.Configuration()
+        context: str | None = None
         if settings.host:
             configuration.host = settings.host
             if settings.token is not None:
@@ -121,16 +124,22 @@ class KubernetesAdapter:
                 config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
                 context=settings.context, client_configuration=configuration, persist_config=False,
             )
+            context = settings.context or config.list_kube_config_contexts(
+                config_file=str(settings.kubeconfig) if settings.kubeconfig else None)[1]["name"]
         configuration.retries = 0  # our own backoff decides what is safe to retry
         api_client = client.ApiClient(configuration)
         try:
             yield cls(client.CoreV1Api(api_client), opt_out_label=opt_out_label,
                       backoff=settings.backoff, request_timeout_s=settings.request_timeout_s,
-                      eviction_timeout_s=settings.eviction_timeout_s)
+                      eviction_timeout_s=settings.eviction_timeout_s, cluster=context)
         finally:
             api_client.close()
 
     # -- facts ---------------------------------------------------------------------------
+    def cluster_name(self) -> str | None:
+        """The kubeconfig context it was reached through; None for a bare host and token."""
+        return self.cluster
+
     def cluster_facts(self) -> ClusterFacts:
         nodes = self._read(lambda: self.core.list_node(_request_timeout=self.request_timeout_s), "list nodes")
         pods = self._read(

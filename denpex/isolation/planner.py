@@ -70,6 +70,7 @@ def plan_isolation(
         cluster_facts,
         policy.limits,
         breaker or BreakerState(),
+        incident_nodes=[n for n in (cluster_facts.nodes if cluster_facts else {}) if already_ours(n)],
     )
     if radius.blocked:
         blocked.extend(radius.blocked)

@@ -136,6 +136,7 @@ class SafetyLimits(_Frozen):
     """The blast-radius circuit breaker's limits, and the nodes never touched."""
 
     max_nodes_per_incident: int = Field(default=2, ge=1)
+    """Nodes one incident may isolate in all, counting those its earlier plans already isolate."""
     max_isolated_fraction: float = Field(default=0.10, gt=0.0, le=1.0)
     """Share of a partition, and of the cluster, that may be isolated, counting drains by anyone."""
     opt_out_nodes: SortedSet[str] = frozenset()

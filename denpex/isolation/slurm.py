@@ -20,6 +20,7 @@ from denpex.isolation.plan import NodeAction, Operation, utc_now
 from denpex.isolation.policy import Scheduler
 from denpex.isolation.slurm_parse import (
     node_not_found,
+    parse_cluster_name,
     parse_job_ids,
     parse_jobs_by_node,
     parse_show_node,
@@ -47,6 +48,9 @@ class SlurmAdapter:
     def __init__(self, runner: CommandRunner, *, opt_out_feature: str = "denpex_opt_out") -> None:
         self.runner = runner
         self.opt_out_feature = opt_out_feature
+
+    def cluster_name(self) -> str | None:
+        return parse_cluster_name(self._read(["scontrol", "show", "config"]).stdout)
 
     def cluster_facts(self) -> ClusterFacts:
         shown = self._read(["scontrol", "-o", "show", "node"])

@@ -21,12 +21,18 @@ __all__ = [
     "parse_jobs_by_node",
     "expand_hostlist",
     "node_not_found",
+    "parse_cluster_name",
     "to_node_facts",
 ]
 
 _RECORD_START = re.compile(r"(?m)^(?=NodeName=)")
-# The reason runs to the end of its line; Slurm appends " [user@time]" which we split off.
-_REASON = re.compile(r"(?m)(?:^|[ \t])Reason=(?P<text>.*?)(?: \[(?P<user>[^@\]\s]+)@(?P<time>[^\]]+)\])?[ \t]*$")
+# The reason ends at Slurm's " [user@time]" suffix when the next field (or the line's end)
+# follows it, else at the end of its line. In the one-line layout free-text fields (Comment=,
+# Extra=) follow the reason on the same line and must not become part of it.
+_REASON = re.compile(
+    r"(?m)(?:^|[ \t])Reason=(?P<text>.*?)"
+    r"(?: \[(?P<user>[^@\]\s]+)@(?P<time>[^\]]+)\](?=[ \t]+[A-Za-z][A-Za-z0-9_]*=|[ \t]*$)|[ \t]*$)"
+)
 _KEY = re.compile(r"(?:^|(?<=\s))(?P<key>[A-Za-z][A-Za-z0-9_]*)=")
 _ISOLATING_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING"})
 _NULL = "(null)"
@@ -89,7 +95,9 @@ def _parse_record(record: str) -> SlurmNode:
     fields: dict[str, str] = {}
     for here, after in zip(keys, [*keys[1:], None], strict=True):
         end = after.start() if after else len(flat)
-        fields[here.group("key")] = flat[here.end():end].strip()
+        # The first occurrence is the node's own field: Comment= and Extra= come last and hold
+        # free text, where "State=IDLE" or "AvailableFeatures=gpu" must not replace the real one.
+        fields.setdefault(here.group("key"), flat[here.end():end].strip())
     base, flags = _split_state(fields.get("State", ""))
     reason_text = reason.group("text").strip() if reason else None
     return SlurmNode(
@@ -186,6 +194,12 @@ def parse_jobs_by_node(text: str) -> dict[str, tuple[str, ...]]:
             if job not in jobs.setdefault(node, []):
                 jobs[node].append(job)
     return {node: tuple(ids) for node, ids in sorted(jobs.items())}
+
+
+def parse_cluster_name(text: str) -> str | None:
+    """``scontrol show config`` -> its ``ClusterName``: ``"ClusterName             = lab"`` -> ``"lab"``."""
+    match = re.search(r"(?m)^ClusterName\s*=\s*(\S+)\s*$", text)
+    return match.group(1) if match else None
 
 
 def node_not_found(output: str) -> bool:

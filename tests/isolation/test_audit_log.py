@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -118,9 +120,9 @@ def test_append_refuses_to_extend_a_tampered_or_torn_log(log: AuditLog) -> None:
     with pytest.raises(AuditError, match="was altered"):
         log.append(entry(AuditKind.INTENT), at=NOW)
     log.path.write_text(log.path.read_text() + '{"kind": "inte')
-    with pytest.raises(AuditError, match="partial record"):
+    with pytest.raises(AuditError, match="cut short"):
         log.append(entry(AuditKind.INTENT), at=NOW)
-    assert any("partial line" in p for p in verify_audit_log(log.path).problems)
+    assert any("cut short" in p for p in verify_audit_log(log.path).problems)
 
 
 def test_long_output_is_cut_but_chained(tmp_path: Path) -> None:
@@ -145,3 +147,116 @@ def test_copy_to_s3(log: AuditLog) -> None:
         assert body == log.path.read_bytes()
         with pytest.raises(StoreError, match="local copy at"):
             copy_audit_log(log, S3Store("no-such-bucket", client=client), "inc-42")
+
+
+def test_a_record_longer_than_the_tail_window_does_not_block_the_next_append(tmp_path: Path) -> None:
+    # A node running thousands of jobs: the intent lists them all, well over 64 KiB.
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    jobs = tuple(f"{1000000 + i}_{i}" for i in range(12000))
+    audit.append(entry(AuditKind.INTENT, running_jobs=jobs), at=NOW)
+    assert audit.path.stat().st_size > 128 * 1024
+    result = audit.append(entry(AuditKind.RESULT, intent_seq=1, outcome=Outcome.APPLIED), at=NOW)
+    assert result.seq == 2 and verify_audit_log(audit.path).ok
+
+
+@pytest.mark.parametrize("text", ["a\u2028b", "a\x85b", "a\u2029b", "a\x0cb"],
+                         ids=["line-separator", "next-line", "paragraph-separator", "form-feed"])
+def test_text_that_python_counts_as_a_line_break_does_not_break_the_chain(tmp_path: Path, text: str) -> None:
+    # Remote output is copied into the record; the log's lines end at "\n" only.
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    audit.append(entry(AuditKind.RESULT, output=text, outcome=Outcome.APPLIED), at=NOW)
+    audit.append(entry(AuditKind.SKIP, outcome=Outcome.ALREADY_DONE), at=NOW)
+    verification = verify_audit_log(audit.path)
+    assert verification.ok and verification.records == 2, verification.problems
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from datetime import UTC, datetime
+from pathlib import Path
+from denpex.isolation.audit import AuditEntry, AuditLog
+from denpex.isolation.errors import AuditError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+path = Path(sys.argv[1])
+size = path.stat().st_size
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, size + 100))
+try:
+    AuditLog(path).append(AuditEntry.model_validate_json(sys.argv[2]), at=datetime.now(UTC))
+except AuditError as exc:
+    print("AuditError:", exc)
+"""
+
+
+def test_a_failed_write_leaves_no_torn_line_and_says_so(log: AuditLog) -> None:
+    # The disk fills (here: a file size limit) in the middle of writing an intent.
+    before = log.path.read_bytes()
+    big = entry(AuditKind.INTENT, node="gpu-node-007", output="x" * 3000).model_dump_json()
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(log.path), big],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("AuditError:") and str(log.path) in done.stdout
+    assert "nothing was sent" in done.stdout
+    assert log.path.read_bytes() == before
+    assert verify_audit_log(log.path).ok and log.append(entry(AuditKind.SKIP), at=NOW).seq == 4
+
+
+def test_a_torn_last_line_names_the_safe_repair(log: AuditLog) -> None:
+    intact = log.path.stat().st_size
+    log.path.write_bytes(log.path.read_bytes() + b'{"kind":"result","incident_id":"inc-42","pl')
+    with pytest.raises(AuditError, match=rf"truncate -s {intact} {log.path}"):
+        log.append(entry(AuditKind.INTENT), at=NOW)
+    with pytest.raises(AuditError, match=rf"truncate -s {intact} "):
+        log.pending_intents(PLAN, Operation.ISOLATE)
+    problems = verify_audit_log(log.path).problems
+    assert any(f"truncate -s {intact}" in p for p in problems), problems
+
+
+def test_a_log_cut_at_a_record_boundary_is_caught_against_its_stored_copy(log: AuditLog, tmp_path: Path) -> None:
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(log.path.read_bytes())
+    lines = log.path.read_bytes().splitlines(keepends=True)
+    log.path.write_bytes(b"".join(lines[:1]))  # the last two records are gone, the chain still holds
+    alone = verify_audit_log(log.path)
+    assert alone.ok and alone.records == 1 and alone.last is not None and alone.last.seq == 1
+    against = verify_audit_log(log.path, reference=copy)
+    assert not against.ok
+    assert any("seq 2 to 3" in p and "truncated" in p for p in against.problems), against.problems
+    # A copy that the log extends is fine; one that disagrees is not.
+    log.path.write_bytes(b"".join(lines))
+    assert verify_audit_log(log.path, reference=copy).ok
+    edited = copy.read_text().replace("gpu-node-005", "gpu-node-006")
+    copy.write_text(edited)
+    assert any("differs" in p for p in verify_audit_log(log.path, reference=copy).problems)
+
+
+def test_cli_verify_reports_the_head_and_checks_a_copy(log: AuditLog, tmp_path: Path) -> None:
+    runner = CliRunner()
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(log.path.read_bytes())
+    last = log.records()[-1]
+    ok = runner.invoke(app, ["audit", "verify", str(log.path), "--against", str(copy)])
+    assert ok.exit_code == 0, ok.output
+    assert f"3 records, chain intact, last seq 3 at {last.time.isoformat()} (hash {last.hash[:12]})" in ok.stdout
+    log.path.write_bytes(b"".join(log.path.read_bytes().splitlines(keepends=True)[:2]))
+    cut = runner.invoke(app, ["audit", "verify", str(log.path), "--against", str(copy)])
+    assert cut.exit_code == 2 and "truncated" in cut.stderr
+
+
+_APPENDER = """
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from denpex.isolation.audit import AuditEntry, AuditLog
+log = AuditLog(Path(sys.argv[1]))
+for _ in range(int(sys.argv[3])):
+    log.append(AuditEntry.model_validate_json(sys.argv[2]), at=datetime.now(UTC))
+"""
+
+
+def test_concurrent_writers_keep_one_unbroken_chain(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    body = entry(AuditKind.SKIP, outcome=Outcome.ALREADY_DONE).model_dump_json()
+    writers = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), body, "40"]) for _ in range(4)]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0, 0]
+    verification = verify_audit_log(path)
+    assert verification.ok and verification.records == 160, verification.problems

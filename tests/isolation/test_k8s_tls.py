@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from denpex.isolation.approval import approve_plan
 from denpex.isolation.audit import AuditLog, Outcome, verify_audit_log
 from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.config import KubernetesSettings
-from denpex.isolation.errors import HostKeyError
-from denpex.isolation.executor import Executor
+from denpex.isolation.errors import ApprovalError, HostKeyError
+from denpex.isolation.executor import Executor, RunMode
 from denpex.isolation.kubernetes import KubernetesAdapter
-from denpex.isolation.plan import Operation
+from denpex.isolation.plan import Operation, utc_now
 from denpex.isolation.ssh import Backoff
 from isolation.k8s_fake_api import FakeApiServer, make_node
 from isolation.test_k8s_adapter import NODE, execute, make_plan
@@ -82,6 +83,23 @@ def test_kubeconfig_context_over_tls_cordons_verifies_and_audits(api: FakeApiSer
     assert report.nodes[0].outcome is Outcome.APPLIED
     assert api.nodes[NODE]["spec"]["unschedulable"] is True
     assert verify_audit_log(tmp_path / "audit.jsonl").ok
+
+
+def test_an_approval_for_another_context_is_refused(api: FakeApiServer, trusted: LoopbackPki,
+                                                   tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, trusted)
+    settings = KubernetesSettings(kubeconfig=kubeconfig, context="gpu-prod", backoff=FAST)
+    with KubernetesAdapter.connect(settings, opt_out_label=OPT_OUT) as adapter:
+        assert adapter.cluster_name() == "gpu-prod"
+        executor = Executor(adapter, AuditLog(tmp_path / "audit.jsonl"), CircuitBreaker(tmp_path / "b.json"),
+                            verify_timeout_s=2, poll_s=0.05)
+        plan = make_plan(adapter)
+        staging = approve_plan(plan, "alice", at=utc_now(), cluster="staging")
+        with pytest.raises(ApprovalError, match="for cluster 'staging', but the settings reach cluster 'gpu-prod'"):
+            executor.run(plan, mode=RunMode.EXECUTE, approval=staging)
+        assert "unschedulable" not in api.nodes[NODE]["spec"]
+        prod = approve_plan(plan, "alice", at=utc_now(), cluster="gpu-prod")
+        assert executor.run(plan, mode=RunMode.EXECUTE, approval=prod).nodes[0].outcome is Outcome.APPLIED
 
 
 def test_host_token_and_pinned_ca_reach_the_api(api: FakeApiServer, trusted: LoopbackPki) -> None:

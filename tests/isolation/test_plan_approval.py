@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -66,3 +67,13 @@ def test_rollback_of_an_old_plan_is_not_refused_for_its_age() -> None:
     with pytest.raises(ApprovalError, match="triage again"):
         check_approval(plan, approval, now=late)
     assert check_approval(plan, approval, now=late, judge_plan_age=False) == approval
+
+
+def test_an_approval_without_a_time_zone_is_refused_with_the_field_named(tmp_path: Path) -> None:
+    # Written by hand or by another tool: naive times cannot be compared with the clock.
+    plan = make_plan()
+    body = approve_plan(plan, "alice", at=NOW).model_dump(mode="json")
+    body["expires_at"] = "2026-11-29T20:00:00"
+    (tmp_path / "a.json").write_text(json.dumps(body))
+    with pytest.raises(ApprovalError, match="expires_at: .*timezone"):
+        load_approval(tmp_path / "a.json")

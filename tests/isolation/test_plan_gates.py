@@ -239,3 +239,14 @@ def test_plan_hash_is_the_same_in_another_process(tmp_path) -> None:
         for seed in ("1", "2", "3")
     }
     assert hashes == {p.content_hash()}
+
+
+def test_per_incident_limit_counts_the_nodes_this_incident_already_isolates() -> None:
+    facts = cluster(drained={"gpu-node-002": "denpex:inc-42 rank 1: xid 79"})
+    one = IsolationPolicy(limits=SafetyLimits(max_nodes_per_incident=1, max_isolated_fraction=0.5))
+    later = plan(killed_process(hardware=[signal(host="gpu-node-003")], host="gpu-node-003"), facts, policy=one)
+    assert later.actions == () and [b.gate for b in later.blocked] == [Gate.CIRCUIT_BREAKER]
+    assert ("2 nodes (gpu-node-002, gpu-node-003) is over the limit of 1 per incident "
+            "(1 already isolated by this incident)") in (later.breaker_trip or "")
+    # Re-planning the node it already isolates stays within the limit.
+    assert plan(killed_process(hardware=[signal()]), facts, policy=one).recommend_isolation

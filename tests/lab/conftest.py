@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from denpex.isolation.ssh import Backoff, SshSettings
+from lab.rig import Rig, rig_for
 from lab.slurm_lab import SlurmLab
 
 
@@ -46,3 +47,9 @@ def ssh_settings(lab: SlurmLab) -> SshSettings:
         known_hosts=lab.known_hosts, connect_timeout_s=5, command_timeout_s=20,
         backoff=Backoff(attempts=4, initial_s=0.05, max_s=0.2),
     )
+
+
+@pytest.fixture
+def rig(lab: SlurmLab, ssh_settings: SshSettings, tmp_path: Path) -> Iterator[Rig]:
+    with rig_for(lab, ssh_settings, tmp_path) as ready:
+        yield ready

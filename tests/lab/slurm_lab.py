@@ -171,7 +171,7 @@ class SlurmLab:
         return states
 
     def reset_nodes(self) -> None:
-        """Cancel every job, resume drained/down nodes and clear features, so each test starts clean.
+        """Cancel every job, resume drained/down nodes, clear features and comments: a clean start.
 
         A resumed node may show ``IDLE+NOT_RESPONDING`` for a few seconds (a Slurm quirk); that
         is clean enough for isolation tests, which is why tests never wait for plain ``IDLE``.
@@ -186,6 +186,8 @@ class SlurmLab:
             if fields.get("AvailableFeatures", "(null)") not in ("(null)", ""):
                 self.run(["scontrol", "update", f"NodeName={node}", "AvailableFeatures=",
                           "ActiveFeatures="], check=False)
+            if " Comment=" in line or " Extra=" in line:
+                self.run(["scontrol", "update", f"NodeName={node}", "Comment=", "Extra="], check=False)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             states = self.states()

@@ -11,9 +11,6 @@ import signal as signals
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,93 +18,21 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from denpex.analysis.models import TriageResult
 from denpex.cli import app
-from denpex.evidence.store import LocalStore
-from denpex.isolation.approval import Approval, approve_plan
+from denpex.isolation.approval import approve_plan
 from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome, verify_audit_log
-from denpex.isolation.breaker import CircuitBreaker
-from denpex.isolation.errors import ApprovalError, HostKeyError, RemoteAuthError
-from denpex.isolation.executor import Executor, NodeDecision, RunMode
-from denpex.isolation.plan import Gate, IsolationPlan, Operation, save_plan, utc_now
+from denpex.isolation.errors import ApprovalError, HostKeyError, RemoteAuthError, TransientRemoteError
+from denpex.isolation.executor import NodeDecision, RunMode
+from denpex.isolation.plan import Gate, Operation, save_plan, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits, Scheduler
-from denpex.isolation.slurm import SlurmAdapter
-from denpex.isolation.ssh import SshRunner, SshSettings
-from isolation.triage_cases import killed_process, signal
+from denpex.isolation.ssh import CommandRunner, SshSettings
+from isolation.triage_cases import killed_process
+from lab.rig import INCIDENT, Hooked, Rig, drained, drained_nodes, proxied, reason_of, rig_for, xid79, xid79_on
 from lab.slurm_lab import SlurmLab
 from lab.tcp_proxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.slow
-
-INCIDENT = "inc-lab"
-
-
-def xid79(node: str, *, age: timedelta = timedelta(minutes=2), as_of=None) -> TriageResult:
-    """Rank 1's process was killed and its GPU logged Xid 79 (fallen off the bus)."""
-    as_of = as_of or utc_now()
-    return killed_process(hardware=[signal(79, host=node, age=age, as_of=as_of)], host=node, as_of=as_of)
-
-
-def drained(lab: SlurmLab, node: str) -> bool:
-    return "DRAIN" in lab.state_of(node).split("+")
-
-
-def drained_nodes(lab: SlurmLab) -> set[str]:
-    # Compare drain flags, not whole states: a node resumed by an earlier test may still turn
-    # from IDLE+NOT_RESPONDING to IDLE while a test runs.
-    return {n for n, state in lab.states().items() if "DRAIN" in state.split("+")}
-
-
-def reason_of(lab: SlurmLab, node: str) -> str:
-    line = lab.node_line(node)
-    return line.split(" Reason=", 1)[1].strip() if " Reason=" in line else ""
-
-
-@dataclass
-class Rig:
-    """One test's executor, wired to the real cluster through real SSH."""
-
-    lab: SlurmLab
-    adapter: SlurmAdapter
-    executor: Executor
-    audit: AuditLog
-    breaker: CircuitBreaker
-    store: Path
-
-    def plan(self, result: TriageResult, *, policy: IsolationPolicy = IsolationPolicy(),
-             live_facts: bool = True) -> IsolationPlan:
-        facts = self.adapter.cluster_facts() if live_facts else None
-        return plan_isolation(result, None, policy, facts, Scheduler.SLURM, INCIDENT,
-                              result.as_of or utc_now(), breaker=self.breaker.state())
-
-    def execute(self, plan: IsolationPlan, *, operation: Operation = Operation.ISOLATE,
-                approval: Approval | None = None):
-        approval = approval or approve_plan(plan, "alice", at=utc_now())
-        return self.executor.run(plan, mode=RunMode.EXECUTE, operation=operation, approval=approval)
-
-
-@contextmanager
-def rig_for(lab: SlurmLab, settings: SshSettings, folder: Path) -> Iterator[Rig]:
-    with SshRunner(settings) as runner:
-        adapter = SlurmAdapter(runner)
-        audit = AuditLog(folder / "audit.jsonl")
-        breaker = CircuitBreaker(folder / "breaker.json")
-        executor = Executor(adapter, audit, breaker, store=LocalStore(folder / "store"),
-                            verify_timeout_s=10, poll_s=0.1)
-        yield Rig(lab, adapter, executor, audit, breaker, folder / "store")
-
-
-@pytest.fixture
-def rig(lab: SlurmLab, ssh_settings: SshSettings, tmp_path: Path) -> Iterator[Rig]:
-    with rig_for(lab, ssh_settings, tmp_path) as ready:
-        yield ready
-
-
-def proxied(settings: SshSettings, lab: SlurmLab, proxy: FaultProxy, folder: Path) -> SshSettings:
-    known = folder / "known_hosts_proxy"
-    known.write_text(lab.known_hosts_line(proxy.port))
-    return settings.model_copy(update={"port": proxy.port, "known_hosts": known})
 
 
 # -- the done-when cases ------------------------------------------------------------------
@@ -230,6 +155,20 @@ def test_opt_out_node_is_never_touched(rig: Rig, how: str) -> None:
     assert rig.lab.update_rpc_count(node) - sent_before == (1 if how == "node-feature" else 0)  # the feature update
 
 
+def test_an_admin_comment_cannot_hide_the_opt_out_feature(rig: Rig) -> None:
+    # `scontrol -o` prints Comment and Extra (free text) after every other field; text such as
+    # "AvailableFeatures=gpu" inside them must not read as the node's own fields.
+    node = "gpu-node-002"
+    rig.lab.set_opt_out(node)
+    rig.lab.run(["scontrol", "update", f"NodeName={node}",
+                 "Comment=was: AvailableFeatures=gpu State=IDLE Partitions=debug"])
+    facts = rig.adapter.node_facts(node)
+    assert facts.opted_out and facts.partitions == ("gpu",)
+    report = rig.execute(rig.plan(xid79(node), live_facts=False))
+    assert report.nodes[0].decision is NodeDecision.BLOCKED and "opt-out" in report.nodes[0].message
+    assert not drained(rig.lab, node)
+
+
 def test_circuit_breaker_trips_on_drains_by_anyone_and_needs_a_person(rig: Rig) -> None:
     node = "gpu-node-006"
     offline = rig.plan(xid79(node), live_facts=False)
@@ -269,6 +208,19 @@ def test_stale_evidence_is_not_acted_on(rig: Rig) -> None:
     assert not drained(rig.lab, node) and not rig.audit.records()
 
 
+def test_an_approval_for_another_cluster_is_refused_before_anything_is_sent(rig: Rig) -> None:
+    node = "gpu-node-007"
+    sent_before = rig.lab.update_rpc_count(node)
+    plan = rig.plan(xid79(node))
+    elsewhere = approve_plan(plan, "alice", at=utc_now(), cluster="prod-a")
+    with pytest.raises(ApprovalError, match="approved this plan for cluster 'prod-a', but the settings reach cluster 'lab'"):
+        rig.execute(plan, approval=elsewhere)
+    assert not drained(rig.lab, node) and not rig.audit.path.exists()
+    assert rig.lab.update_rpc_count(node) == sent_before
+    here = approve_plan(plan, "alice", at=utc_now(), cluster="lab")
+    assert rig.execute(plan, approval=here).nodes[0].outcome is Outcome.APPLIED
+
+
 def test_dry_run_checks_everything_and_changes_nothing(rig: Rig) -> None:
     node = "gpu-node-008"
     sent_before = rig.lab.update_rpc_count(node)
@@ -284,6 +236,18 @@ def test_dry_run_checks_everything_and_changes_nothing(rig: Rig) -> None:
     assert blocked.blocked and not blocked.breaker_tripped and not rig.breaker.state().tripped
     assert not drained(rig.lab, node) and rig.lab.update_rpc_count(node) == sent_before
     assert not rig.audit.path.exists()
+
+
+def test_the_reason_reaches_slurm_verbatim_and_no_shell_interprets_it(rig: Rig, tmp_path: Path) -> None:
+    node = "gpu-node-003"
+    mark = tmp_path / "interpreted"
+    evil = (f"denpex:{INCIDENT} rank 1: $(touch {mark}) `touch {mark}`; touch {mark} && echo |"
+            f" 'quoted' \\ * ~ >{mark}")
+    plan = rig.plan(xid79(node))
+    plan = plan.model_copy(update={"actions": (plan.actions[0].model_copy(update={"reason": evil}),)})
+    assert rig.execute(plan).nodes[0].outcome is Outcome.APPLIED
+    assert not mark.exists()
+    assert rig.adapter.node_facts(node).reason == evil
 
 
 # -- fault injection ----------------------------------------------------------------------
@@ -314,6 +278,31 @@ def test_flapping_connection_is_retried_with_backoff(lab: SlurmLab, ssh_settings
             report = rig.execute(rig.plan(xid79(node)))
     assert proxy.accepted >= 3
     assert report.nodes[0].outcome is Outcome.APPLIED and drained(lab, node)
+
+
+def test_losing_the_cluster_mid_run_says_what_was_already_done(
+    lab: SlurmLab, ssh_settings: SshSettings, tmp_path: Path
+) -> None:
+    first, second = "gpu-node-004", "gpu-node-005"
+    with rig_for(lab, ssh_settings, tmp_path / "setup") as setup:
+        plan = setup.plan(xid79_on([first, second]),
+                          policy=IsolationPolicy(limits=SafetyLimits(max_isolated_fraction=0.5)))
+    with FaultProxy(lab.ssh_port) as proxy:
+        settings = proxied(ssh_settings, lab, proxy, tmp_path)
+
+        def wrap(runner: CommandRunner) -> CommandRunner:
+            # Once the first drain took effect, the controller becomes unreachable for good.
+            return Hooked(runner, lambda argv: drained(lab, first), lambda: proxy.__exit__(None, None, None))
+
+        with rig_for(lab, settings, tmp_path, wrap=wrap) as rig:
+            with pytest.raises(TransientRemoteError) as caught:
+                rig.execute(plan)
+    message = str(caught.value)
+    assert (f"before this error: no node was changed; drain {first} was sent or about to be (the next run "
+            "settles it from the node's state); not reached: gpu-node-005. Every step is in the audit log "
+            f"{rig.audit.path}") in message
+    assert drained(lab, first) and not drained(lab, second)
+    assert (rig.store / "audit" / INCIDENT / "audit.jsonl").read_bytes() == rig.audit.path.read_bytes()
 
 
 def _settings_file(path: Path, settings: SshSettings, folder: Path) -> Path:
@@ -402,6 +391,28 @@ def test_intent_never_sent_is_resolved_from_state_then_sent_once(rig: Rig) -> No
     ]
 
 
+def test_an_isolation_cut_short_is_settled_before_its_rollback(rig: Rig) -> None:
+    node = "gpu-node-014"
+    plan = rig.plan(xid79(node))
+    # An earlier `isolate` wrote its intent, its drain went through, and the process died.
+    rig.audit.append(AuditEntry(
+        kind=AuditKind.INTENT, incident_id=INCIDENT, plan_hash=plan.content_hash(),
+        operation=Operation.ISOLATE, approver="alice", node=node, action="drain",
+        command=rig.adapter.command_for(plan.actions[0], Operation.ISOLATE),
+    ), at=utc_now())
+    rig.lab.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={plan.actions[0].reason}"])
+
+    back = rig.execute(plan, operation=Operation.ROLLBACK)
+    assert len(back.recovered) == 1 and "so the isolate took effect" in back.recovered[0]
+    assert back.nodes[0].outcome is Outcome.APPLIED and not drained(rig.lab, node)
+    assert [(r.kind, r.operation, r.outcome, r.intent_seq) for r in rig.audit.records()] == [
+        (AuditKind.INTENT, Operation.ISOLATE, None, None),
+        (AuditKind.RESULT, Operation.ISOLATE, Outcome.RECOVERED_APPLIED, 1),
+        (AuditKind.INTENT, Operation.ROLLBACK, None, None),
+        (AuditKind.RESULT, Operation.ROLLBACK, Outcome.APPLIED, 3),
+    ]
+
+
 @pytest.mark.parametrize("case", ["changed-host-key", "unknown-host", "key-not-authorized"])
 def test_wrong_keys_are_refused_before_anything_is_sent(
     lab: SlurmLab, ssh_settings: SshSettings, tmp_path: Path, case: str
@@ -450,8 +461,9 @@ def test_cli_approve_isolate_verify_rollback(rig: Rig, ssh_settings: SshSettings
     assert unapproved.exit_code == 2 and "cannot read approval" in unapproved.stderr
     assert not drained(rig.lab, node)
 
-    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "alice"])
+    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "alice", "--cluster", "lab"])
     assert approved.exit_code == 0 and (tmp_path / "plan.approval.json").exists()
+    assert "on cluster lab as alice" in approved.stdout
     done = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--config", str(config), "--format", "json"])
     assert done.exit_code == 0, done.output
     assert '"outcome": "applied"' in done.stdout and drained(rig.lab, node)

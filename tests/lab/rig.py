@@ -1,0 +1,124 @@
+"""What the lab isolation tests share: an executor wired to the real cluster, and probes of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from denpex.analysis.models import TriageResult, Verdict
+from denpex.evidence.store import LocalStore
+from denpex.isolation.approval import Approval, approve_plan
+from denpex.isolation.audit import AuditLog
+from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.executor import ExecutionReport, Executor, RunMode
+from denpex.isolation.plan import IsolationPlan, Operation, utc_now
+from denpex.isolation.planner import plan_isolation
+from denpex.isolation.policy import IsolationPolicy, Scheduler
+from denpex.isolation.slurm import SlurmAdapter
+from denpex.isolation.ssh import CommandResult, CommandRunner, SshRunner, SshSettings
+from isolation.triage_cases import candidate, killed_process, signal
+from lab.slurm_lab import SlurmLab
+from lab.tcp_proxy import FaultProxy
+
+__all__ = ["INCIDENT", "Rig", "Hooked", "rig_for", "xid79", "xid79_on", "drained", "drained_nodes",
+           "reason_of", "proxied"]
+
+INCIDENT = "inc-lab"
+
+
+def xid79(node: str, *, age: timedelta = timedelta(minutes=2), as_of: datetime | None = None) -> TriageResult:
+    """Rank 1's process was killed and its GPU logged Xid 79 (fallen off the bus)."""
+    as_of = as_of or utc_now()
+    return killed_process(hardware=[signal(79, host=node, age=age, as_of=as_of)], host=node, as_of=as_of)
+
+
+def xid79_on(nodes: Sequence[str]) -> TriageResult:
+    """Ranks 1, 2, ... were killed, one per node, each node's GPU logging Xid 79."""
+    as_of = utc_now()
+    ranks = range(1, len(nodes) + 1)
+    return TriageResult(
+        verdict=Verdict.INCOMPLETE, world_size=len(nodes) + 1, ranks_with_evidence=[0],
+        missing_ranks=list(ranks), as_of=as_of,
+        candidates=[candidate(r, host=n, hardware=[signal(79, host=n, age=timedelta(minutes=2), as_of=as_of)])
+                    for r, n in zip(ranks, nodes, strict=True)],
+    )
+
+
+def drained(lab: SlurmLab, node: str) -> bool:
+    return "DRAIN" in lab.state_of(node).split("+")
+
+
+def drained_nodes(lab: SlurmLab) -> set[str]:
+    # Compare drain flags, not whole states: a node resumed by an earlier test may still turn
+    # from IDLE+NOT_RESPONDING to IDLE while a test runs.
+    return {n for n, state in lab.states().items() if "DRAIN" in state.split("+")}
+
+
+def reason_of(lab: SlurmLab, node: str) -> str:
+    line = lab.node_line(node)
+    return line.split(" Reason=", 1)[1].strip() if " Reason=" in line else ""
+
+
+class Hooked:
+    """A ``CommandRunner`` that runs ``hook`` once, right before the first command ``when`` picks.
+
+    It stands for the rest of the world acting at that instant: a person draining a node, or a
+    second ``denpex isolate`` started by someone else.
+    """
+
+    def __init__(self, inner: CommandRunner, when: Callable[[Sequence[str]], bool],
+                 hook: Callable[[], None]) -> None:
+        self.inner = inner
+        self.when = when
+        self.hook: Callable[[], None] | None = hook
+
+    def run(self, argv: Sequence[str], *, changes_state: bool = False) -> CommandResult:
+        if self.hook is not None and self.when(argv):
+            hook, self.hook = self.hook, None
+            hook()
+        return self.inner.run(argv, changes_state=changes_state)
+
+
+@dataclass
+class Rig:
+    """One test's executor, wired to the real cluster through real SSH."""
+
+    lab: SlurmLab
+    adapter: SlurmAdapter
+    executor: Executor
+    audit: AuditLog
+    breaker: CircuitBreaker
+    store: Path
+
+    def plan(self, result: TriageResult, *, policy: IsolationPolicy = IsolationPolicy(),
+             live_facts: bool = True) -> IsolationPlan:
+        facts = self.adapter.cluster_facts() if live_facts else None
+        return plan_isolation(result, None, policy, facts, Scheduler.SLURM, INCIDENT,
+                              result.as_of or utc_now(), breaker=self.breaker.state())
+
+    def execute(self, plan: IsolationPlan, *, operation: Operation = Operation.ISOLATE,
+                approval: Approval | None = None) -> ExecutionReport:
+        approval = approval or approve_plan(plan, "alice", at=utc_now())
+        return self.executor.run(plan, mode=RunMode.EXECUTE, operation=operation, approval=approval)
+
+
+@contextmanager
+def rig_for(lab: SlurmLab, settings: SshSettings, folder: Path,
+            wrap: Callable[[CommandRunner], CommandRunner] | None = None) -> Iterator[Rig]:
+    """A rig on ``folder`` (audit log, breaker, store); ``wrap`` may interpose on its commands."""
+    with SshRunner(settings) as runner:
+        adapter = SlurmAdapter(wrap(runner) if wrap else runner)
+        audit = AuditLog(folder / "audit.jsonl")
+        breaker = CircuitBreaker(folder / "breaker.json")
+        executor = Executor(adapter, audit, breaker, store=LocalStore(folder / "store"),
+                            verify_timeout_s=10, poll_s=0.1)
+        yield Rig(lab, adapter, executor, audit, breaker, folder / "store")
+
+
+def proxied(settings: SshSettings, lab: SlurmLab, proxy: FaultProxy, folder: Path) -> SshSettings:
+    known = folder / "known_hosts_proxy"
+    known.write_text(lab.known_hosts_line(proxy.port))
+    return settings.model_copy(update={"port": proxy.port, "known_hosts": known})
