@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from denpex.analysis.models import Candidate, TriageResult, Verdict
+from denpex.analysis.models import Candidate, StuckCollective, TriageResult, Verdict
 from denpex.analysis.wording import ranks_phrase
 from denpex.hardware.describe import describe_hardware
 
@@ -56,8 +56,10 @@ def render_text(report: TriageReport) -> str:
     lines = [_headline(report), *_host_lines(report), ""]
     if report.stuck:
         culprits = {c.rank for c in report.candidates}
-        direct = [s for s in report.stuck if culprits & set(s.behind_ranks)]
-        chained = [s for s in report.stuck if s not in direct]
+        direct: list[StuckCollective] = []
+        chained: list[StuckCollective] = []
+        for stuck in report.stuck:
+            (chained if culprits.isdisjoint(stuck.behind_ranks) else direct).append(stuck)
         lines.append("Stuck operations waiting directly on a candidate:" if direct and chained
                      else "Stuck operations:")
         for stuck in (direct or chained)[:MAX_STUCK_SHOWN]:

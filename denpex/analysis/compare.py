@@ -89,7 +89,7 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         if not progress:
             continue
         found = [_collective_blockage(name, progress, members, missing, unknown, as_of_ns, heads)]
-        found += _p2p_blockages(name, progress, members, missing, summaries, heads)
+        found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
         for blockage, ops in (f for f in found if f is not None):
             # A rank that left no dump may be dead: then a young wait proves nothing either way.
             young = None if missing.intersection(blockage.targets) else _young(ops, dumped_at_ns)
@@ -177,12 +177,15 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
         seq, failed = min(p.last_completed for p in progress.values()) + 1, False
     if last_enqueued < 0 or seq > last_enqueued:
         return None
-    behind = tuple(r for r, p in sorted(progress.items()) if p.last_enqueued < seq)
-    waiting_ops = {r: op for r, p in sorted(progress.items())
-                   if p.last_enqueued >= seq and (failed or p.last_completed < seq)
-                   and (op := _op_at(p, seq)) is not None}
+    waiting_ops = _holding(progress, seq, failed)
     if not waiting_ops:
-        return None
+        # Nobody holds ``seq``: sequence ids start at 1 (nothing completed yet gives seq 0), or
+        # the laggard is several ops behind. The stuck op is the lowest one a member holds.
+        seq = _lowest_held(progress, seq, failed)
+        waiting_ops = _holding(progress, seq, failed)
+        if not waiting_ops:
+            return None
+    behind = tuple(r for r, p in sorted(progress.items()) if p.last_enqueued < seq)
     absent = tuple(r for r in members if r in missing)
     waiting = tuple(waiting_ops)
     ops = list(waiting_ops.items())
@@ -203,6 +206,24 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
     overdue = _overdue(name, seq, op_text, waiting_ops, as_of_ns, unknown)
     # An overdue op is old by definition: no dump-time test may excuse it.
     return (overdue, []) if overdue is not None else None
+
+
+def _holding(progress: dict[int, GroupProgress], seq: int, failed: bool) -> dict[int, PendingOp]:
+    """Members that enqueued ``seq`` and did not finish it, with their op there."""
+    return {r: op for r, p in sorted(progress.items())
+            if p.last_enqueued >= seq and (failed or p.last_completed < seq)
+            and (op := _op_at(p, seq)) is not None}
+
+
+def _lowest_held(progress: dict[int, GroupProgress], seq: int, failed: bool) -> int:
+    """The lowest collective at or after ``seq`` that some member has in flight (or, after a
+    failure, as its newest op); ``seq`` itself when there is none."""
+    held = [op.collective_seq_id for p in progress.values() for op in p.pending
+            if op.kind is OpKind.COLLECTIVE and op.collective_seq_id >= seq]
+    if failed:
+        held += [p.last_op.collective_seq_id for p in progress.values()
+                 if p.last_op is not None and p.last_op.collective_seq_id >= seq]
+    return min(held, default=seq)
 
 
 def _op_at(progress: GroupProgress, seq: int) -> PendingOp | None:
@@ -226,7 +247,7 @@ def _mismatch(name: str, seq: int, ops: dict[int, PendingOp], absent: tuple[int,
     (top, top_n), *rest = counts.most_common()
     tie = any(n == top_n for _, n in rest)
     if tie:
-        tied = [r for sig, ranks in by_signature.items() if counts[sig] == top_n for r in ranks]
+        tied = {r for sig, ranks in by_signature.items() if counts[sig] == top_n for r in ranks}
         others = tuple(sorted(r for r in ops if r not in tied))
         return Blockage(name, seq, BlockageKind.MISMATCH, "disagreeing calls", tuple(sorted(tied)),
                         tuple(sorted(tied)) + others, tie=True,
@@ -264,9 +285,10 @@ def _is_overdue(op: PendingOp, as_of_ns: int) -> bool:
 
 def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
                    missing: set[int], summaries: dict[int, RankSummary],
-                   heads: dict[int, int]) -> list[_Found]:
+                   heads: dict[int, int], as_of_ns: int | None) -> list[_Found]:
     """Each rank's oldest in-flight send/recv (or batch) against its peer's in-flight ops."""
-    found = []
+    found: list[_Found] = []
+    pairs_seen: set[tuple[int, int]] = set()
     for rank, group in sorted(progress.items()):
         ops = group.pending_p2p()
         if not ops:
@@ -278,6 +300,17 @@ def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple
                 continue
             match = None if peer in missing else _peer_match(op, summaries.get(peer), name)
             if match is not None and not _queued_behind(peer, match, heads):
+                # Both ends posted. That is a hang only once the transfer outlived its timeout
+                # (a link or GPU fault on either side); the pair is reported once.
+                pair = (min(rank, peer), max(rank, peer))
+                if pair in pairs_seen or _queued_behind(rank, op, heads):
+                    continue
+                ends = {rank: op, peer: match} if rank < peer else {peer: match, rank: op}
+                overdue = _overdue(name, op.p2p_seq_id, op.signature.describe(), ends, as_of_ns, ())
+                if overdue is not None:
+                    pairs_seen.add(pair)
+                    found.append((replace(overdue, is_p2p=True, detail=_overdue_pair_detail(
+                        rank, op, peer, match, overdue)), []))
                 continue
             verb = "send to" if op.kind is OpKind.SEND else "recv from"
             why = ("has no matching op in flight" if match is None else
@@ -288,6 +321,16 @@ def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple
                 detail=f"rank {rank} is blocked in {verb} rank {peer} (p2p_seq_id {op.p2p_seq_id}), "
                        f"and rank {peer} {why}"), [(rank, op)]))
     return found
+
+
+def _overdue_pair_detail(rank: int, op: PendingOp, peer: int, match: PendingOp,
+                         overdue: Blockage) -> str:
+    both = (f"rank {rank}'s {op.kind.value} and rank {peer}'s matching {match.kind.value} "
+            f"(p2p_seq_id {op.p2p_seq_id}) are both in flight past their timeout")
+    if overdue.tie:
+        return f"{both}; the dumps cannot say which end stopped the transfer"
+    return (f"{both}; the kernel started on {ranks_phrase(overdue.waiting)} but never on "
+            f"{ranks_phrase(overdue.targets)}")
 
 
 def _global_peer(op: PendingOp, members: tuple[int, ...]) -> int | None:

@@ -16,6 +16,7 @@ Worked example (Gloo, 2 entries in the world group ``"0"``)::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -33,6 +34,8 @@ __all__ = [
     "GroupProgress",
     "RankSummary",
     "MAX_PENDING_PER_GROUP",
+    "MAX_SIGNATURE_TENSORS",
+    "MAX_TENSOR_DIMS",
     "summarize_dump",
 ]
 
@@ -40,7 +43,16 @@ __all__ = [
 # hundreds; the oldest ones decide the hang, the rest only need counting.
 MAX_PENDING_PER_GROUP = 16
 
-_P2P_NAME = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+_P2P_NAME = re.compile(r"(send|recv)\s+(\d{1,9})\s*(->|<-)\s*(\d{1,9})", re.ASCII)
+# Torch keeps sequence ids, record ids, times and sizes in 64-bit ints. A value outside that range
+# is corruption or forgery; refusing it also keeps every number printable and every time a date.
+_INT64 = 1 << 63
+# Real dtypes ("Float", "BFloat16") and op names are short; longer text is cut, never echoed whole.
+_MAX_TEXT = 256
+# A signature keeps at most this many tensors, and dims per tensor: real collectives carry a few
+# tensors (coalesced ones some tens). Peers that differ only beyond that compare equal.
+MAX_SIGNATURE_TENSORS = 256
+MAX_TENSOR_DIMS = 16
 
 
 class OpState(StrEnum):
@@ -220,6 +232,7 @@ class _Scan:
         newest = 0
         min_record = None
         accepted = 0
+        int64 = _INT64
         for e in entries:
             if type(e) is not dict:
                 self.reject("entry is not a mapping")
@@ -230,8 +243,11 @@ class _Scan:
             if type(pg) not in (tuple, list) or not pg or type(pg[0]) is not str:
                 self.reject("no process_group name")
                 continue
-            if type(csid) is not int or type(name) is not str:
-                self.reject("no collective_seq_id or profiling_name")
+            if type(name) is not str:
+                self.reject("no profiling_name")
+                continue
+            if type(csid) is not int or not 0 <= csid < int64:
+                self.reject("collective_seq_id is not a non-negative int64")
                 continue
             group = groups.get(pg[0])
             if group is None:
@@ -255,7 +271,7 @@ class _Scan:
             done = retired or state == "completed"
             if e.get("is_p2p") is True:
                 psid = e.get("p2p_seq_id")
-                if type(psid) is int and psid > group.p2p_enq:
+                if type(psid) is int and group.p2p_enq < psid < int64:
                     group.p2p_enq = psid
                 if not done:
                     _keep_pending(group, e)
@@ -274,6 +290,9 @@ class _Scan:
                 _keep_pending(group, e)
         self.accepted += accepted
         self.min_record_id = min_record
+        if newest >= int64:
+            # Only a corrupt or forged dump gets here; kept out of the hot loop.
+            newest = _newest_valid_time(entries)
         self.newest_ns = newest or None
         self._note_backend_and_timing(entries)
 
@@ -295,11 +314,12 @@ class _Scan:
     def _note_live_discovery(self, e: dict[str, Any]) -> None:
         for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
             value = e.get(key)
-            if type(value) is int and value > 0 and (self.live_discovered_ns is None
-                                                     or value > self.live_discovered_ns):
+            if type(value) is int and 0 < value < _INT64 and (self.live_discovered_ns is None
+                                                              or value > self.live_discovered_ns):
                 self.live_discovered_ns = value
 
     def finish(self) -> dict[str, GroupProgress]:
+        signatures = _SignatureCache()
         return {
             name: GroupProgress(
                 name=name,
@@ -308,13 +328,21 @@ class _Scan:
                 last_enqueued=g.enq,
                 last_completed=g.comp,
                 last_p2p_enqueued=g.p2p_enq,
-                pending=[_pending_op(e) for e in g.pending if not _finished_by_later(e, g.comp)],
+                pending=[_pending_op(e, signatures) for e in g.pending
+                         if not _finished_by_later(e, g.comp)],
                 pending_dropped=g.dropped,
-                last_op=_pending_op(g.last_entry) if g.last_entry is not None else None,
+                last_op=_pending_op(g.last_entry, signatures) if g.last_entry is not None else None,
                 entry_count=g.count,
             )
             for name, g in self.groups.items()
         }
+
+
+def _newest_valid_time(entries: list[Any]) -> int:
+    """The newest creation or completion time that fits in torch's int64 nanoseconds."""
+    return max((t for e in entries if type(e) is dict
+                for t in (e.get("time_created_ns"), e.get("time_discovered_completed_ns"))
+                if type(t) is int and 0 < t < _INT64), default=0)
 
 
 def _keep_pending(group: _GroupScan, e: dict[str, Any]) -> None:
@@ -347,7 +375,7 @@ def _finished_by_later(e: dict[str, Any], last_completed: int) -> bool:
     return e.get("is_p2p") is not True and e["collective_seq_id"] <= last_completed
 
 
-def _pending_op(e: dict[str, Any]) -> PendingOp:
+def _pending_op(e: dict[str, Any], signatures: _SignatureCache) -> PendingOp:
     name: str = e["profiling_name"]
     kind, local, peer = OpKind.COLLECTIVE, None, None
     if e.get("is_p2p") is True:
@@ -361,49 +389,79 @@ def _pending_op(e: dict[str, Any]) -> PendingOp:
         else:
             kind = OpKind.RECV if "recv" in name else OpKind.SEND
     state = e.get("state")
-    psid = e.get("p2p_seq_id")
-    timeout = e.get("timeout_ms")
+    psid = _positive_int(e.get("p2p_seq_id"), allow_zero=True)
     return PendingOp(
         kind=kind,
         collective_seq_id=e["collective_seq_id"],
-        p2p_seq_id=psid if type(psid) is int else -1,
-        signature=_signature(e),
+        p2p_seq_id=psid if psid is not None else -1,
+        signature=signatures.get(e),
         state=OpState(state) if state in ("scheduled", "started", "completed") else OpState.SCHEDULED,
         local_rank=local,
         peer_local_rank=peer,
         in_batch=bool(e.get("_in_batch")),
         time_created_ns=_positive_int(e.get("time_created_ns")),
-        timeout_ms=timeout if type(timeout) is int else None,
+        # A timeout of zero or less is not one torch writes; read as "timed out long ago", it
+        # would make every op overdue and blame healthy ranks.
+        timeout_ms=_positive_int(e.get("timeout_ms")),
         record_id=_positive_int(e.get("record_id"), allow_zero=True),
     )
 
 
-def _signature(e: dict[str, Any]) -> OpSignature:
-    return OpSignature(
-        op=e["profiling_name"],
-        input_sizes=_sizes(e.get("input_sizes")),
-        input_dtypes=_dtypes(e.get("input_dtypes")),
-        output_sizes=_sizes(e.get("output_sizes")),
-        output_dtypes=_dtypes(e.get("output_dtypes")),
-    )
+class _SignatureCache:
+    """Signatures of one dump. A pickle can make thousands of entries share one huge size list
+    for a few bytes each; converting each raw value once (by identity: the cache holds it, so its
+    ``id`` stays valid) and sharing equal signatures keeps the cost proportional to the file, not
+    to what its references expand to."""
+
+    __slots__ = ("_fields", "_signatures")
+
+    def __init__(self) -> None:
+        self._fields: dict[int, tuple[object, tuple[Any, ...]]] = {}
+        self._signatures: dict[tuple[str, int, int, int, int], OpSignature] = {}
+
+    def get(self, e: dict[str, Any]) -> OpSignature:
+        parts = (self._field(e.get("input_sizes"), _sizes), self._field(e.get("input_dtypes"), _dtypes),
+                 self._field(e.get("output_sizes"), _sizes), self._field(e.get("output_dtypes"), _dtypes))
+        op = _short(e["profiling_name"])
+        key = (op, id(parts[0]), id(parts[1]), id(parts[2]), id(parts[3]))
+        signature = self._signatures.get(key)
+        if signature is None:
+            # The parts are already checked tuples of ints and strs; validating would copy them.
+            signature = self._signatures[key] = OpSignature.model_construct(
+                op=op, input_sizes=parts[0], input_dtypes=parts[1], output_sizes=parts[2],
+                output_dtypes=parts[3])
+        return signature
+
+    def _field(self, raw: object, convert: Callable[[object], tuple[Any, ...]]) -> tuple[Any, ...]:
+        hit = self._fields.get(id(raw))
+        if hit is None:
+            hit = self._fields[id(raw)] = (raw, convert(raw))
+        return hit[1]
 
 
 def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
     if not isinstance(value, (list, tuple)):
         return ()
     return tuple(
-        tuple(d for d in size if type(d) is int) for size in value if isinstance(size, (list, tuple))
+        tuple(d for d in size[:MAX_TENSOR_DIMS] if type(d) is int and 0 <= d < _INT64)
+        for size in value[:MAX_SIGNATURE_TENSORS] if isinstance(size, (list, tuple))
     )
 
 
 def _dtypes(value: object) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         return ()
-    return tuple(str(d) for d in value)
+    # Only text is a dtype. ``str()`` of anything else could walk a hostile, deeply nested list.
+    return tuple(_short(d) if type(d) is str else f"<{type(d).__name__}>"
+                 for d in value[:MAX_SIGNATURE_TENSORS])
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + "..."
 
 
 def _positive_int(value: object, *, allow_zero: bool = False) -> int | None:
-    if type(value) is int and (value > 0 or (allow_zero and value == 0)):
+    if type(value) is int and (0 < value < _INT64 or (allow_zero and value == 0)):
         return value
     return None
 

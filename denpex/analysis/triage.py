@@ -20,9 +20,10 @@ from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.models import SkippedFile, TriageResult
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.verdict import decide
-from denpex.evidence.discovery import discover_dumps, rank_from_file_name
+from denpex.analysis.wording import ranks_phrase
+from denpex.evidence.discovery import discover_dumps, is_candidate_name, rank_from_file_name
 from denpex.evidence.errors import EvidenceError, ManifestError
-from denpex.evidence.manifest import JobManifest, load_manifest, parse_manifest_bytes
+from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest, parse_manifest_bytes
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
 
 __all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "resolve_manifest", "triage_path",
@@ -95,7 +96,8 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     as_of_ns = _as_of_ns(as_of, summaries, manifest)
     stale = _stale_ranks(summaries, manifest, as_of_ns, options.stale_after)
     fresh = {r: s for r, s in summaries.items() if r not in stale}
-    missing = {r: "no usable dump" for r in range(world_size) if r not in summaries}
+    set_aside = {s.rank: s for s in reversed(skipped) if s.rank is not None and not s.copy_of}
+    missing = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
     missing.update(stale)
     comparison = compare_groups(fresh, set(missing), membership, as_of_ns,
                                 _dump_times(fresh, manifest))
@@ -110,7 +112,8 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
         skipped_files=skipped,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
-        notes=comparison.notes + _membership_notes(membership),
+        notes=(_clock_notes(as_of, summaries, stale) + comparison.notes + _membership_notes(membership)
+               + _unusable_entry_notes(summaries)),
     )
 
 
@@ -137,17 +140,20 @@ def _world_size(given: int | None, manifest: JobManifest | None,
             f"--world-size {given} contradicts the manifest's world_size {manifest.world_size}; "
             "drop one of them")
     if given is not None:
-        if given <= 0:
-            raise ManifestError(f"--world-size must be positive, got {given}")
+        if not 0 < given <= MAX_WORLD_SIZE:
+            raise ManifestError(f"--world-size must be between 1 and {MAX_WORLD_SIZE}, got {given}")
         return given, None
     if manifest is not None:
         return manifest.world_size, None
-    ranks = [r for o in objects if (r := rank_from_file_name(o.name)) is not None]
-    if not ranks:
+    named = [(r, o.name) for o in objects if is_candidate_name(o.name)
+             and (r := rank_from_file_name(o.name)) is not None and r < MAX_WORLD_SIZE]
+    if not named:
         return 0, None
-    size = max(ranks) + 1
-    return size, (f"world size {size} was inferred from file names; ranks above {size - 1} that "
-                  "left no dump cannot be seen. Pass --world-size or a manifest.")
+    top, source = max(named)
+    size = top + 1
+    return size, (f"world size {size} was inferred from the largest trailing number in the file "
+                  f"names ({source}); ranks above {size - 1} that left no dump cannot be seen. "
+                  "Pass --world-size or a manifest.")
 
 
 def _drop_mislabeled(summaries: dict[int, RankSummary], membership: GroupMembership,
@@ -169,6 +175,25 @@ def _drop_mislabeled(summaries: dict[int, RankSummary], membership: GroupMembers
         else:
             kept[rank] = summary
     return kept
+
+
+def _clock_notes(as_of: datetime | None, summaries: dict[int, RankSummary],
+                 stale: dict[int, str]) -> list[str]:
+    """Warn when a few ranks' times make most others look stale: a host clock off by hours does
+    that, because the incident time defaults to the newest time in the evidence."""
+    if as_of is not None or len(stale) * 2 < len(summaries) or len(summaries) < 2:
+        return []
+    fresh = sorted(r for r in summaries if r not in stale)
+    return [f"{len(stale)} of {len(summaries)} dumps look stale against the newest time in the "
+            f"evidence, which comes from {ranks_phrase(fresh)}. If a clock there runs ahead, pass "
+            "--as-of with the real incident time."]
+
+
+def _why_no_dump(skipped: SkippedFile | None) -> str:
+    """Why a rank has no evidence, naming its file when there was one."""
+    if skipped is None:
+        return "no dump was found for it"
+    return f"its dump {skipped.path} was set aside ({skipped.reason})"
 
 
 def _as_of_ns(as_of: datetime | None, summaries: dict[int, RankSummary],
@@ -197,6 +222,10 @@ def _stale_ranks(summaries: dict[int, RankSummary], manifest: JobManifest | None
     if as_of_ns is None:
         return {}
     grace_ns = int(stale_after.total_seconds() * 1e9)
+    # The waiting ranks dump once the hung op times out (NCCL) and stamp it with that time, so a
+    # healthy-but-idle rank's newest entry can be a whole timeout older than theirs: the window is
+    # the job's longest timeout, not just the ones this rank has in flight.
+    window = grace_ns + _longest_timeout_ns(summaries)
     stale = {}
     for rank, summary in summaries.items():
         identity = manifest.ranks.get(rank) if manifest else None
@@ -207,16 +236,21 @@ def _stale_ranks(summaries: dict[int, RankSummary], manifest: JobManifest | None
             continue
         if summary.newest_time_ns is None:
             continue
-        window = grace_ns + _longest_timeout_ns(summary)
         if summary.newest_time_ns < as_of_ns - window:
             stale[rank] = (f"its newest entry is {_ago(as_of_ns - summary.newest_time_ns)} older than "
                            "the incident, beyond any op timeout: the dump is stale")
     return stale
 
 
-def _longest_timeout_ns(summary: RankSummary) -> int:
-    timeouts = [op.timeout_ms for g in summary.groups.values() for op in g.pending if op.timeout_ms]
-    return max(timeouts, default=600_000) * 1_000_000
+def _longest_timeout_ns(summaries: dict[int, RankSummary]) -> int:
+    """The longest op timeout in the evidence (NCCL's default, 10 min, when none is recorded)."""
+    longest = 0
+    for summary in summaries.values():
+        for group in summary.groups.values():
+            for op in (*group.pending, group.last_op):
+                if op is not None and op.timeout_ms and op.timeout_ms > longest:
+                    longest = op.timeout_ms
+    return (longest or 600_000) * 1_000_000
 
 
 def _ago(delta_ns: int) -> str:
@@ -234,6 +268,21 @@ def _membership_notes(membership: GroupMembership) -> list[str]:
     names = ", ".join(repr(n) for n in sorted(membership.inferred)[:8])
     return [f"membership of process group(s) {names} was inferred from the dumps that mention them; "
             "a member that left no dump cannot be counted. A manifest with process_groups fixes this."]
+
+
+def _unusable_entry_notes(summaries: dict[int, RankSummary], limit: int = 5) -> list[str]:
+    """Say which dumps had entries that were set aside: the rank is judged on the rest."""
+    ranks = sorted(r for r, s in summaries.items() if s.rejected_entries)
+    notes = []
+    for rank in ranks[:limit]:
+        summary = summaries[rank]
+        bad = sum(summary.rejected_entries.values())
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(summary.rejected_entries.items()))
+        notes.append(f"rank {rank} ({summary.source}): {bad} of its {bad + summary.entry_count} entries "
+                     f"are unusable ({why}); the rank is judged on the rest")
+    if len(ranks) > limit:
+        notes.append(f"... and {len(ranks) - limit} more ranks whose dumps have unusable entries")
+    return notes
 
 
 def _nothing_usable(uri: str, skipped: list[SkippedFile]) -> str:

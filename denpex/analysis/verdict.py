@@ -130,7 +130,12 @@ def _share_blame_with_silent_ranks(candidates: list[Candidate], culprits: list[C
                                    missing: dict[int, str]) -> None:
     """A silent rank waited on next to a rank proven behind is a weaker lead than that rank."""
     proven = {c.rank for c in candidates if c.kind is not CandidateKind.STOPPED_REPORTING}
+    if not proven:
+        return
+    # Decided once per blockage, not once per silent rank: a dead host's ranks share blockages.
+    with_proven: dict[int, bool] = {}
     for candidate, culprit in zip(candidates, culprits, strict=True):
-        if candidate.rank in missing and any(set(b.targets) & proven for b in culprit.blocking):
+        if candidate.rank in missing and any(
+                with_proven.setdefault(id(b), not proven.isdisjoint(b.targets)) for b in culprit.blocking):
             candidate.confidence = min(candidate.confidence, 0.4)
 

@@ -31,6 +31,12 @@ def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
     """Ranks in terminal components of the wait-for graph, sorted by rank."""
     graph = _build(blockages)
     components = _strongly_connected(graph)
+    # Rank -> the blockages that wait on it, built once: scanning every blockage per culprit is
+    # quadratic when a dead host's ranks are the targets of a world-sized group.
+    waited_on: dict[int, list[Blockage]] = {}
+    for blockage in blockages:
+        for rank in dict.fromkeys(blockage.targets):
+            waited_on.setdefault(rank, []).append(blockage)
     culprits = []
     for component in components:
         members = set(component)
@@ -38,8 +44,7 @@ def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
             continue
         ranks = sorted(n for n in component if isinstance(n, int))
         for rank in ranks:
-            blocking = tuple(b for b in blockages if rank in b.targets)
-            culprits.append(Culprit(rank, blocking, len(ranks)))
+            culprits.append(Culprit(rank, tuple(waited_on.get(rank, ())), len(ranks)))
     return sorted(culprits, key=lambda c: c.rank)
 
 

@@ -18,15 +18,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from denpex.analysis.models import SkippedFile
-from denpex.evidence.manifest import JobManifest
+from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest
 from denpex.evidence.store import StoredObject
 
-__all__ = ["DumpRef", "Inventory", "rank_from_file_name", "discover_dumps", "NOT_EVIDENCE"]
+__all__ = ["DumpRef", "Inventory", "rank_from_file_name", "is_candidate_name", "discover_dumps",
+           "NOT_EVIDENCE"]
 
 # Names Denpex itself writes next to dumps; they are not dumps and not worth a warning.
 NOT_EVIDENCE = frozenset({"manifest.json", "expected.json"})
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".pt", ".bin", ".dump")
-_TRAILING_NUMBER = re.compile(r"(\d+)$")
+_TRAILING_NUMBER = re.compile(r"([0-9]+)$")
+# More digits than any rank has; such a number is not converted (int() refuses > 4,300 digits).
+_MAX_DIGITS = 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +51,23 @@ class Inventory:
     skipped: list[SkippedFile] = field(default_factory=list)
 
 
+def is_candidate_name(name: str) -> bool:
+    """False for Denpex's own files and for hidden or temporary ones (a write in progress)."""
+    return name not in NOT_EVIDENCE and not name.startswith(".") and not name.endswith(".tmp")
+
+
 def rank_from_file_name(name: str) -> int | None:
     """The trailing number of ``name`` without a known extension, or None."""
-    stem = name
-    lowered = name.lower()
-    for ext in _EXTENSIONS:
-        if lowered.endswith(ext):
-            stem = name[: -len(ext)]
-            break
-    match = _TRAILING_NUMBER.search(stem)
-    return int(match.group(1)) if match else None
+    match = _TRAILING_NUMBER.search(_stem(name))
+    if match is None:
+        return None
+    digits = match.group(1)
+    # A number longer than any rank stands as MAX_WORLD_SIZE, which no rank reaches.
+    return int(digits) if len(digits) <= _MAX_DIGITS else MAX_WORLD_SIZE
+
+
+def _short_number(rank: int) -> str:
+    return str(rank) if rank < MAX_WORLD_SIZE else f"{rank} or more"
 
 
 def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobManifest | None,
@@ -68,7 +78,7 @@ def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobMan
     inventory = Inventory()
     claims: dict[int, list[StoredObject]] = defaultdict(list)
     for obj in objects:
-        if obj.name in NOT_EVIDENCE or obj.name.startswith(".") or obj.name.endswith(".tmp"):
+        if not is_candidate_name(obj.name):
             continue
         rank = by_file.get(obj.name)
         if rank is None:
@@ -76,6 +86,10 @@ def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobMan
         if rank is None:
             inventory.skipped.append(SkippedFile(
                 path=obj.name, reason="not a dump: no rank in the manifest and no trailing number"))
+        elif rank >= MAX_WORLD_SIZE:
+            inventory.skipped.append(SkippedFile(
+                path=obj.name, reason=f"not a dump: its trailing number {_short_number(rank)} is too "
+                                      "large to be a rank (a timestamp or a pid?)"))
         elif rank >= world_size:
             inventory.skipped.append(SkippedFile(
                 path=obj.name, rank=rank, reason=f"rank {rank} is outside world size {world_size}"))

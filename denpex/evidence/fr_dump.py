@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -30,6 +31,8 @@ __all__ = [
 
 SUPPORTED_MAJOR = 2
 _PICKLE_PROTO = 0x80
+# ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+_VERSION_PART = re.compile(r"[0-9]{1,6}")
 
 
 class DumpEncoding(StrEnum):
@@ -55,15 +58,17 @@ def parse_version(value: object) -> tuple[int, int]:
     """``"2.10"`` -> ``(2, 10)``; anything else is a DumpError naming the value."""
     if isinstance(value, str):
         major, _, minor = value.strip().partition(".")
-        if major.isdigit() and (minor.isdigit() or minor == ""):
+        if _VERSION_PART.fullmatch(major) and (minor == "" or _VERSION_PART.fullmatch(minor)):
             return int(major), int(minor or 0)
-    raise DumpError(f"schema 'version' is {value!r}; expected a string like '2.10'")
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    raise DumpError(f"schema 'version' is {shown}; expected a string like '2.10'. Is this a "
+                    "Flight Recorder dump?")
 
 
 def decode_dump(data: bytes, *, source: str) -> DecodedDump:
     """Decode ``data`` (pickle or JSON, sniffed from the first byte) and check its envelope."""
     if not data:
-        raise DumpError("empty file")
+        raise DumpError("empty file: the dump or its upload was cut short; collect it again")
     encoding = DumpEncoding.PICKLE if data[0] == _PICKLE_PROTO else DumpEncoding.JSON
     raw = safe_loads(data) if encoding is DumpEncoding.PICKLE else _json_loads(data)
     if not isinstance(raw, dict):
@@ -90,6 +95,12 @@ def _json_loads(data: bytes) -> object:
     except UnicodeDecodeError as exc:
         raise DumpError("neither a pickle nor UTF-8 JSON") from exc
     except json.JSONDecodeError as exc:
+        if exc.pos >= len(data.rstrip()):
+            raise DumpError(f"not valid JSON: it ends early, at byte {exc.pos}, so the file was "
+                            "cut short; collect it again") from exc
         raise DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})") from exc
+    except ValueError as exc:
+        # A number with more digits than Python converts (sys.int_info.default_max_str_digits).
+        raise DumpError(f"JSON holds an impossible value ({str(exc)[:80]})") from exc
     except RecursionError as exc:
         raise DumpError("JSON nested too deeply") from exc

@@ -20,9 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from denpex.evidence.errors import ManifestError
 
-__all__ = ["RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes"]
+__all__ = ["RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes",
+           "MAX_WORLD_SIZE"]
 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+# Far above any real job. A larger "world size" is a typo, or a timestamp read as a rank, and a
+# triage over it would spend its memory listing ranks that never existed.
+MAX_WORLD_SIZE = 1 << 20
 
 
 class RankIdentity(BaseModel):
@@ -69,7 +73,7 @@ class JobManifest(BaseModel):
     job_id: str | None = None
     tenant: str | None = None
     cluster: str | None = None
-    world_size: int = Field(gt=0)
+    world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     ranks: dict[int, RankIdentity] = Field(default_factory=dict)
     process_groups: dict[str, ProcessGroupSpec] = Field(default_factory=dict)
 

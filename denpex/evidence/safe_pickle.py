@@ -11,6 +11,7 @@ import io
 import pickle
 
 from denpex.evidence.errors import DumpError, UnsafePickleError
+from denpex.evidence.memory_budget import decode_budget, memory_budget
 
 __all__ = ["safe_loads"]
 
@@ -36,15 +37,22 @@ def safe_loads(data: bytes) -> object:
     >>> safe_loads(pickle.dumps({"version": "2.10", "entries": []}, protocol=2))
     {'version': '2.10', 'entries': []}
     """
+    budget = decode_budget(len(data))
     try:
         # A buffered reader lets the C unpickler take whole frames instead of one opcode per
         # read call: about 2x faster on real dumps.
-        return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data), _BUFFER)).load()
+        with memory_budget(budget):
+            return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data), _BUFFER)).load()
     except UnsafePickleError:
         raise
+    except MemoryError as exc:
+        raise DumpError(f"decoding these {len(data):,} bytes needs more than the {budget >> 20} MiB "
+                        "a real dump of this size could need (a memo table or length far larger "
+                        "than the file): hostile or corrupt, so it was refused; collect it again") from exc
     except (pickle.UnpicklingError, EOFError) as exc:
-        raise DumpError(f"not a complete pickle ({exc or 'ran out of data'})") from exc
+        raise DumpError(f"not a complete pickle ({exc or 'ran out of data'}): the file was cut "
+                        "short or damaged; collect it again") from exc
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError,
-            MemoryError, RecursionError, UnicodeDecodeError) as exc:
+            RecursionError, UnicodeDecodeError) as exc:
         # Corrupt opcodes surface as assorted builtin errors; all mean "not a usable dump".
         raise DumpError(f"corrupt pickle ({type(exc).__name__}: {exc})") from exc

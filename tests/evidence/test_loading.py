@@ -129,3 +129,63 @@ def test_mislabeled_dump_is_refused(tmp_path: Path) -> None:
     result = triage_path(tmp_path)
     assert result.missing_ranks == [3]
     assert "mislabeled" in result.skipped_files[0].reason
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stray", ["fr_trace_1764441902", "core.123456789012345678901234567890"])
+def test_a_stray_number_in_a_file_name_does_not_make_a_giant_world(tmp_path: Path, stray: str) -> None:
+    """Without a manifest the world size comes from file names: a timestamp or pid is not a rank."""
+    write(tmp_path, {r: dump(history("0", 5)) for r in range(4)})
+    (tmp_path / stray).write_bytes(b"not a dump")
+    result = triage_path(tmp_path)
+    assert result.world_size == 4 and result.verdict is Verdict.NO_HANG
+    [skipped] = result.skipped_files
+    assert skipped.path == stray and "too large to be a rank" in skipped.reason
+
+
+def test_the_inferred_world_size_names_the_file_it_came_from(tmp_path: Path) -> None:
+    write(tmp_path, {r: dump(history("0", 5)) for r in range(4)})
+    (tmp_path / "notes_2025").write_bytes(b"not a dump")
+    result = triage_path(tmp_path)
+    assert result.world_size == 2026
+    assert "notes_2025" in result.notes[0] and "--world-size" in result.notes[0]
+
+
+@pytest.mark.parametrize("how", ["option", "manifest"])
+def test_an_impossible_world_size_is_refused(tmp_path: Path, how: str) -> None:
+    from denpex.evidence.errors import ManifestError
+
+    write(tmp_path, {0: dump(history("0", 5))},
+          manifest={"world_size": 10**12} if how == "manifest" else None)
+    with pytest.raises(ManifestError, match="world.size"):
+        triage_path(tmp_path, world_size=10**12 if how == "option" else None)
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        pytest.param(b"", ["rank_2.pkl", "empty file", "collect"], id="empty"),
+        pytest.param(GOOD[:40], ["rank_2.pkl", "truncated", "collect"], id="truncated"),
+        pytest.param(pickle.dumps({"version": "3.0"}, protocol=2), ["rank_2.pkl", "schema 3.0", "Upgrade"],
+                     id="newer-schema"),
+    ],
+)
+def test_a_candidate_without_a_dump_says_what_was_wrong_with_its_file(tmp_path: Path, data: bytes,
+                                                                       words: list[str]) -> None:
+    folder = write(tmp_path, {r: dump(history("0", 5, pending=1)) for r in (0, 1, 3)})
+    (folder / "rank_2.pkl").write_bytes(data)
+    [candidate] = triage_path(folder, world_size=4).candidates
+    assert candidate.rank == 2 and candidate.kind is CandidateKind.STOPPED_REPORTING
+    text = " ".join(candidate.reasons)
+    assert all(word in text for word in words), text
+
+
+def test_a_dump_exactly_at_the_size_cap_is_read_and_one_byte_more_is_refused(tmp_path: Path) -> None:
+    body = pickle.dumps(dump(history("0", 5)), protocol=2)
+    folder = write(tmp_path, {r: dump(history("0", 5)) for r in (0, 1)})
+    (folder / "rank_2.pkl").write_bytes(body)
+    (folder / "rank_3.pkl").write_bytes(body + b"\n")  # trailing bytes after STOP are ignored
+    result = triage_path(folder, world_size=4, options=TriageOptions(max_dump_bytes=len(body)))
+    assert 2 in result.ranks_with_evidence
+    [skipped] = result.skipped_files
+    assert skipped.rank == 3 and f"{len(body)}-byte cap" in skipped.reason
