@@ -1,7 +1,10 @@
-"""Approvals: a named person's consent to one plan, by its content hash, for a limited time.
+"""Approvals: a named person's consent to one operation on one plan, by its content hash, for a
+limited time.
 
-Execution refuses a plan without an approval whose hash matches, that has not expired, whose
-approver the policy allows, and whose evidence is not too old to act on.
+Execution refuses a plan without an approval whose hash and operation match, that has not expired,
+whose approver the policy allows, and (to isolate) whose evidence is not too old to act on. A
+person who approved draining a node has not thereby approved resuming it: a rollback needs an
+approval of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from denpex.isolation.errors import ApprovalError, validation_problems
 from denpex.isolation.gates import human_duration
-from denpex.isolation.plan import IsolationPlan
+from denpex.isolation.plan import IsolationPlan, Operation
 
 __all__ = ["Approval", "approve_plan", "check_approval", "check_cluster", "save_approval", "load_approval"]
 
@@ -34,12 +37,15 @@ class Approval(BaseModel):
     cluster: str | None = Field(default=None, min_length=1, max_length=200)
     """The cluster it was approved for (Slurm ``ClusterName``, Kubernetes context); None: any.
     Node names repeat across clusters; this keeps a plan reviewed for one off another."""
+    operation: Operation = Operation.ISOLATE
+    """What it allows: isolating the plan's nodes, or rolling that back. Approval files written
+    before this field existed approve ISOLATE only."""
 
 
 def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: str = "",
-                 cluster: str | None = None) -> Approval:
-    """Record ``approver``'s consent to ``plan``, valid for the policy's approval TTL (and, when
-    ``cluster`` is given, only on that cluster)."""
+                 cluster: str | None = None, operation: Operation = Operation.ISOLATE) -> Approval:
+    """Record ``approver``'s consent to ``operation`` on ``plan``, valid for the policy's approval
+    TTL (and, when ``cluster`` is given, only on that cluster)."""
     name = approver.strip()
     allowed = plan.policy.approval.approvers
     if not name:
@@ -51,15 +57,16 @@ def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: s
     return Approval(
         plan_hash=plan.content_hash(), incident_id=plan.incident_id, approver=name,
         approved_at=at, expires_at=at + plan.policy.approval.ttl, comment=comment,
-        cluster=cluster.strip() if cluster and cluster.strip() else None,
+        cluster=cluster.strip() if cluster and cluster.strip() else None, operation=operation,
     )
 
 
 def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datetime,
-                   judge_plan_age: bool = True) -> Approval:
-    """Return the approval when it lets ``plan`` run now; else one ApprovalError listing every problem.
+                   operation: Operation = Operation.ISOLATE) -> Approval:
+    """Return the approval when it lets ``operation`` run on ``plan`` now; else one ApprovalError
+    listing every problem.
 
-    ``judge_plan_age=False`` for a rollback: undoing an old isolation must stay possible.
+    The plan's age is judged only to isolate: undoing an old isolation must stay possible.
     """
     digest = plan.content_hash()
     if approval is None:
@@ -69,6 +76,10 @@ def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datet
         )
     rule = plan.policy.approval
     problems = []
+    if approval.operation is not operation:
+        problems.append(f"the approval by {approval.approver} is for {approval.operation.value}, not "
+                        f"{operation.value}; a person approves the {operation.value} with "
+                        f"`denpex approve PLAN --approver NAME --operation {operation.value}`")
     if approval.plan_hash != digest:
         problems.append(f"the approval is for plan {approval.plan_hash[:12]}, not {digest[:12]} "
                         "(the plan changed after approval); approve the current plan")
@@ -79,7 +90,7 @@ def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datet
     if rule.approvers and approval.approver not in rule.approvers:
         problems.append(f"{approval.approver!r} is not an allowed approver "
                         f"({', '.join(sorted(rule.approvers))})")
-    if judge_plan_age and now - plan.as_of > rule.max_plan_age:
+    if operation is Operation.ISOLATE and now - plan.as_of > rule.max_plan_age:
         problems.append(f"the plan's evidence is as of {plan.as_of.isoformat()}, more than "
                         f"{human_duration(rule.max_plan_age)} ago; triage again before acting")
     if problems:

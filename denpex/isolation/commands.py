@@ -2,9 +2,14 @@
 
 Thin: parse options, call the core, render, pick the exit code. ``denpex.cli`` registers them.
 
-Exit codes: 0 done (or dry run); 1 an action failed its post-checks; 2 unusable input (plan,
-approval, settings, runbook, a broken audit chain); 3 the cluster refused or could not be reached
-(host key, credentials, network).
+Exit codes (``isolate`` uses all; the others 0 and 2):
+- 0: every node of the plan is now (a dry run: would be) in the wanted state, applied or already so;
+- 1: an action was sent and the node failed its post-checks;
+- 2: unusable input (plan, approval, settings, runbook, a broken audit chain);
+- 3: the cluster refused or could not be reached (host key, credentials, network); nodes after the
+  one being acted on were not reached;
+- 4: a gate blocked a node on live facts (a dry run: would block it), or the plan isolates no node
+  because its gates blocked every one. Nothing failed, but not every node is isolated.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_UNUSABLE",
     "EXIT_REMOTE",
+    "EXIT_INCOMPLETE",
     "approve_command",
     "isolate_command",
     "audit_app",
@@ -46,6 +52,7 @@ __all__ = [
 EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
 EXIT_REMOTE = 3
+EXIT_INCOMPLETE = 4
 
 audit_app = typer.Typer(no_args_is_help=True, help="Inspect the isolation audit log.")
 breaker_app = typer.Typer(no_args_is_help=True, help="Show or reset the blast-radius circuit breaker.")
@@ -74,18 +81,24 @@ def approve_command(
     cluster: Annotated[str | None, typer.Option(
         "--cluster", help="Only for this cluster (Slurm ClusterName or Kubernetes context); "
                           "`isolate` refuses to act on any other.")] = None,
+    operation: Annotated[Operation, typer.Option(
+        "--operation", help="What is approved: isolate (`isolate --execute`) or rollback "
+                            "(`isolate --execute --rollback`); one approval never covers both, and at "
+                            "the default path a rollback approval replaces the isolate one.")] = Operation.ISOLATE,
 ) -> None:
-    """Approve one plan, by its content hash, for the runbook's approval TTL."""
+    """Approve one operation on one plan, by its content hash, for the runbook's approval TTL."""
     try:
         plan = load_plan(plan_path)
-        approval = approve_plan(plan, approver, at=utc_now(), comment=comment, cluster=cluster)
+        approval = approve_plan(plan, approver, at=utc_now(), comment=comment, cluster=cluster,
+                                operation=operation)
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     target = out or _approval_path(plan_path)
     save_approval(approval, target)
     where = f" on cluster {approval.cluster}" if approval.cluster else ""
-    typer.echo(f"approved plan {approval.plan_hash[:12]} ({len(plan.actions)} action(s)) for incident "
-               f"{plan.incident_id}{where} as {approval.approver}, until {approval.expires_at.isoformat()}: {target}")
+    typer.echo(f"approved {operation.value} of plan {approval.plan_hash[:12]} ({len(plan.actions)} action(s)) "
+               f"for incident {plan.incident_id}{where} as {approval.approver}, until "
+               f"{approval.expires_at.isoformat()}: {target}")
 
 
 def isolate_command(
@@ -100,7 +113,12 @@ def isolate_command(
     config: ConfigOption = None,
     output: Annotated[ReportFormat, typer.Option("--format", help="text or json.")] = ReportFormat.TEXT,
 ) -> None:
-    """Carry out a saved plan: re-check every gate on live facts, then act, verify and audit."""
+    """Carry out a saved plan: re-check every gate on live facts, then act, verify and audit.
+
+    Exit status: 0 every planned node is (a dry run: would be) in the wanted state; 1 an action
+    failed its post-checks; 2 unusable input; 3 the cluster refused or could not be reached;
+    4 a node was (would be) blocked by a gate, or the plan isolates no node.
+    """
     try:
         plan = load_plan(plan_path)
         settings = load_settings(config, os.environ)
@@ -122,8 +140,10 @@ def isolate_command(
         typer.echo(report.model_dump_json(indent=2))
     else:
         typer.echo(render_execution(report), nl=False)
-    if report.failed:
-        raise typer.Exit(EXIT_FAILED)
+    unfinished = _unfinished(plan, report)
+    if unfinished:
+        typer.echo(f"denpex: {unfinished}", err=True)
+        raise typer.Exit(EXIT_FAILED if report.failed else EXIT_INCOMPLETE)
 
 
 @audit_app.command("verify")
@@ -204,6 +224,17 @@ def render_execution(report: ExecutionReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unfinished(plan: IsolationPlan, report: ExecutionReport) -> str | None:
+    """One line naming what is not in the wanted state after ``report``; None when everything is."""
+    if report.operation is Operation.ISOLATE and not plan.actions:
+        return "the plan isolates no node: " + ("; ".join(b.message for b in plan.blocked) or "it has no action")
+    if not report.unfinished:
+        return None
+    verb = "would not" if report.mode is RunMode.DRY_RUN else "did not"
+    what = "isolate" if report.operation is Operation.ISOLATE else "roll back"
+    return f"{verb} {what} every planned node: {', '.join(report.unfinished)}"
+
+
 def _approval_path(plan_path: Path) -> Path:
     return plan_path.with_name(plan_path.name.removesuffix(".json") + ".approval.json")
 
@@ -225,7 +256,7 @@ def _adapter(plan: IsolationPlan, settings: IsolationSettings) -> Iterator[Clust
         if settings.ssh is None:
             raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
         with SshRunner(settings.ssh) as runner:
-            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature)
+            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff)
         return
     if settings.kubernetes is None:
         raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")

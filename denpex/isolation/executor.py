@@ -101,6 +101,13 @@ class ExecutionReport(BaseModel):
     def failed(self) -> bool:
         return any(n.outcome is Outcome.FAILED for n in self.nodes)
 
+    @property
+    def unfinished(self) -> list[str]:
+        """The nodes that are not (in a dry run: would not be) in the wanted state, and why:
+        ``["gpu-node-012 blocked", "gpu-node-013 failed"]``; empty when every node is."""
+        return [f"{n.node} {Outcome.FAILED.value if n.outcome is Outcome.FAILED else n.decision.value}"
+                for n in self.nodes if n.decision is NodeDecision.BLOCKED or n.outcome is Outcome.FAILED]
+
 
 @dataclass(frozen=True)
 class _Pending:
@@ -136,7 +143,7 @@ class Executor:
         and BusyError while another run acts on the same audit log."""
         if mode is RunMode.DRY_RUN:
             return self._run(plan, mode, operation, None)
-        approved = check_approval(plan, approval, now=self.clock(), judge_plan_age=operation is Operation.ISOLATE)
+        approved = check_approval(plan, approval, now=self.clock(), operation=operation)
         if approved.cluster is not None:
             check_cluster(approved, self.adapter.cluster_name())
         with self.audit.run_lock():
@@ -312,8 +319,8 @@ class Executor:
                     notes.append(f"the connection dropped after send {send} ({exc}); the node's "
                                  "state shows it took effect, so it was not sent again")
                     return None, notes
-                notes.append(f"the connection dropped on send {send} and the node does not show "
-                             "the change; sending again")
+                notes.append(f"the connection dropped on send {send} ({exc}) and the node does not "
+                             "show the change; sending again")
                 self.sleep(min(self.poll_s * 2**send, 5.0))
         notes.append(f"gave up after {self.max_sends} dropped sends")
         return None, notes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -32,6 +33,7 @@ from denpex.isolation.policy import (
 __all__ = [
     "NODE_NAME_PATTERN",
     "INCIDENT_ID_PATTERN",
+    "incident_id_problem",
     "Operation",
     "Gate",
     "BlockedNode",
@@ -46,8 +48,23 @@ __all__ = [
 # One plain node name. Brackets, commas and spaces are refused, so a hostlist expression such as
 # "gpu-node-[001-016]" can never reach scontrol and drain sixteen nodes at once.
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
-INCIDENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# A Kubernetes label value (the taint ``denpex.io/isolated=<incident>`` carries it), which the
+# API server checks: at most 63 characters, alphanumeric at both ends. It also heads the Slurm
+# reason (``denpex:<incident> ...``), where ownership is matched on it.
+INCIDENT_ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 MAX_PLAN_BYTES = 4 * 1024 * 1024
+
+
+def incident_id_problem(incident_id: str) -> str | None:
+    """Why ``incident_id`` cannot be used, in one line; None when it can.
+
+    ``"inc-42"`` -> None; ``"inc-42-"`` -> ``"incident id 'inc-42-' is not valid: use 1 to 63 ..."``.
+    """
+    if re.fullmatch(INCIDENT_ID_PATTERN, incident_id):
+        return None
+    return (f"incident id {incident_id!r} is not valid: use 1 to 63 characters from A-Z a-z 0-9 . _ -, "
+            "starting and ending with a letter or digit (it becomes a Kubernetes taint value and "
+            "starts the Slurm reason)")
 
 
 def canonical_json(data: Any) -> str:
@@ -115,7 +132,8 @@ class NodeAction(BaseModel):
     @field_validator("reason")
     @classmethod
     def _one_line(cls, reason: str) -> str:
-        if any(ch in reason for ch in "\r\n\t\x00"):
+        # Any text, but one line by every reckoning (splitlines also breaks at \x85, \u2028, ...).
+        if reason.splitlines() != [reason] or any(ch in reason for ch in "\t\x00"):
             raise ValueError("reason must be one line of printable text")
         return reason
 
@@ -126,7 +144,7 @@ class IsolationPlan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: int = 1
-    incident_id: str = Field(pattern=INCIDENT_ID_PATTERN)
+    incident_id: str
     scheduler: Scheduler
     as_of: datetime
     """The time the evidence was judged at (never the wall clock by default)."""
@@ -139,6 +157,14 @@ class IsolationPlan(BaseModel):
     facts_checked: bool = False
     """Whether cluster facts were read when planning. The executor re-reads them regardless."""
     policy: IsolationPolicy
+
+    @field_validator("incident_id")
+    @classmethod
+    def _label_value(cls, incident_id: str) -> str:
+        problem = incident_id_problem(incident_id)
+        if problem is not None:
+            raise ValueError(problem)
+        return incident_id
 
     @field_validator("as_of")
     @classmethod

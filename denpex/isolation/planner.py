@@ -8,9 +8,10 @@ from pathlib import Path
 from denpex.analysis.models import TriageResult
 from denpex.evidence.manifest import JobManifest
 from denpex.isolation.breaker import BreakerState
+from denpex.isolation.errors import PlanError
 from denpex.isolation.facts import ClusterFacts, ReasonOwner, owned_reason_prefix
 from denpex.isolation.gates import NodeProposal, blast_radius_gate, evidence_gate, node_gate
-from denpex.isolation.plan import BlockedNode, IsolationPlan, NodeAction, utc_now
+from denpex.isolation.plan import BlockedNode, IsolationPlan, NodeAction, incident_id_problem, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import load_runbook
 
@@ -49,7 +50,11 @@ def plan_isolation(
     ``cluster_facts`` may be None when planning offline (``denpex triage`` without cluster
     access): the node and blast-radius gates that need live state then run at execution time.
     ``breaker`` is the circuit breaker's current state; a tripped breaker blocks every action.
+    Raises PlanError for an ``incident_id`` that is not a Kubernetes label value.
     """
+    problem = incident_id_problem(incident_id)
+    if problem is not None:
+        raise PlanError(problem)
     decision = evidence_gate(result, manifest, policy.evidence, as_of)
     blocked: list[BlockedNode] = list(decision.blocked)
     passed: list[NodeProposal] = []
@@ -111,8 +116,9 @@ def default_incident_id(result: TriageResult, job_id: str | None = None) -> str:
     ``job-123`` judged as of 2026-11-29T18:45:02Z -> ``job-123-20261129T184502Z``.
     """
     stamp = (result.as_of or utc_now()).strftime("%Y%m%dT%H%M%SZ")
-    head = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in (job_id or "inc"))[:40]
-    return f"{head.strip('-._') or 'inc'}-{stamp}"
+    # ASCII only: str.isalnum() also accepts letters such as "é" that no label value may hold.
+    head = "".join(ch if ch.isascii() and ch.isalnum() or ch in "._-" else "-" for ch in (job_id or "inc"))
+    return f"{head[:40].strip('-._') or 'inc'}-{stamp}"
 
 
 def plan_for_triage(

@@ -6,19 +6,26 @@ handled here (Slurm 22.05, see the real-services notes):
 - DRAIN never kills jobs: a busy node shows ``MIXED+DRAIN``/``ALLOCATED+DRAIN`` and its jobs run on;
 - RESUME on a node that is not drained fails (rc 1), so it is only sent to a node we drained;
 - RESUME on a node without slurmd removes the drain but still returns rc 1, and a resumed node
-  shows ``IDLE+NOT_RESPONDING`` for a few seconds: success is read from the state, not the rc.
+  shows ``IDLE+NOT_RESPONDING`` for a few seconds: success is read from the state, not the rc;
+- while slurmctld cannot be reached (restart, fail-over, a busy controller) the clients fail with
+  rc 1: reads, and changes that never reached it, are run again with the SSH backoff; a change
+  that may have reached it raises ``OutcomeUnknownError`` so the node is read before any resend.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
+from collections.abc import Callable
 
 from denpex.isolation.adapter import ActionOutput
-from denpex.isolation.errors import CommandFailedError
+from denpex.isolation.errors import CommandFailedError, OutcomeUnknownError, TransientRemoteError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner, owned_reason_prefix
 from denpex.isolation.plan import NodeAction, Operation, utc_now
 from denpex.isolation.policy import Scheduler
 from denpex.isolation.slurm_parse import (
+    ControllerFault,
+    controller_fault,
     node_not_found,
     parse_cluster_name,
     parse_job_ids,
@@ -26,7 +33,7 @@ from denpex.isolation.slurm_parse import (
     parse_show_node,
     to_node_facts,
 )
-from denpex.isolation.ssh import CommandResult, CommandRunner
+from denpex.isolation.ssh import Backoff, CommandResult, CommandRunner
 
 __all__ = ["SlurmAdapter", "drain_argv", "resume_argv"]
 
@@ -45,9 +52,13 @@ class SlurmAdapter:
 
     scheduler = Scheduler.SLURM
 
-    def __init__(self, runner: CommandRunner, *, opt_out_feature: str = "denpex_opt_out") -> None:
+    def __init__(self, runner: CommandRunner, *, opt_out_feature: str = "denpex_opt_out",
+                 backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep) -> None:
         self.runner = runner
         self.opt_out_feature = opt_out_feature
+        self.backoff = backoff
+        """Waits between attempts while slurmctld cannot be reached (normally the SSH settings')."""
+        self._sleep = sleep
 
     def cluster_name(self) -> str | None:
         return parse_cluster_name(self._read(["scontrol", "show", "config"]).stdout)
@@ -64,7 +75,7 @@ class SlurmAdapter:
         return ClusterFacts(nodes=nodes, collected_at=utc_now())
 
     def node_facts(self, node: str) -> NodeFacts:
-        shown = self.runner.run(["scontrol", "-o", "show", "node", node])
+        shown = self._run(["scontrol", "-o", "show", "node", node])
         if shown.rc != 0 and node_not_found(shown.output):
             return NodeFacts(name=node, exists=False)
         _require_ok(shown)
@@ -81,7 +92,7 @@ class SlurmAdapter:
         return shlex.join(self._argv(action, operation))
 
     def apply(self, action: NodeAction, operation: Operation) -> ActionOutput:
-        result = self.runner.run(self._argv(action, operation), changes_state=True)
+        result = self._run(self._argv(action, operation), changes_state=True)
         return ActionOutput(command=result.command, rc=result.rc, output=result.output)
 
     def unmet_checks(self, action: NodeAction, operation: Operation, facts: NodeFacts, *,
@@ -104,7 +115,33 @@ class SlurmAdapter:
         return drain_argv(action) if operation is Operation.ISOLATE else resume_argv(action)
 
     def _read(self, argv: list[str]) -> CommandResult:
-        return _require_ok(self.runner.run(argv))
+        return _require_ok(self._run(argv))
+
+    def _run(self, argv: list[str], *, changes_state: bool = False) -> CommandResult:
+        """Run ``argv``, again with backoff while slurmctld cannot be reached.
+
+        A change is only sent again when it never reached slurmctld; when it may have, this
+        raises ``OutcomeUnknownError`` and the executor reads the node before any resend.
+        """
+        delays = iter(self.backoff.delays())
+        while True:
+            result = self.runner.run(argv, changes_state=changes_state)
+            fault = controller_fault(result.stderr) if result.rc != 0 else None
+            if fault is None:
+                return result
+            said = result.stderr.strip().splitlines()[-1]
+            if changes_state and fault is ControllerFault.UNANSWERED:
+                raise OutcomeUnknownError(
+                    f"{result.command}: slurmctld did not answer ({said}); the update may or may not "
+                    "have been applied; read the node's state before sending it again"
+                )
+            delay = next(delays, None)
+            if delay is None:
+                raise TransientRemoteError(
+                    f"{result.command}: slurmctld could not be reached after {self.backoff.attempts} "
+                    f"attempts ({said}); check `scontrol ping` on the controller, then run again"
+                )
+            self._sleep(delay)
 
 
 def _require_ok(result: CommandResult) -> CommandResult:

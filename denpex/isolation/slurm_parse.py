@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -21,6 +22,8 @@ __all__ = [
     "parse_jobs_by_node",
     "expand_hostlist",
     "node_not_found",
+    "ControllerFault",
+    "controller_fault",
     "parse_cluster_name",
     "to_node_facts",
 ]
@@ -205,6 +208,42 @@ def parse_cluster_name(text: str) -> str | None:
 def node_not_found(output: str) -> bool:
     """``scontrol show node X`` says ``Node X not found`` (rc 1) for an unknown node."""
     return bool(re.search(r"\bNode \S+ not found\b", output))
+
+
+class ControllerFault(StrEnum):
+    """How a Slurm client failed to talk to slurmctld: a passing fault, not a refused request."""
+
+    NOT_SENT = "not_sent"
+    """The connection was refused: the request never reached slurmctld, so sending it again is safe."""
+    UNANSWERED = "unanswered"
+    """The request may have reached slurmctld and its answer was lost: a change may have happened."""
+
+
+# Slurm's own error texts (libslurm slurm_errno.c, 22.05), as the clients print them on stderr:
+# ``slurm_load_node error: Socket timed out on send/recv operation``. Only the connect failure
+# proves nothing was sent; "Unable to contact slurm controller (send|receive|shutdown failure)"
+# and the socket errors can come after the request left.
+_NOT_SENT = ("Unable to contact slurm controller (connect failure)",)
+_UNANSWERED = (
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Zero Bytes were transmitted or received",
+    "Unexpected missing socket error",
+)
+
+
+def controller_fault(stderr: str) -> ControllerFault | None:
+    """Whether a failed ``scontrol``/``squeue`` could not reach slurmctld (None: it answered).
+
+    ``"slurm_update error: Unable to contact slurm controller (connect failure)"`` -> NOT_SENT;
+    ``"slurm_update error: Zero Bytes were transmitted or received"`` -> UNANSWERED;
+    ``"slurm_update error: Invalid node state specified"`` -> None.
+    """
+    if any(text in stderr for text in _NOT_SENT):
+        return ControllerFault.NOT_SENT
+    if any(text in stderr for text in _UNANSWERED):
+        return ControllerFault.UNANSWERED
+    return None
 
 
 def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature: str) -> NodeFacts:

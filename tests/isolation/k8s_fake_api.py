@@ -7,6 +7,7 @@ It serves exactly what the adapter uses, with the API server's semantics for the
   (RFC 7386) and ``application/json-patch+json`` (RFC 6902: add, remove, replace, test). A patch
   whose result carries a ``resourceVersion`` other than the stored one fails with 409 Conflict,
   which is how the real server turns a read-modify-patch into an optimistic-concurrency update;
+  a taint value that is not a label value fails with 422 Invalid, as the server validates it;
 - ``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=...``;
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction``: 429 while a PodDisruptionBudget
   (``policy/v1``, ``matchLabels``) allows no disruption, else the pod is deleted (201);
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -82,6 +84,20 @@ def _merge(target: Any, patch: Any, *, atomic_lists: bool = True) -> Any:
         else:
             result[key] = _merge(result.get(key), value, atomic_lists=atomic_lists)
     return result
+
+
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def _invalid_taint(node: dict[str, Any]) -> str | None:
+    """The API server's complaint about the first taint value that is not a label value."""
+    for index, taint in enumerate(node.get("spec", {}).get("taints") or []):
+        value = taint.get("value") or ""
+        if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            return (f'Node "{node["metadata"]["name"]}" is invalid: spec.taints[{index}].value: Invalid value: '
+                    f'"{value}": a valid label must be an empty string or consist of alphanumeric characters, '
+                    "'-', '_' or '.', and must start and end with an alphanumeric character, at most 63 characters")
+    return None
 
 
 class _PatchError(Exception):
@@ -251,6 +267,10 @@ class FakeApiServer:
                             raise _PatchError(415, "UnsupportedMediaType", f"content type {ctype!r}")
                     except _PatchError as exc:
                         self._send(exc.code, _status(exc.code, exc.reason, str(exc)))
+                        return
+                    invalid = _invalid_taint(patched)
+                    if invalid is not None:
+                        self._send(422, _status(422, "Invalid", invalid))
                         return
                     if patched["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                         self._send(409, _status(409, "Conflict", "the object has been modified; please apply "

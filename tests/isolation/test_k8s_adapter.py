@@ -74,16 +74,16 @@ def executor(adapter: KubernetesAdapter, tmp_path: Path) -> Executor:
 
 
 def make_plan(adapter: KubernetesAdapter | None, *, policy: IsolationPolicy = IsolationPolicy(),
-              node: str = NODE) -> IsolationPlan:
+              node: str = NODE, incident_id: str = "inc-k8s") -> IsolationPlan:
     now = utc_now()
     result = killed_process(hardware=[signal(79, host=node, age=timedelta(minutes=1), as_of=now)], host=node, as_of=now)
     facts = adapter.cluster_facts() if adapter else None
-    return plan_isolation(result, None, policy, facts, Scheduler.KUBERNETES, "inc-k8s", now)
+    return plan_isolation(result, None, policy, facts, Scheduler.KUBERNETES, incident_id, now)
 
 
 def execute(executor: Executor, plan: IsolationPlan, operation: Operation = Operation.ISOLATE):
     return executor.run(plan, mode=RunMode.EXECUTE, operation=operation,
-                        approval=approve_plan(plan, "alice", at=utc_now()))
+                        approval=approve_plan(plan, "alice", at=utc_now(), operation=operation))
 
 
 def test_cordon_taint_annotate_then_uncordon(api: FakeApiServer, adapter: KubernetesAdapter,
@@ -198,6 +198,18 @@ def test_wrong_token_is_refused_and_nothing_changes(api: FakeApiServer) -> None:
         with pytest.raises(RemoteAuthError, match="refused our credentials"):
             bad.cluster_facts()
     assert all(method == "GET" for method, _, _ in api.requests)
+
+
+def test_the_longest_incident_id_is_a_taint_value_the_api_server_accepts(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor
+) -> None:
+    # The fake refuses taint values that are not label values (422), as the API server does.
+    incident = "job.7_" + "x" * 56 + "9"
+    assert len(incident) == 63
+    report = execute(executor, make_plan(adapter, incident_id=incident))
+    assert report.nodes[0].outcome is Outcome.APPLIED, report.nodes[0].message
+    assert {"key": TAINT_KEY, "value": incident, "effect": "NoSchedule"} in api.nodes[NODE]["spec"]["taints"]
+    assert api.nodes[NODE]["metadata"]["annotations"][ANNOTATION_INCIDENT] == incident
 
 
 def test_unknown_node_and_dry_run(api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor) -> None:

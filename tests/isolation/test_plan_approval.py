@@ -10,6 +10,7 @@ import pytest
 
 from denpex.isolation.approval import approve_plan, check_approval, load_approval, save_approval
 from denpex.isolation.errors import ApprovalError
+from denpex.isolation.plan import Operation
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import ApprovalRule, IsolationPolicy, Scheduler
 from isolation.triage_cases import NOW, cluster, killed_process, signal
@@ -63,10 +64,44 @@ def test_only_listed_approvers_may_approve() -> None:
 def test_rollback_of_an_old_plan_is_not_refused_for_its_age() -> None:
     plan = make_plan()
     late = NOW + timedelta(days=3)
-    approval = approve_plan(plan, "alice", at=late)
     with pytest.raises(ApprovalError, match="triage again"):
-        check_approval(plan, approval, now=late)
-    assert check_approval(plan, approval, now=late, judge_plan_age=False) == approval
+        check_approval(plan, approve_plan(plan, "alice", at=late), now=late)
+    approval = approve_plan(plan, "alice", at=late, operation=Operation.ROLLBACK)
+    assert check_approval(plan, approval, now=late, operation=Operation.ROLLBACK) == approval
+
+
+@pytest.mark.parametrize(
+    ("approved", "run", "needle"),
+    [
+        pytest.param(Operation.ISOLATE, Operation.ROLLBACK,
+                     "the approval by alice is for isolate, not rollback; a person approves the rollback with "
+                     "`denpex approve PLAN --approver NAME --operation rollback`", id="isolate-approval-for-rollback"),
+        pytest.param(Operation.ROLLBACK, Operation.ISOLATE,
+                     "the approval by alice is for rollback, not isolate; a person approves the isolate with "
+                     "`denpex approve PLAN --approver NAME --operation isolate`", id="rollback-approval-for-isolate"),
+    ],
+)
+def test_an_approval_covers_one_operation(approved: Operation, run: Operation, needle: str) -> None:
+    plan = make_plan()
+    approval = approve_plan(plan, "alice", at=NOW, operation=approved)
+    assert approval.operation is approved
+    assert check_approval(plan, approval, now=NOW, operation=approved) == approval
+    with pytest.raises(ApprovalError) as caught:
+        check_approval(plan, approval, now=NOW, operation=run)
+    assert needle in str(caught.value)
+
+
+def test_an_approval_file_without_an_operation_approves_isolate_only(tmp_path: Path) -> None:
+    # Written before approvals named their operation.
+    plan = make_plan()
+    body = approve_plan(plan, "alice", at=NOW).model_dump(mode="json")
+    del body["operation"]
+    (tmp_path / "a.json").write_text(json.dumps(body))
+    old = load_approval(tmp_path / "a.json")
+    assert old.operation is Operation.ISOLATE
+    assert check_approval(plan, old, now=NOW) == old
+    with pytest.raises(ApprovalError, match="is for isolate, not rollback"):
+        check_approval(plan, old, now=NOW, operation=Operation.ROLLBACK)
 
 
 def test_an_approval_without_a_time_zone_is_refused_with_the_field_named(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import pytest
 
 from denpex.isolation.facts import ReasonOwner
 from denpex.isolation.slurm_parse import (
+    ControllerFault,
+    controller_fault,
     expand_hostlist,
     node_not_found,
     parse_job_ids,
@@ -36,6 +38,25 @@ def test_golden_scontrol_output(case: Path) -> None:
 def test_node_not_found_is_recognised() -> None:
     assert node_not_found("Node gpu-node-099 not found\n")
     assert not node_not_found("NodeName=gpu-node-001 State=IDLE")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "fault"),
+    [
+        ("slurm_load_node error: Unable to contact slurm controller (connect failure)\n", ControllerFault.NOT_SENT),
+        ("slurm_update error: Unable to contact slurm controller (receive failure)\n", ControllerFault.UNANSWERED),
+        ("slurm_update error: Socket timed out on send/recv operation\n", ControllerFault.UNANSWERED),
+        ("slurm_load_jobs error: Zero Bytes were transmitted or received\n", ControllerFault.UNANSWERED),
+        ("scontrol: error: slurm_msg_sendto: address:port=127.0.0.1:34995 msg_type=3002: Unexpected missing "
+         "socket error\nslurm_update error: Unexpected missing socket error\n", ControllerFault.UNANSWERED),
+        ("slurm_update error: Invalid node state specified\n", None),
+        ("Node gpu-node-099 not found\n", None),
+    ],
+    ids=["connect-failure", "receive-failure", "socket-timeout", "zero-bytes", "missing-socket",
+         "invalid-state", "unknown-node"],
+)
+def test_controller_faults_are_told_from_refusals(stderr: str, fault: ControllerFault | None) -> None:
+    assert controller_fault(stderr) is fault
 
 
 @pytest.mark.parametrize(

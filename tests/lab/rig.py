@@ -23,7 +23,7 @@ from isolation.triage_cases import candidate, killed_process, signal
 from lab.slurm_lab import SlurmLab
 from lab.tcp_proxy import FaultProxy
 
-__all__ = ["INCIDENT", "Rig", "Hooked", "rig_for", "xid79", "xid79_on", "drained", "drained_nodes",
+__all__ = ["INCIDENT", "Rig", "Hooked", "Detoured", "rig_for", "xid79", "xid79_on", "drained", "drained_nodes",
            "reason_of", "proxied"]
 
 INCIDENT = "inc-lab"
@@ -82,6 +82,30 @@ class Hooked:
         return self.inner.run(argv, changes_state=changes_state)
 
 
+class Detoured:
+    """A ``CommandRunner`` that sends the next ``times`` commands ``when`` picks to another
+    slurm.conf (``env SLURM_CONF=...``, see ``SlurmLab.client_conf``).
+
+    The real client then meets a controller that is away for a moment; the rest of the run talks
+    to the real one. ``detoured`` lists the commands that were sent away.
+    """
+
+    def __init__(self, inner: CommandRunner, conf: Path, when: Callable[[Sequence[str]], bool],
+                 times: int) -> None:
+        self.inner = inner
+        self.conf = conf
+        self.when = when
+        self.left = times
+        self.detoured: list[tuple[str, ...]] = []
+
+    def run(self, argv: Sequence[str], *, changes_state: bool = False) -> CommandResult:
+        if self.left > 0 and self.when(argv):
+            self.left -= 1
+            self.detoured.append(tuple(argv))
+            argv = ["env", f"SLURM_CONF={self.conf}", *argv]
+        return self.inner.run(argv, changes_state=changes_state)
+
+
 @dataclass
 class Rig:
     """One test's executor, wired to the real cluster through real SSH."""
@@ -101,7 +125,7 @@ class Rig:
 
     def execute(self, plan: IsolationPlan, *, operation: Operation = Operation.ISOLATE,
                 approval: Approval | None = None) -> ExecutionReport:
-        approval = approval or approve_plan(plan, "alice", at=utc_now())
+        approval = approval or approve_plan(plan, "alice", at=utc_now(), operation=operation)
         return self.executor.run(plan, mode=RunMode.EXECUTE, operation=operation, approval=approval)
 
 
@@ -110,7 +134,7 @@ def rig_for(lab: SlurmLab, settings: SshSettings, folder: Path,
             wrap: Callable[[CommandRunner], CommandRunner] | None = None) -> Iterator[Rig]:
     """A rig on ``folder`` (audit log, breaker, store); ``wrap`` may interpose on its commands."""
     with SshRunner(settings) as runner:
-        adapter = SlurmAdapter(wrap(runner) if wrap else runner)
+        adapter = SlurmAdapter(wrap(runner) if wrap else runner, backoff=settings.backoff)
         audit = AuditLog(folder / "audit.jsonl")
         breaker = CircuitBreaker(folder / "breaker.json")
         executor = Executor(adapter, audit, breaker, store=LocalStore(folder / "store"),

@@ -204,6 +204,21 @@ class SlurmLab:
         """The known_hosts line for the lab's host key when reached on ``port`` (e.g. via a proxy)."""
         return f"[127.0.0.1]:{port} ssh-ed25519 {self.host_public_key}\n"
 
+    def client_conf(self, name: str, ctld_port: int, *, message_timeout_s: int = 1) -> Path:
+        """A copy of slurm.conf for clients only, sending them to ``ctld_port`` instead of slurmctld.
+
+        With ``env SLURM_CONF=<it>`` the real ``scontrol``/``squeue`` fail the way they do when the
+        controller is away: a closed port gives "Unable to contact slurm controller (connect
+        failure)", a port that never answers gives "Socket timed out on send/recv operation".
+        Clients keep trying to connect for about ``MessageTimeout`` seconds (10 by default, 1 here).
+        """
+        text = self.slurm_conf.read_text().replace(f"SlurmctldPort={self.ctld_port}\n",
+                                                   f"SlurmctldPort={ctld_port}\n")
+        text += f"MessageTimeout={message_timeout_s}\n"
+        conf = self.root / "etc" / f"{name}.conf"
+        conf.write_text(text)
+        return conf
+
     def update_rpc_count(self, node: str) -> int:
         """How many ``scontrol update`` requests slurmctld served for ``node`` (debug2 log)."""
         text = self.ctld_log.read_text(errors="replace")

@@ -470,14 +470,58 @@ def test_cli_approve_isolate_verify_rollback(rig: Rig, ssh_settings: SshSettings
     verified = runner.invoke(app, ["audit", "verify", str(tmp_path / "cli" / "audit.jsonl")])
     assert verified.exit_code == 0 and "2 records, chain intact" in verified.stdout
 
+    # The isolate approval does not cover undoing it: a rollback is approved on its own.
+    refused = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--rollback", "--config", str(config)])
+    assert refused.exit_code == 2 and "is for isolate, not rollback" in refused.stderr
+    assert "`denpex approve PLAN --approver NAME --operation rollback`" in refused.stderr
+    assert drained(rig.lab, node)
+    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "bob", "--operation", "rollback"])
+    assert approved.exit_code == 0 and "approved rollback of plan" in approved.stdout
     back = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--rollback", "--config", str(config)])
     assert back.exit_code == 0 and "DID run: scontrol update NodeName=gpu-node-010 State=RESUME" in back.stdout
-    assert not drained(rig.lab, node)
+    assert "approved by bob" in back.stdout and not drained(rig.lab, node)
 
     env = {"DENPEX_SSH_KNOWN_HOSTS": str(tmp_path / "empty_known_hosts")}
     (tmp_path / "empty_known_hosts").write_text("")
     refused = runner.invoke(app, ["isolate", str(plan_path), "--dry-run", "--config", str(config)], env=env)
     assert refused.exit_code == 3 and "is not in known_hosts; nothing was sent" in refused.stderr
+
+
+def test_cli_exit_status_says_whether_every_planned_node_is_isolated(
+    rig: Rig, ssh_settings: SshSettings, tmp_path: Path
+) -> None:
+    ours, theirs = "gpu-node-011", "gpu-node-012"
+    plan_path = tmp_path / "plan.json"
+    roomy = IsolationPolicy(limits=SafetyLimits(max_isolated_fraction=0.5))
+    save_plan(rig.plan(xid79_on([ours, theirs]), policy=roomy, live_facts=False), plan_path)
+    config = _settings_file(tmp_path / "cli.yaml", ssh_settings, tmp_path / "cli")
+    runner = CliRunner()
+    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice"]).exit_code == 0
+    rig.lab.run(["scontrol", "update", f"NodeName={theirs}", "State=DRAIN", "Reason=bad DIMM"])
+
+    dry = runner.invoke(app, ["isolate", str(plan_path), "--dry-run", "--config", str(config)])
+    assert dry.exit_code == 4, dry.output
+    assert f"would not isolate every planned node: {theirs} blocked" in dry.stderr
+    done = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--config", str(config)])
+    assert done.exit_code == 4, done.output
+    assert f"{ours}: act -> applied" in done.stdout and f"{theirs}: blocked -> blocked" in done.stdout
+    assert f"did not isolate every planned node: {theirs} blocked" in done.stderr
+    assert drained(rig.lab, ours) and reason_of(rig.lab, theirs).startswith("bad DIMM")
+
+    # Their drain ends; the second run isolates what is left and reports success.
+    rig.lab.run(["scontrol", "update", f"NodeName={theirs}", "State=RESUME"])
+    again = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--config", str(config)])
+    assert again.exit_code == 0, again.output
+    assert again.stderr == "" and drained(rig.lab, ours) and drained(rig.lab, theirs)
+
+    # A plan whose gates blocked every node isolates nothing: never exit 0.
+    empty_path = tmp_path / "empty.json"
+    save_plan(rig.plan(killed_process(host="gpu-node-013", as_of=utc_now())), empty_path)
+    assert runner.invoke(app, ["approve", str(empty_path), "--approver", "alice"]).exit_code == 0
+    for mode in ("--dry-run", "--execute"):
+        nothing = runner.invoke(app, ["isolate", str(empty_path), mode, "--config", str(config)])
+        assert nothing.exit_code == 4, nothing.output
+        assert "the plan isolates no node: rank 1 stopped reporting" in nothing.stderr
 
 
 def test_cli_from_dumps_and_kernel_log_to_a_verified_drain(lab: SlurmLab, ssh_settings: SshSettings,
