@@ -2,7 +2,8 @@
 
 The rules (a correlation informs the decision; it never proves a cause):
 
-- supports a hardware fault: an Xid the catalog marks ``supports_isolation`` on the rank's GPU, a
+- supports a hardware fault: an Xid the catalog marks ``supports_isolation`` on the rank's GPU (for
+  Xid 154, when the recovery action it names is a reset, reboot or drain), a
   fatal SXid on its host's NVSwitch, NVLink error counters that rose (or a link that went down) on
   its GPU, a fatal PCIe AER on its PCIe path (the GPU or a bridge above it), a row-remap failure or
   new uncorrectable rows on its GPU;
@@ -39,7 +40,11 @@ def describe_event(event: HardwareEvent, catalog: XidCatalog) -> str:
     """What happened, in a few words: ``Xid 79 (GPU has fallen off the bus; reboot_node)``."""
     if event.kind is SignalKind.XID:
         entry = catalog.lookup(event.code) if event.code is not None else None
-        what = f"Xid {event.code} ({entry.name}; {entry.bucket.value})" if entry else f"Xid {event.code} (not in Denpex's Xid catalog)"
+        if entry is None:
+            what = f"Xid {event.code} (not in Denpex's Xid catalog)"
+        else:
+            action = entry.action_phrase(event.recovery_action)
+            what = f"Xid {event.code} ({entry.name}; {entry.bucket.value}{f'; {action}' if action else ''})"
         return what + (f" for pid {event.pid}" if event.pid is not None else "")
     if event.kind is SignalKind.SXID:
         link = f", link {event.link}" if event.link is not None else ""
@@ -59,7 +64,7 @@ def is_fault_signal(event: HardwareEvent, catalog: XidCatalog) -> bool:
     """True when the event, on whatever device it names, is the kind that supports a hardware fault."""
     if event.kind is SignalKind.XID:
         entry = catalog.lookup(event.code) if event.code is not None else None
-        return entry is not None and entry.supports_isolation
+        return entry is not None and entry.supports_isolation_for(event.recovery_action)
     if event.kind in (SignalKind.SXID, SignalKind.PCIE_AER):
         return event.severity is Severity.FATAL
     if event.kind is SignalKind.NVLINK:
@@ -97,8 +102,12 @@ def read_for_candidate(
         entry = catalog.lookup(event.code) if event.code is not None else None
         if entry is None:
             return _unrelated(f"{what} on this rank's GPU {gpu}: unknown code, so it is not counted for isolation; check NVIDIA's Xid catalog")
-        if entry.supports_isolation:
+        if entry.supports_isolation_for(event.recovery_action):
             return _supports(f"{what} on this rank's GPU {gpu}: consistent with a hardware fault")
+        if entry.recovery_actions:
+            return _unrelated(
+                f"{what} on this rank's GPU {gpu}: this recovery action does not support isolation by itself"
+            )
         if entry.application_error:
             return Reading(
                 bearing=HardwareBearing.POINTS_AT_APPLICATION,

@@ -139,6 +139,9 @@ class HardwareEvent(BaseModel):
     link: int | None = None
     pid: int | None = None
     comm: str | None = None
+    # Xid 154: the recovery action the driver now requires, numbered as NVML's
+    # nvmlDeviceGpuRecoveryAction_t (0 none, 1 GPU reset, 2 node reboot, ...). The catalog reads it.
+    recovery_action: int | None = Field(default=None, ge=0)
     detail: str = ""
     source: SignalSource
     line: str = Field(default="", max_length=MAX_SOURCE_LINE_CHARS)
@@ -187,7 +190,7 @@ class RejectReason(StrEnum):
     MALFORMED_SIGNAL = "malformed_signal"
     """Looks like an Xid, SXid, AER or OOM line, but its code, address or pid cannot be read."""
     ORPHAN_CONTINUATION = "orphan_continuation"
-    """An AER detail line with no AER header before it on that host and device."""
+    """An AER detail line, or a firmware (GHES) record line, with no report before it on that host."""
     LINE_TOO_LONG = "line_too_long"
     """Longer than the per-line cap; not read, to bound memory on hostile input."""
     BAD_JSON = "bad_json"
@@ -210,7 +213,8 @@ class TelemetryParseResult(BaseModel):
     hosts: list[str] = Field(default_factory=list)
     sources: list[str] = Field(default_factory=list)
     lines_read: int = 0
-    # Lines folded into the event before them (AER details, SXid data, repeated OOM reports).
+    # Lines folded into an event (AER details, SXid data, repeated OOM reports, and the other lines
+    # of a firmware-first PCIe record: its header before the PCIe section and its data after it).
     continuation_lines: int = 0
     rejects: dict[RejectReason, int] = Field(default_factory=dict)
 

@@ -3,13 +3,20 @@
 Each line is ``TIME HOST IDENT: message``; the time must carry a UTC offset (``+0000`` or
 ``+00:00``). Recognised messages:
 
-- Xid: ``NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.``
+- Xid: ``NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.``;
+  for Xid 154 the new recovery action (``... changed from 0x0 (None) to 0x2 (Node Reboot Required)``)
 - GPU identity: ``NVRM: GPU at PCI:0000:3b:00: GPU-5d1e...`` (maps a PCI address to a UUID)
 - SXid: ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress ...``
   (data lines with the same code and no Fatal/Non-fatal word are folded into it)
 - PCIe AER: ``nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), type=...``,
   root ports' ``AER: Multiple Uncorrected (Non-Fatal) error message received from 0000:73:00.1``,
   and detail lines (``device [10de:2330] error status/mask=...``, ``[14] CmpltTO``) folded in
+- Firmware-first PCIe errors (APEI GHES), as servers whose firmware owns AER log them: a CPER
+  record of ``{N}[Hardware Error]: ...`` lines (``{N}`` groups one record) whose
+  ``section_type: PCIe error`` section becomes the same PCIe AER event as the native lines, with
+  its severity (fatal, recoverable -> non-fatal, corrected) and ``device_id: 0000:3b:00.0``; the
+  kernel's AER decode after it (``pcieport ...: AER: aer_status: ...``) is folded in. Other
+  sections (memory, processor errors) are counted as unknown lines.
 - OOM: ``Out of memory: Killed process 1234 (python) ...``, the ``Memory cgroup out of memory:``
   form, the older ``Kill process ... or sacrifice child`` / ``Killed process`` pair and the
   ``oom-kill:...,task=python,pid=1234`` summary (one event per killed pid)
@@ -33,6 +40,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from denpex.hardware.events import (
@@ -69,6 +77,11 @@ _XID_PCI = re.compile(rf"NVRM: Xid\s*\((?:PCI:)?(?P<pci>{_ADDR})\)")
 _PID = re.compile(r"\bpid='?(?P<pid>\d+)'?")
 _NAME = re.compile(r"\bname=(?P<name>[^,]*)")
 _GPU_AT = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_ADDR}): (?P<uuid>GPU-[0-9A-Fa-f-]+)")
+# Xid 154. The text in parentheses varies between drivers ("Node Reboot Required", "OS Reboot"); the
+# number is NVML's recovery action and is what the catalog reads.
+_RECOVERY = re.compile(
+    r"recovery action changed from\s+(?:0x)?[0-9a-fA-F]+(?:\s*\([^()]{0,64}\))?\s+to\s+(?:0x)?(?P<to>[0-9a-fA-F]{1,8})\b"
+)
 
 _SXID = re.compile(rf"SXid\s*\((?:PCI:)?(?P<pci>{_ADDR})\):\s*(?P<code>\d+)\s*,?\s*(?P<rest>.*)$")
 _LINK = re.compile(r"\b[Ll]ink\s*#?(?P<link>\d+)")
@@ -79,9 +92,22 @@ _AER_HEADER = re.compile(
 )
 _AER_DETAIL = re.compile(
     r"^(?:AER:\s*)?(?:device \[[0-9a-fA-F]{4}:[0-9a-fA-F]{4}\]|\[\s*\d+\]|TLP Header|"
-    r"(?:Uncorrectable|Correctable) error status|aer_\w+:|error status/mask)"
+    r"(?:Uncorrectable|Correctable) error status|aer_\w+:|aer_layer=|error status/mask)"
 )
 _ADDR_IN_TEXT = re.compile(_ADDR)
+
+# Firmware-first (APEI GHES) CPER records, as drivers/firmware/efi/cper.c prints them. ``{N}`` is
+# a counter per record: records printed at the same time interleave, and N restarts at each boot.
+_GHES = re.compile(r"^(?:\{(?P<seq>\d{1,10})\})?\[Hardware Error\]:\s*(?P<body>.*)$")
+_GHES_HEADER = "Hardware error from APEI Generic Hardware Error Source"
+_GHES_SEVERITY = re.compile(r"^event severity:\s*(?P<sev>\w+)")
+_GHES_SECTION = re.compile(r"^Error \d+, type:\s*(?P<sev>\w+)")
+_GHES_SECTION_TYPE = re.compile(r"^section[_ ]type:\s*(?P<type>.*)$")
+# The section's address. "vendor_id: 0x10de, device_id: 0x2330" names the PCI device id instead;
+# anchoring at the start of the body keeps the two apart.
+_GHES_DEVICE = re.compile(rf"^device_id:\s*(?P<bdf>{_ADDR})\s*$")
+# CPER severities (cper_severity_str); the kernel maps them to AER ones the same way.
+_CPER_SEVERITY = {"fatal": Severity.FATAL, "recoverable": Severity.NON_FATAL, "corrected": Severity.CORRECTABLE}
 
 _OOM = re.compile(
     r"(?:Memory cgroup out of memory|Out of memory(?: \([^)]*\))?):\s*Kill(?:ed)? process\s+"
@@ -119,6 +145,9 @@ class KernelLogReader:
         self._last_oom: dict[tuple[str, int], int] = {}
         # Root-port AER events that already took in their device's header.
         self._aer_merged: set[int] = set()
+        # Firmware-first records being read, per (host, {N}), and the last PCIe event one made per host.
+        self._ghes: dict[tuple[str, str], _GhesRecord] = {}
+        self._last_ghes: dict[str, int] = {}
 
     def feed(self, raw: str) -> None:
         """Read one line (with or without its newline)."""
@@ -146,13 +175,18 @@ class KernelLogReader:
 
     def result(self) -> TelemetryParseResult:
         """Everything read so far."""
+        rejects = Counter(self._rejects)
+        # Lines of firmware records that never reached a PCIe section said nothing usable.
+        undecided = sum(record.pending for record in self._ghes.values())
+        if undecided:
+            rejects[RejectReason.UNKNOWN_LINE] += undecided
         return TelemetryParseResult(
             events=sorted(self._events, key=lambda e: e.time),
             gpus=list(self._gpus),
             hosts=sorted(self._hosts),
             lines_read=self._lines,
             continuation_lines=self._continuations,
-            rejects=dict(self._rejects),
+            rejects=dict(rejects),
         )
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -166,6 +200,9 @@ class KernelLogReader:
             return self._sxid(host, time, msg, line)
         if "out of memory" in msg.lower() or msg.startswith(("Killed process", "oom-kill:")):
             return self._oom(host, time, msg, line)
+        ghes = _GHES.match(msg)
+        if ghes is not None:
+            return self._ghes_line(host, time, ghes, line)
         device = _DEVICE_PREFIX.match(msg)
         if device is not None and ("AER" in msg or "PCIe Bus Error" in msg or _AER_DETAIL.match(device["body"])):
             return self._aer(host, time, device, line)
@@ -181,6 +218,8 @@ class KernelLogReader:
         pci_match = _XID_PCI.search(msg)
         pci = canonical_pci(pci_match["pci"]) if pci_match else None
         rest = match["rest"]
+        recovery = _RECOVERY.search(rest)
+        action = int(recovery["to"], 16) if recovery else None
         pid_match, name_match = _PID.search(rest), _NAME.search(rest)
         comm = name_match["name"].strip().strip("'") if name_match else None
         detail = ", ".join(
@@ -193,8 +232,9 @@ class KernelLogReader:
                 host=host,
                 kind=SignalKind.XID,
                 time=time,
-                severity=self._catalog.severity_of(code),
+                severity=self._catalog.severity_of(code, action),
                 code=code,
+                recovery_action=action,
                 gpu=GpuRef(pci_bus_id=pci) if pci else None,
                 pid=_small_int(pid_match["pid"]) if pid_match else None,
                 comm=comm if comm and comm != "<unknown>" else None,
@@ -280,6 +320,10 @@ class KernelLogReader:
         if _AER_DETAIL.match(body):
             index = self._last_aer.get((host, bdf))
             if index is None or not _close(self._events[index].time, time):
+                # The kernel's decode of a firmware-first record (cper_print_aer) may name the port
+                # rather than the device the record names: it still belongs to that record.
+                index = self._last_ghes.get(host)
+            if index is None or not _close(self._events[index].time, time):
                 return RejectReason.ORPHAN_CONTINUATION
             self._append_detail(index, body)
             return None
@@ -342,6 +386,85 @@ class KernelLogReader:
         self._events[index] = event.model_copy(update={"detail": detail[:MAX_SOURCE_LINE_CHARS]})
         self._continuations += 1
 
+    # -- firmware-first PCIe errors (APEI GHES) ----------------------------------------------------
+
+    def _ghes_line(self, host: str, time: datetime, match: re.Match[str], line: str) -> RejectReason | None:
+        """One line of a CPER record; its PCIe sections become AER events, everything else is counted.
+
+        A record's first lines (header, event severity, "Error N, type") come before anyone knows
+        whether it has a PCIe section: they wait in ``pending`` and become that event's
+        continuation lines, or unknown lines when the section is about something else.
+        """
+        key, body = (host, match["seq"] or ""), match["body"].strip()
+        if body.startswith(_GHES_HEADER):
+            self._drop_pending(self._ghes.get(key))
+            self._ghes[key] = _GhesRecord(time=time, pending=1)
+            return None
+        record = self._ghes.get(key)
+        if record is None or not _close(record.time, time):
+            return RejectReason.ORPHAN_CONTINUATION
+        section_type = _GHES_SECTION_TYPE.match(body)
+        if section_type is not None:
+            return self._ghes_section(host, record, section_type["type"].strip(), line)
+        section = _GHES_SECTION.match(body)
+        if section is not None:
+            record.section_severity, record.event, record.in_section = _cper_severity(section["sev"]), None, False
+            record.section_text = body
+            record.pending += 1
+            return None
+        severity = _GHES_SEVERITY.match(body)
+        if severity is not None and not record.in_section:
+            record.severity, record.severity_text = _cper_severity(severity["sev"]), body
+            record.pending += 1
+            return None
+        if record.event is not None:
+            device = _GHES_DEVICE.match(body)
+            if device is not None:
+                self._set_ghes_device(host, record.event, canonical_pci(device["bdf"]))
+            self._append_detail(record.event, body)
+            return None
+        if not record.in_section:
+            # "It has been corrected by h/w ...", fru_id, fru_text, tstamp: part of the preamble.
+            record.pending += 1
+            return None
+        return RejectReason.UNKNOWN_LINE
+
+    def _ghes_section(self, host: str, record: "_GhesRecord", section_type: str, line: str) -> RejectReason | None:
+        record.in_section = True
+        if section_type != "PCIe error":
+            # A memory or processor error: not a PCIe event, and the model has no kind for it.
+            self._drop_pending(record)
+            record.event = None
+            return RejectReason.UNKNOWN_LINE
+        severity = record.section_severity or record.severity or Severity.UNKNOWN
+        record.event = len(self._events)
+        self._events.append(
+            HardwareEvent(
+                host=host,
+                kind=SignalKind.PCIE_AER,
+                time=record.time,
+                severity=severity,
+                detail="; ".join(["firmware-first PCIe error (APEI GHES)", *record.severity_words()]),
+                source=SignalSource.KERNEL_LOG,
+                line=line,
+            )
+        )
+        self._last_ghes[host] = record.event
+        self._continuations += record.pending
+        record.pending = 0
+        return None
+
+    def _set_ghes_device(self, host: str, index: int, bdf: str | None) -> None:
+        if bdf is None:
+            return
+        self._events[index] = self._events[index].model_copy(update={"device_pci": bdf})
+        self._last_aer[(host, bdf)] = index
+
+    def _drop_pending(self, record: "_GhesRecord | None") -> None:
+        if record is not None and record.pending:
+            self._rejects[RejectReason.UNKNOWN_LINE] += record.pending
+            record.pending = 0
+
     # -- OOM killer -------------------------------------------------------------------------------
 
     def _oom(self, host: str, time: datetime, msg: str, line: str) -> RejectReason | None:
@@ -377,6 +500,32 @@ class KernelLogReader:
             )
         )
         return None
+
+
+@dataclass
+class _GhesRecord:
+    """What is known so far of one firmware (CPER) record on one host."""
+
+    time: datetime
+    # Lines read before the record showed whether it has a PCIe section (see ``_ghes_line``).
+    pending: int = 0
+    # "event severity": the worst of the record's sections; "Error N, type": this section's own.
+    severity: Severity | None = None
+    section_severity: Severity | None = None
+    severity_text: str = ""
+    section_text: str = ""
+    # After the current section's "section_type" line; ``event`` is set when that section is PCIe.
+    in_section: bool = False
+    event: int | None = None
+
+    def severity_words(self) -> list[str]:
+        """``event severity: recoverable``, ``Error 0, type: recoverable``: the record's own words."""
+        return [text for text in (self.severity_text, self.section_text) if text]
+
+
+def _cper_severity(text: str) -> Severity:
+    # "info" is not an error severity at all: the record does not say how bad it is.
+    return _CPER_SEVERITY.get(text.strip().lower(), Severity.UNKNOWN)
 
 
 def _parse_time(text: str) -> datetime | None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from denpex.hardware.errors import CatalogError
 from denpex.hardware.events import Severity
 
-__all__ = ["XidBucket", "XidEntry", "XidCatalog", "load_xid_catalog", "default_xid_catalog"]
+__all__ = ["XidBucket", "RecoveryAction", "XidEntry", "XidCatalog", "load_xid_catalog", "default_xid_catalog"]
 
 
 class XidBucket(StrEnum):
@@ -42,8 +42,29 @@ class XidBucket(StrEnum):
     """The node needs a reboot (the GPU fell off the bus)."""
 
 
+class RecoveryAction(BaseModel):
+    """One GPU recovery action the driver can require, as NVML's ``nvmlDeviceGpuRecoveryAction_t``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    supports_isolation: bool
+    note: str | None = None
+
+
 class XidEntry(BaseModel):
-    """One Xid code and what it means for the isolation decision."""
+    """One Xid code and what it means for the isolation decision.
+
+    Most codes mean one thing. Xid 154 ("GPU recovery action changed ... to 0x2 (Node Reboot
+    Required)") means what the action it names means: ``recovery_actions`` maps NVML's action
+    number to that meaning, and ``supports_isolation`` is what a missing or unlisted action means.
+
+        >>> entry = default_xid_catalog().lookup(154)
+        >>> entry.supports_isolation_for(2), entry.action_phrase(2)
+        (True, 'recovery action now: Node Reboot Required')
+        >>> entry.supports_isolation_for(0), entry.severity_for(0).value
+        (False, 'non_fatal')
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -53,6 +74,7 @@ class XidEntry(BaseModel):
     supports_isolation: bool
     application_error: bool
     note: str | None = None
+    recovery_actions: dict[int, RecoveryAction] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> "XidEntry":
@@ -60,12 +82,36 @@ class XidEntry(BaseModel):
             raise ValueError(f"Xid {self.code}: cannot both support isolation and be an application error")
         if self.bucket in (XidBucket.RESET_GPU, XidBucket.REBOOT_NODE) and not self.supports_isolation:
             raise ValueError(f"Xid {self.code}: bucket {self.bucket} must support isolation")
+        if self.recovery_actions and self.application_error:
+            raise ValueError(f"Xid {self.code}: an Xid whose meaning follows a recovery action is not an application error")
         return self
 
     @property
     def severity(self) -> Severity:
         """Fatal when the GPU needs a reset or the node a reboot before use; else non-fatal."""
-        return Severity.FATAL if self.supports_isolation else Severity.NON_FATAL
+        return self.severity_for(None)
+
+    def supports_isolation_for(self, recovery_action: int | None) -> bool:
+        """Whether an event of this code, naming ``recovery_action``, supports isolating the node."""
+        action = self.recovery_actions.get(recovery_action) if recovery_action is not None else None
+        return action.supports_isolation if action is not None else self.supports_isolation
+
+    def severity_for(self, recovery_action: int | None) -> Severity:
+        """The event's severity; ``UNKNOWN`` when its meaning needs an action the catalog does not know."""
+        if self.recovery_actions and recovery_action not in self.recovery_actions:
+            return Severity.UNKNOWN
+        return Severity.FATAL if self.supports_isolation_for(recovery_action) else Severity.NON_FATAL
+
+    def action_phrase(self, recovery_action: int | None) -> str | None:
+        """``recovery action now: Node Reboot Required``; ``None`` for codes that name no action."""
+        if not self.recovery_actions:
+            return None
+        if recovery_action is None:
+            return "recovery action not logged"
+        action = self.recovery_actions.get(recovery_action)
+        if action is None:
+            return f"recovery action now: {recovery_action:#x}, not in Denpex's Xid catalog"
+        return f"recovery action now: {action.name}"
 
 
 class XidCatalog(BaseModel):
@@ -91,10 +137,10 @@ class XidCatalog(BaseModel):
                 return entry
         return None
 
-    def severity_of(self, code: int) -> Severity:
-        """The catalog's severity for ``code``; ``UNKNOWN`` for codes it does not list."""
+    def severity_of(self, code: int, recovery_action: int | None = None) -> Severity:
+        """The catalog's severity for ``code`` (and the recovery action it names); ``UNKNOWN`` for unlisted codes."""
         entry = self.lookup(code)
-        return entry.severity if entry else Severity.UNKNOWN
+        return entry.severity_for(recovery_action) if entry else Severity.UNKNOWN
 
 
 def load_xid_catalog(path: Path | None = None) -> XidCatalog:

@@ -408,3 +408,74 @@ def test_counter_rises_count_when_their_interval_meets_the_window(before: str, a
                            "counters": {"dl_recovery": 1 + 3 * n}})
     candidate = only(correlate(triage(), manifest(), telemetry(snap(0, before, 0), snap(1, after, 1))))
     assert [h.bearing for h in candidate.hardware] == ([HardwareBearing.SUPPORTS_HARDWARE_FAULT] if kept else [])
+
+
+# -- firmware-first AER and Xid 154 ---------------------------------------------------------------
+
+
+def ghes(host: str, severity: str, device: str) -> list[str]:
+    """A firmware-first (APEI GHES) PCIe record as the kernel prints it, with its AER decode."""
+    body = [
+        "{5}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+        f"{{5}}[Hardware Error]: event severity: {severity}",
+        f"{{5}}[Hardware Error]:  Error 0, type: {severity}",
+        "{5}[Hardware Error]:   section_type: PCIe error",
+        "{5}[Hardware Error]:   port_type: 0, PCIe end point",
+        f"{{5}}[Hardware Error]:   device_id: {device}",
+        "{5}[Hardware Error]:   vendor_id: 0x10de, device_id: 0x2330",
+        f"pcieport {device}: AER: aer_status: 0x00004000, aer_mask: 0x00000000",
+        f"pcieport {device}: AER:    [14] CmplTO                 (First)",
+    ]
+    return [kline(host, line) for line in body]
+
+
+@pytest.mark.parametrize(
+    ("severity", "bearing"),
+    [
+        pytest.param("fatal", HardwareBearing.SUPPORTS_HARDWARE_FAULT, id="fatal"),
+        pytest.param("recoverable", HardwareBearing.UNRELATED, id="recoverable-is-non-fatal"),
+        pytest.param("corrected", HardwareBearing.UNRELATED, id="corrected"),
+    ],
+)
+def test_firmware_first_aer_on_the_culprit_gpu_bears_like_native_aer(severity: str, bearing: HardwareBearing) -> None:
+    candidate = only(correlate(triage(), manifest(), telemetry(*ghes("gpu-node-001", severity, "0000:5e:00.0"))))
+    [hw] = candidate.hardware
+    assert (hw.kind, hw.bearing, hw.gpu) == ("pcie_aer", bearing, "0000:5e:00.0")
+
+
+def test_fatal_firmware_first_aer_on_a_non_candidate_host_lowers_confidence() -> None:
+    result = correlate(triage(), manifest(), telemetry(*ghes("gpu-node-002", "fatal", "0000:3b:00.0")))
+    [other] = result.other_hardware
+    assert (other.kind, other.bearing) == ("pcie_aer", HardwareBearing.SUPPORTS_HARDWARE_FAULT)
+    assert result.verdict is Verdict.AMBIGUOUS and only(result).confidence == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(
+    ("tail", "bearing", "phrase"),
+    [
+        pytest.param("from 0x0 (None) to 0x2 (Node Reboot Required)", HardwareBearing.SUPPORTS_HARDWARE_FAULT,
+                     "recovery action now: Node Reboot Required", id="node-reboot"),
+        pytest.param("from 0x0 (None) to 0x4 (Drain and Reset)", HardwareBearing.SUPPORTS_HARDWARE_FAULT,
+                     "recovery action now: Drain and Reset", id="drain-and-reset"),
+        pytest.param("from 0x1 (GPU Reset Required) to 0x0 (None)", HardwareBearing.UNRELATED,
+                     "recovery action now: None", id="back-to-none"),
+        pytest.param("from 0x0 (None) to 0x9 (Something New)", HardwareBearing.UNRELATED,
+                     "not in Denpex's Xid catalog", id="unknown-action"),
+    ],
+)
+def test_xid154_on_the_culprit_gpu_follows_the_recovery_action(tail: str, bearing: HardwareBearing, phrase: str) -> None:
+    line = f"NVRM: Xid (PCI:0000:5e:00): 154, GPU recovery action changed {tail}"
+    candidate = only(correlate(triage(), manifest(), telemetry(kline("gpu-node-001", line))))
+    [hw] = candidate.hardware
+    assert (hw.code, hw.bearing) == (154, bearing)
+    assert phrase in hw.summary and "root cause" not in hw.summary
+    assert supports_isolation(candidate) is (bearing is HardwareBearing.SUPPORTS_HARDWARE_FAULT)
+    if bearing is HardwareBearing.SUPPORTS_HARDWARE_FAULT:
+        assert "consistent with a hardware fault" in hw.summary
+
+
+def test_xid154_requiring_a_reboot_elsewhere_in_the_job_lowers_confidence() -> None:
+    line = "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    result = correlate(triage(), manifest(), telemetry(kline("gpu-node-002", line)))
+    assert result.verdict is Verdict.AMBIGUOUS
+    assert "recovery action now: GPU Reset Required" in result.other_hardware[0].summary

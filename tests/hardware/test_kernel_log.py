@@ -237,3 +237,170 @@ def test_rejected_lines_are_counted_by_reason(line: str, reason: RejectReason) -
 def test_hosts_with_well_formed_lines_count_as_covered() -> None:
     result = parse_kernel_log([P + "usb 1-1: reset", "2026-11-29T18:45:02+0000 gpu-node-007 kernel: eth0: link up"])
     assert result.hosts == ["gpu-node-002", "gpu-node-007"] and result.events == []
+
+
+# -- firmware-first PCIe errors (APEI GHES) -------------------------------------------------------
+# Dell/HPE/Lenovo servers let the firmware own AER; the kernel prints the firmware's CPER record
+# ("{N}" groups one record), then decodes its AER registers under the device (cper_print_aer).
+
+GHES_PCIE = [
+    "{1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+    "{1}[Hardware Error]: event severity: recoverable",
+    "{1}[Hardware Error]:  Error 0, type: recoverable",
+    "{1}[Hardware Error]:   section_type: PCIe error",
+    "{1}[Hardware Error]:   port_type: 0, PCIe end point",
+    "{1}[Hardware Error]:   version: 3.0",
+    "{1}[Hardware Error]:   command: 0x0546, status: 0x4010",
+    "{1}[Hardware Error]:   device_id: 0000:3b:00.0",
+    "{1}[Hardware Error]:   slot: 0",
+    "{1}[Hardware Error]:   secondary_bus: 0x00",
+    "{1}[Hardware Error]:   vendor_id: 0x10de, device_id: 0x2330",
+    "{1}[Hardware Error]:   class_code: 030200",
+    "{1}[Hardware Error]:   aer_uncor_status: 0x00004000, aer_uncor_mask: 0x00000000",
+    "{1}[Hardware Error]:   aer_uncor_severity: 0x00462030",
+    "{1}[Hardware Error]:   TLP Header: 4a000001 0e000004 3b000000 00000000",
+    "pcieport 0000:3a:00.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000",
+    "pcieport 0000:3a:00.0: AER:    [14] CmplTO                 (First)",
+    "pcieport 0000:3a:00.0: AER: aer_layer=Transaction Layer, aer_agent=Requester ID",
+    "pcieport 0000:3a:00.0: AER: aer_uncor_severity: 0x00462030",
+]
+GHES_MEMORY = [
+    "{2}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+    "{2}[Hardware Error]: It has been corrected by h/w and requires no further action",
+    "{2}[Hardware Error]: event severity: corrected",
+    "{2}[Hardware Error]:  Error 0, type: corrected",
+    "{2}[Hardware Error]:  fru_text: B3",
+    "{2}[Hardware Error]:   section_type: memory error",
+    "{2}[Hardware Error]:   error_status: Storage error in DRAM memory (0x0000000000000400)",
+    "{2}[Hardware Error]:   physical_address: 0x000000207ffd3e40",
+    "{2}[Hardware Error]:   node:1 card:1 module:1 rank:0 bank:3 device:0 row:12345 column:1016",
+    "{2}[Hardware Error]:   error_type: 2, single-bit ECC",
+]
+
+
+def ghes_block(seq: int, severity: str, device: str, *, section_type: str | None = None) -> list[str]:
+    """The GHES_PCIE record renumbered, with another severity and device (and no AER decode lines)."""
+    lines = [line.replace("{1}", f"{{{seq}}}") for line in GHES_PCIE if line.startswith("{")]
+    lines[1] = f"{{{seq}}}[Hardware Error]: event severity: {severity}"
+    lines[2] = f"{{{seq}}}[Hardware Error]:  Error 0, type: {section_type or severity}"
+    lines[7] = f"{{{seq}}}[Hardware Error]:   device_id: {device}"
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("lines", "severity"),
+    [
+        pytest.param(GHES_PCIE, Severity.NON_FATAL, id="recoverable-with-aer-decode"),
+        pytest.param(ghes_block(1, "fatal", "0000:3b:00.0"), Severity.FATAL, id="fatal"),
+        pytest.param(
+            [ghes_block(1, "corrected", "0000:3b:00.0")[0],
+             "{1}[Hardware Error]: It has been corrected by h/w and requires no further action",
+             *ghes_block(1, "corrected", "0000:3b:00.0")[1:]],
+            Severity.CORRECTABLE, id="corrected",
+        ),
+        # The section's own type is the PCIe error's severity; the event severity is the record's worst.
+        pytest.param(ghes_block(1, "fatal", "0000:3b:00.0", section_type="recoverable"), Severity.NON_FATAL,
+                     id="section-type-wins"),
+        pytest.param(ghes_block(1, "info", "0000:3b:00.0"), Severity.UNKNOWN, id="info-is-not-an-error-severity"),
+    ],
+)
+def test_ghes_pcie_record_is_one_aer_event(lines: list[str], severity: Severity) -> None:
+    result = parse_kernel_log([P + line for line in lines])
+    [event] = result.events
+    assert (event.kind, event.severity, event.host, event.time) == (SignalKind.PCIE_AER, severity, "gpu-node-002", T)
+    # "vendor_id: 0x10de, device_id: 0x2330" names the PCI device id, not an address.
+    assert (event.device_pci, event.reporter_pci) == ("0000:3b:00.0", None)
+    assert "APEI" in event.detail and "PCIe end point" in event.detail
+    assert result.continuation_lines == len(lines) - 1 and result.rejected == 0
+
+
+def test_ghes_aer_decode_lines_are_details_of_the_record() -> None:
+    result = parse_kernel_log([P + line for line in GHES_PCIE])
+    [event] = result.events
+    assert "CmplTO" in event.detail and "aer_layer=Transaction Layer" in event.detail
+
+
+def test_ghes_record_without_a_device_address_still_counts() -> None:
+    lines = [line for line in ghes_block(1, "fatal", "0000:3b:00.0") if "device_id: 0000" not in line]
+    [event] = parse_kernel_log([P + line for line in lines]).events
+    assert (event.severity, event.device_pci) == (Severity.FATAL, None)
+
+
+def test_ghes_memory_error_stays_unknown() -> None:
+    result = parse_kernel_log([P + line for line in GHES_MEMORY])
+    assert result.events == [] and result.rejects == {RejectReason.UNKNOWN_LINE: len(GHES_MEMORY)}
+
+
+def test_ghes_record_with_a_memory_and_a_pcie_section() -> None:
+    pcie = ghes_block(2, "fatal", "0000:5e:00.0")[2:]  # "Error 0, type: fatal" onwards
+    lines = [*GHES_MEMORY, pcie[0].replace("Error 0", "Error 1"), *pcie[1:]]
+    result = parse_kernel_log([P + line for line in lines])
+    [event] = result.events
+    assert (event.severity, event.device_pci) == (Severity.FATAL, "0000:5e:00.0")
+    assert result.rejects == {RejectReason.UNKNOWN_LINE: len(GHES_MEMORY)}
+    assert result.continuation_lines == len(pcie) - 1
+
+
+def test_interleaved_ghes_records_do_not_mix() -> None:
+    first, second = ghes_block(3, "fatal", "0000:3b:00.0"), ghes_block(4, "corrected", "0000:5e:00.0")
+    second[10] = "{4}[Hardware Error]:   vendor_id: 0x15b3, device_id: 0x1021"
+    interleaved = [line for pair in zip(first, second) for line in pair]
+    result = parse_kernel_log([P + line for line in interleaved])
+    assert [(e.device_pci, e.severity) for e in result.events] == [
+        ("0000:3b:00.0", Severity.FATAL), ("0000:5e:00.0", Severity.CORRECTABLE)]
+    assert "0x15b3" not in result.events[0].detail and "0x15b3" in result.events[1].detail
+    assert result.rejected == 0
+
+
+def test_ghes_records_from_two_hosts_do_not_mix() -> None:
+    a = ["2026-11-29T18:45:02+0000 gpu-node-001 kernel: " + line for line in ghes_block(1, "fatal", "0000:3b:00.0")]
+    b = ["2026-11-29T18:45:02+0000 gpu-node-002 kernel: " + line for line in ghes_block(1, "corrected", "0000:5e:00.0")]
+    result = parse_kernel_log([line for pair in zip(a, b) for line in pair])
+    assert sorted((e.host, e.device_pci, e.severity) for e in result.events) == [
+        ("gpu-node-001", "0000:3b:00.0", Severity.FATAL), ("gpu-node-002", "0000:5e:00.0", Severity.CORRECTABLE)]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        pytest.param(P + "{9}[Hardware Error]:   device_id: 0000:3b:00.0", RejectReason.ORPHAN_CONTINUATION,
+                     id="ghes-line-without-its-record"),
+        pytest.param(P + "pcieport 0000:3a:00.0: AER: aer_layer=Transaction Layer, aer_agent=Requester ID",
+                     RejectReason.ORPHAN_CONTINUATION, id="aer-decode-without-a-record"),
+        pytest.param(P + "mce: [Hardware Error]: Machine check events logged", RejectReason.UNKNOWN_LINE, id="mce"),
+        pytest.param(P + "{9}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+                     RejectReason.UNKNOWN_LINE, id="ghes-header-alone"),
+    ],
+)
+def test_ghes_lines_without_a_pcie_record_are_counted(line: str, reason: RejectReason) -> None:
+    result = parse_kernel_log([line])
+    assert result.events == [] and result.rejects == {reason: 1}
+
+
+# -- Xid 154: the driver's GPU recovery action ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tail", "action", "severity"),
+    [
+        pytest.param("from 0x0 (None) to 0x1 (GPU Reset Required)", 1, Severity.FATAL, id="gpu-reset"),
+        pytest.param("from 0x0 (None) to 0x2 (Node Reboot Required)", 2, Severity.FATAL, id="node-reboot"),
+        # The text in parentheses varies between drivers; the number is what counts.
+        pytest.param("from 0x0 (None) to 0x2 (OS Reboot)", 2, Severity.FATAL, id="node-reboot-other-text"),
+        pytest.param("from 0x0 (None) to 0x1 (PF FLR)", 1, Severity.FATAL, id="gpu-reset-other-text"),
+        pytest.param("from 0x0 (None) to 0x4 (Drain and Reset)", 4, Severity.FATAL, id="drain-and-reset"),
+        pytest.param("from 0x1 (GPU Reset Required) to 0x0 (None)", 0, Severity.NON_FATAL, id="back-to-none"),
+        pytest.param("from 0x0 (None) to 0x5 (Recover IMEX Domain)", 5, Severity.NON_FATAL, id="recover-imex-domain"),
+        pytest.param("from 0x0 (None) to 0x9 (Something New)", 9, Severity.UNKNOWN, id="action-not-in-catalog"),
+    ],
+)
+def test_xid154_takes_its_severity_from_the_new_recovery_action(tail: str, action: int, severity: Severity) -> None:
+    line = P + f"NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed {tail}"
+    [event] = parse_kernel_log([line]).events
+    assert (event.code, event.recovery_action, event.severity) == (154, action, severity)
+    assert event.gpu is not None and event.gpu.pci_bus_id == "0000:01:00.0"
+
+
+def test_xid154_without_an_action_is_unclassified() -> None:
+    [event] = parse_kernel_log([P + "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed"]).events
+    assert (event.code, event.recovery_action, event.severity) == (154, None, Severity.UNKNOWN)

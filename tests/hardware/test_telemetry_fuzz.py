@@ -22,6 +22,17 @@ REAL_LINES = [
     P + "pcieport 0000:00:01.0: AER: Multiple Uncorrectable (Non-Fatal) error message received from 0000:73:00.1",
     P + "Memory cgroup out of memory: Killed process 5151 (pt_main_thread) total-vm:1000kB, anon-rss:900kB",
     P + "oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=4242,uid=0",
+    P + "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+    # A firmware-first (APEI GHES) PCIe record and the kernel's AER decode after it.
+    P + "{1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+    P + "{1}[Hardware Error]: event severity: recoverable",
+    P + "{1}[Hardware Error]:  Error 0, type: recoverable",
+    P + "{1}[Hardware Error]:   section_type: PCIe error",
+    P + "{1}[Hardware Error]:   section_type: memory error",
+    P + "{1}[Hardware Error]:   device_id: 0000:3b:00.0",
+    P + "{1}[Hardware Error]:   vendor_id: 0x10de, device_id: 0x2330",
+    P + "pcieport 0000:3a:00.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000",
+    P + "pcieport 0000:3a:00.0: AER: aer_layer=Transaction Layer, aer_agent=Requester ID",
     '{"v": 1, "type": "xid", "host": "h", "time": "2026-11-29T18:40:00Z", "code": 79}',
 ]
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -102,6 +113,8 @@ def test_hostile_lines_stay_cheap() -> None:
         P + "NVRM: Xid " + ": 1x" * 2000,
         P + "nvidia 0000:3b:00.0: PCIe Bus Error: severity=" + "a," * 4000,
         P + "Out of memory: " + "Kill process 1 (" * 400,
+        P + "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 " + "(" * 4000,
+        P + "{1}[Hardware Error]: " + "section_type: " * 500,
     ]
     started = time.perf_counter()
     parse_kernel_log([line[:8192] for line in shapes] * 40)

@@ -12,7 +12,7 @@ from denpex.hardware import CatalogError, Severity, XidBucket, default_xid_catal
 BUCKETS = {
     XidBucket.APPLICATION: {13, 31, 68, 69, 94},
     XidBucket.WATCH: {43, 63, 92},
-    XidBucket.NAMED_WORKFLOW: {45, 48, 74},
+    XidBucket.NAMED_WORKFLOW: {45, 48, 74, 154},
     XidBucket.RESET_GPU: {46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158},
     XidBucket.REBOOT_NODE: {79},
 }
@@ -42,6 +42,38 @@ def test_isolation_support_per_code(code: int, supports: bool, application: bool
     assert (entry.supports_isolation, entry.application_error, entry.severity) == (supports, application, severity)
 
 
+@pytest.mark.parametrize(
+    ("action", "supports", "severity", "phrase"),
+    [
+        pytest.param(0, False, Severity.NON_FATAL, "recovery action now: None", id="0-none"),
+        pytest.param(1, True, Severity.FATAL, "recovery action now: GPU Reset Required", id="1-gpu-reset"),
+        pytest.param(2, True, Severity.FATAL, "recovery action now: Node Reboot Required", id="2-node-reboot"),
+        pytest.param(3, True, Severity.FATAL, "recovery action now: Drain P2P", id="3-drain-p2p"),
+        pytest.param(4, True, Severity.FATAL, "recovery action now: Drain and Reset", id="4-drain-and-reset"),
+        # A fabric-domain recovery, not a reset, reboot or drain of this GPU.
+        pytest.param(5, False, Severity.NON_FATAL, "recovery action now: Recover IMEX Domain", id="5-recover-imex"),
+        pytest.param(6, True, Severity.FATAL, "recovery action now: Bus Reset", id="6-bus-reset"),
+        pytest.param(7, True, Severity.FATAL, "recovery action now: System Reboot", id="7-system-reboot"),
+        pytest.param(9, False, Severity.UNKNOWN, "recovery action now: 0x9, not in Denpex's Xid catalog", id="9-unknown"),
+        pytest.param(None, False, Severity.UNKNOWN, "recovery action not logged", id="not-logged"),
+    ],
+)
+def test_xid154_meaning_follows_the_recovery_action(
+    action: int | None, supports: bool, severity: Severity, phrase: str
+) -> None:
+    entry = default_xid_catalog().lookup(154)
+    assert entry is not None and entry.bucket is XidBucket.NAMED_WORKFLOW
+    assert entry.supports_isolation_for(action) is supports
+    assert entry.severity_for(action) is severity
+    assert default_xid_catalog().severity_of(154, action) is severity
+    assert entry.action_phrase(action) == phrase
+
+
+def test_codes_without_recovery_actions_ignore_the_action() -> None:
+    entry = default_xid_catalog().lookup(79)
+    assert entry is not None and entry.supports_isolation_for(0) and entry.action_phrase(0) is None
+
+
 def test_unknown_code_has_unknown_severity() -> None:
     assert default_xid_catalog().lookup(4242) is None
     assert default_xid_catalog().severity_of(4242) is Severity.UNKNOWN
@@ -61,6 +93,16 @@ def test_unknown_code_has_unknown_severity() -> None:
         pytest.param(
             [{"code": 1, "name": "a", "bucket": "reboot", "supports_isolation": True, "application_error": False}],
             "bucket", id="unknown-bucket",
+        ),
+        pytest.param(
+            [{"code": 154, "name": "a", "bucket": "named_workflow", "supports_isolation": False,
+              "application_error": True, "recovery_actions": {"1": {"name": "GPU Reset Required", "supports_isolation": True}}}],
+            "application error", id="recovery-action-on-an-application-error",
+        ),
+        pytest.param(
+            [{"code": 154, "name": "a", "bucket": "named_workflow", "supports_isolation": False,
+              "application_error": False, "recovery_actions": {"x": {"name": "b", "supports_isolation": True}}}],
+            "recovery_actions", id="recovery-action-not-a-number",
         ),
     ],
 )
