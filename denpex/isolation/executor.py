@@ -173,14 +173,16 @@ class Executor:
         if trip:
             self._trip(plan, digest, operation, approver, trip)
             report.breaker_tripped = True
+        acted = False
         try:
             for index, item in enumerate(pending):
-                if item.decision is NodeDecision.ACT:
+                if item.decision is NodeDecision.ACT and acted:
                     # The facts were read before the nodes ahead of this one were acted on and
                     # verified; a person may have drained it meanwhile. Read it again, right
                     # before the intent, so their drain is never overwritten or undone.
                     item = self._decide(plan, operation, item.action, self.adapter.node_facts(item.action.node))
                 if item.decision is NodeDecision.ACT:
+                    acted = True
                     report.nodes.append(self._act(plan, digest, operation, approver, item))
                 else:
                     report.nodes.append(self._skip(plan, digest, operation, approver, item))
