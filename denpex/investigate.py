@@ -37,7 +37,7 @@ def investigate(path: str | Path, *, world_size: int | None = None,
                 manifest: JobManifest | Path | None = None, as_of: datetime | None = None,
                 telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
                 incident_id: str | None = None, runbook: Path | None = None,
-                options: TriageOptions | None = None) -> Investigation:
+                options: TriageOptions | None = None, cluster: str | None = None) -> Investigation:
     """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
     store = open_store(path)
     job = resolve_manifest(store, manifest)
@@ -48,6 +48,6 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     plan = None
     if scheduler is not None:
         plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook,
-                               job_id=job.job_id if job else None)
+                               job_id=job.job_id if job else None, cluster=cluster)
         report.plan = PlanView.model_validate(plan.contract_view())
     return Investigation(report=report, plan=plan)

@@ -149,6 +149,11 @@ class IsolationPlan(BaseModel):
     as_of: datetime
     """The time the evidence was judged at (never the wall clock by default)."""
     job_id: str | None = None
+    cluster: str | None = Field(default=None, min_length=1, max_length=200)
+    """The cluster the plan was made for (Slurm ``ClusterName``, Kubernetes context). Approvals
+    are bound to it, and execution refuses settings that reach another."""
+    tenant: str | None = Field(default=None, min_length=1, max_length=200)
+    """The tenant whose job hung; selects the runbook's approvers for prefect-ui approvals."""
     verdict: str
     actions: tuple[NodeAction, ...] = ()
     blocked: tuple[BlockedNode, ...] = ()

@@ -44,12 +44,15 @@ def plan_isolation(
     as_of: datetime,
     *,
     breaker: BreakerState | None = None,
+    cluster: str | None = None,
+    tenant: str | None = None,
 ) -> IsolationPlan:
     """Decide which nodes to isolate for one incident, and why the others are not.
 
     ``cluster_facts`` may be None when planning offline (``denpex triage`` without cluster
     access): the node and blast-radius gates that need live state then run at execution time.
     ``breaker`` is the circuit breaker's current state; a tripped breaker blocks every action.
+    ``cluster`` (and ``tenant``) are recorded: approvals bind to the plan's cluster.
     Raises PlanError for an ``incident_id`` that is not a Kubernetes label value.
     """
     problem = incident_id_problem(incident_id)
@@ -101,6 +104,8 @@ def plan_isolation(
         scheduler=scheduler,
         as_of=as_of,
         job_id=manifest.job_id if manifest else None,
+        cluster=cluster,
+        tenant=tenant,
         verdict=result.verdict.value,
         actions=actions,
         blocked=tuple(blocked),
@@ -128,11 +133,12 @@ def plan_for_triage(
     incident_id: str | None = None,
     runbook: Path | None = None,
     job_id: str | None = None,
+    cluster: str | None = None,
 ) -> IsolationPlan:
     """The plan ``denpex triage --scheduler`` prints. Offline: no cluster facts, no breaker state;
     ``denpex isolate`` re-runs those gates on live facts before acting."""
     policy = load_runbook(runbook).policy() if runbook else IsolationPolicy()
     return plan_isolation(
         result, None, policy, None, scheduler,
-        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(),
+        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(), cluster=cluster,
     )

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from denpex.isolation.approval import approve_plan
+from denpex.isolation.approval import Approval
 from denpex.isolation.audit import AuditLog, Outcome, verify_audit_log
-from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.config import KubernetesSettings
 from denpex.isolation.errors import RemoteAuthError
-from denpex.isolation.executor import Executor, NodeDecision, RunMode
+from denpex.isolation.execute import execute_approved
+from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
 from denpex.isolation.kubernetes import (
     ANNOTATION_AT,
     ANNOTATION_BY,
@@ -34,6 +34,7 @@ from denpex.isolation.policy import (
 from denpex.isolation.ssh import Backoff
 from isolation.k8s_fake_api import FakeApiServer, make_node, make_pdb, make_pod
 from isolation.triage_cases import killed_process, signal
+from isolation.trust import APPROVERS_FILE, key_file, operator_for, signed
 
 NODE = "gpu-node-002"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -67,27 +68,48 @@ def adapter(api: FakeApiServer) -> Iterator[KubernetesAdapter]:
         yield connected
 
 
+CLUSTER = "k8s-test"
+"""A bare host and token cannot say the cluster's name; the operator's settings give it."""
+
+
+class K8sRun:
+    """One test's operator (state in its own folder) running plans through ``execute_approved``."""
+
+    def __init__(self, adapter: KubernetesAdapter, state_dir: Path) -> None:
+        self.adapter = adapter
+        self.state_dir = state_dir
+        self.audit = AuditLog(state_dir / "audit.jsonl")
+
+    def run(self, plan: IsolationPlan, *, mode: RunMode = RunMode.DRY_RUN, operation: Operation = Operation.ISOLATE,
+            approval: Approval | None = None, policy: IsolationPolicy | None = None) -> ExecutionReport:
+        if approval is None and mode is RunMode.EXECUTE:
+            approval = signed(plan, operation=operation)
+        operator = operator_for(self.state_dir, policy or plan.policy, cluster=None if self.adapter.cluster_name() else CLUSTER,
+                                verify_timeout_s=2, poll_s=0.05)
+        return execute_approved(plan, approval, operator=operator, adapter=self.adapter, mode=mode,
+                                operation=operation)
+
+
 @pytest.fixture
-def executor(adapter: KubernetesAdapter, tmp_path: Path) -> Executor:
-    return Executor(adapter, AuditLog(tmp_path / "audit.jsonl"), CircuitBreaker(tmp_path / "breaker.json"),
-                    verify_timeout_s=2, poll_s=0.05)
+def executor(adapter: KubernetesAdapter, tmp_path: Path) -> K8sRun:
+    return K8sRun(adapter, tmp_path / "state")
 
 
 def make_plan(adapter: KubernetesAdapter | None, *, policy: IsolationPolicy = IsolationPolicy(),
-              node: str = NODE, incident_id: str = "inc-k8s") -> IsolationPlan:
+              node: str = NODE, incident_id: str = "inc-k8s", cluster: str | None = None) -> IsolationPlan:
     now = utc_now()
     result = killed_process(hardware=[signal(79, host=node, age=timedelta(minutes=1), as_of=now)], host=node, as_of=now)
     facts = adapter.cluster_facts() if adapter else None
-    return plan_isolation(result, None, policy, facts, Scheduler.KUBERNETES, incident_id, now)
+    where = cluster or (adapter.cluster_name() if adapter else None) or CLUSTER
+    return plan_isolation(result, None, policy, facts, Scheduler.KUBERNETES, incident_id, now, cluster=where)
 
 
-def execute(executor: Executor, plan: IsolationPlan, operation: Operation = Operation.ISOLATE):
-    return executor.run(plan, mode=RunMode.EXECUTE, operation=operation,
-                        approval=approve_plan(plan, "alice", at=utc_now(), operation=operation))
+def execute(executor: K8sRun, plan: IsolationPlan, operation: Operation = Operation.ISOLATE) -> ExecutionReport:
+    return executor.run(plan, mode=RunMode.EXECUTE, operation=operation)
 
 
 def test_cordon_taint_annotate_then_uncordon(api: FakeApiServer, adapter: KubernetesAdapter,
-                                             executor: Executor) -> None:
+                                             executor: K8sRun) -> None:
     plan = make_plan(adapter)
     assert plan.contract_view()["actions"] == [{"node": NODE, "action": "cordon_taint"}]
     assert plan.actions[0].running_jobs == ("train/trainer-1", "kube-system/dcgm-exporter-x")
@@ -118,7 +140,7 @@ def test_cordon_taint_annotate_then_uncordon(api: FakeApiServer, adapter: Kubern
 
 
 def test_eviction_honours_pod_disruption_budgets(api: FakeApiServer, adapter: KubernetesAdapter,
-                                                 executor: Executor) -> None:
+                                                 executor: K8sRun) -> None:
     api.pods += [make_pod("train", "loader-1", NODE, labels={"app": "loader"}),
                  make_pod("serve", "cache-1", NODE, labels={"app": "cache"})]
     api.pdbs += [make_pdb("train", "trainer", {"app": "trainer"}, 0),   # never allows: kept
@@ -137,7 +159,7 @@ def test_eviction_honours_pod_disruption_budgets(api: FakeApiServer, adapter: Ku
 
 
 def test_foreign_cordon_and_opt_out_label_are_left_alone(api: FakeApiServer, adapter: KubernetesAdapter,
-                                                         executor: Executor) -> None:
+                                                         executor: K8sRun) -> None:
     offline = make_plan(None)
     api.nodes[NODE]["spec"]["unschedulable"] = True  # `kubectl cordon` by a person: no annotation
     planned = make_plan(adapter)
@@ -152,7 +174,7 @@ def test_foreign_cordon_and_opt_out_label_are_left_alone(api: FakeApiServer, ada
 
 
 def test_manual_uncordon_cancels_the_automated_isolation(api: FakeApiServer, adapter: KubernetesAdapter,
-                                                         executor: Executor) -> None:
+                                                         executor: K8sRun) -> None:
     plan = make_plan(adapter)
     assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
     api.nodes[NODE]["spec"]["unschedulable"] = False  # a person uncordons, annotations stay
@@ -163,7 +185,7 @@ def test_manual_uncordon_cancels_the_automated_isolation(api: FakeApiServer, ada
 
 
 def test_ambiguous_server_error_is_resolved_by_reading_not_by_repeating(
-    api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
 ) -> None:
     api.fail_next_patches = 1  # the PATCH is applied, then answered with 500
     report = execute(executor, make_plan(adapter))
@@ -173,7 +195,7 @@ def test_ambiguous_server_error_is_resolved_by_reading_not_by_repeating(
 
 
 def test_a_lost_cordon_answer_still_evicts(api: FakeApiServer, adapter: KubernetesAdapter,
-                                          executor: Executor) -> None:
+                                          executor: K8sRun) -> None:
     api.fail_next_patches = 1  # the cordon PATCH is applied, then answered with 500
     report = execute(executor, make_plan(adapter, policy=EVICTING))
     [outcome] = report.nodes
@@ -184,7 +206,7 @@ def test_a_lost_cordon_answer_still_evicts(api: FakeApiServer, adapter: Kubernet
 
 
 def test_concurrent_change_is_reread_not_overwritten(api: FakeApiServer, adapter: KubernetesAdapter,
-                                                     executor: Executor) -> None:
+                                                     executor: K8sRun) -> None:
     racing = {"key": "maintenance", "value": "bios", "effect": "NoSchedule"}
     api.concurrent_writes.append(racing)
     report = execute(executor, make_plan(adapter))
@@ -201,7 +223,7 @@ def test_wrong_token_is_refused_and_nothing_changes(api: FakeApiServer) -> None:
 
 
 def test_the_longest_incident_id_is_a_taint_value_the_api_server_accepts(
-    api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
 ) -> None:
     # The fake refuses taint values that are not label values (422), as the API server does.
     incident = "job.7_" + "x" * 56 + "9"
@@ -212,7 +234,7 @@ def test_the_longest_incident_id_is_a_taint_value_the_api_server_accepts(
     assert api.nodes[NODE]["metadata"]["annotations"][ANNOTATION_INCIDENT] == incident
 
 
-def test_unknown_node_and_dry_run(api: FakeApiServer, adapter: KubernetesAdapter, executor: Executor) -> None:
+def test_unknown_node_and_dry_run(api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun) -> None:
     assert not adapter.node_facts("gpu-node-999").exists
     assert make_plan(adapter, node="gpu-node-999").blocked[0].gate is Gate.UNKNOWN_NODE
     dry = executor.run(make_plan(adapter), mode=RunMode.DRY_RUN)
@@ -229,10 +251,10 @@ def test_cli_isolates_on_kubernetes_from_environment_settings(api: FakeApiServer
     plan_path = tmp_path / "plan.json"
     save_plan(make_plan(None), plan_path)
     env = {"DENPEX_KUBE_HOST": api.url, "DENPEX_KUBE_TOKEN": "test-token",
-           "DENPEX_AUDIT_LOG": str(tmp_path / "audit.jsonl"), "DENPEX_BREAKER_STATE": str(tmp_path / "b.json"),
-           "DENPEX_EVIDENCE_STORE": str(tmp_path / "store")}
+           "DENPEX_STATE_DIR": str(tmp_path / "state"), "DENPEX_TRUSTED_APPROVERS": str(APPROVERS_FILE),
+           "DENPEX_CLUSTER": CLUSTER, "DENPEX_EVIDENCE_STORE": str(tmp_path / "store")}
     runner = CliRunner()
-    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice"]).exit_code == 0
+    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice", "--key", key_file("alice")]).exit_code == 0
     result = runner.invoke(app, ["isolate", str(plan_path), "--execute"], env=env)
     assert result.exit_code == 0, result.output
     assert "cordon_taint" not in result.stderr and "-> applied" in result.stdout
