@@ -294,13 +294,15 @@ def _adapter(plan: IsolationPlan, settings: IsolationSettings, operator: Operato
         if settings.ssh is None:
             raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
         with SshRunner(settings.ssh) as runner:
-            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff)
+            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff,
+                               actor=settings.ssh.username)
         return
     if settings.kubernetes is None:
         raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")
     from denpex.isolation.kubernetes import KubernetesAdapter  # the client is slow to import
 
-    with KubernetesAdapter.connect(settings.kubernetes, opt_out_label=limits.opt_out_label) as adapter:
+    with KubernetesAdapter.connect(settings.kubernetes, opt_out_label=limits.opt_out_label,
+                                   eviction=operator.policy.remediation.eviction) as adapter:
         yield adapter
 
 

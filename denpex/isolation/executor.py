@@ -275,8 +275,19 @@ class Executor:
         owner = facts.owner(self.policy.reason_prefix, plan.incident_id)
         if not facts.exists:
             return _Pending(action, facts, NodeDecision.BLOCKED, f"{action.node} is not known to the scheduler")
+        if owner is ReasonOwner.THIS_INCIDENT and facts.down:
+            # RESUME clears DOWN as well as DRAIN: a node that went down after our drain would be
+            # handed back to the scheduler with a fault Denpex never judged.
+            return _Pending(action, facts, NodeDecision.BLOCKED,
+                            f"{action.node} went down after Denpex isolated it ({facts.state}); resuming it "
+                            "would also clear a DOWN that Denpex never set, so a person must look")
         if owner is ReasonOwner.THIS_INCIDENT:
             return _Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, operation))
+        if owner is ReasonOwner.NONE and self._unmet(plan, action, operation, facts):
+            # A person uncordoned the node; our taint and marks remain and would keep it from
+            # ever being isolated again. Removing only those is the rest of the undo.
+            return _Pending(action, facts, NodeDecision.ACT,
+                            f"{action.node} is schedulable again, but Denpex's marks remain: removing them")
         if owner is ReasonOwner.NONE:
             return _Pending(action, facts, NodeDecision.ALREADY_DONE,
                             f"{action.node} is not isolated ({facts.state}); nothing to undo")

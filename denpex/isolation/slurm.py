@@ -53,8 +53,11 @@ class SlurmAdapter:
     scheduler = Scheduler.SLURM
 
     def __init__(self, runner: CommandRunner, *, opt_out_feature: str = "denpex_opt_out",
-                 backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep) -> None:
+                 backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
+                 actor: str | None = None) -> None:
         self.runner = runner
+        self.actor = actor
+        """The user Slurm records for our drains (the SSH user); a drain by another user is not ours."""
         self.opt_out_feature = opt_out_feature
         self.backoff = backoff
         """Waits between attempts while slurmctld cannot be reached (normally the SSH settings')."""
@@ -69,7 +72,7 @@ class SlurmAdapter:
             self._read(["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i %N"]).stdout
         )
         nodes = {
-            n.name: to_node_facts(n, jobs.get(n.name, ()), self.opt_out_feature)
+            n.name: to_node_facts(n, jobs.get(n.name, ()), self.opt_out_feature, self.actor)
             for n in parse_show_node(shown.stdout)
         }
         return ClusterFacts(nodes=nodes, collected_at=utc_now())
@@ -86,7 +89,7 @@ class SlurmAdapter:
                 f"{shown.output[:300]!r}"
             )
         jobs = parse_job_ids(self._read(["squeue", "-h", "-w", node, "-o", "%i"]).stdout)
-        return to_node_facts(matches[0], jobs, self.opt_out_feature)
+        return to_node_facts(matches[0], jobs, self.opt_out_feature, self.actor)
 
     def command_for(self, action: NodeAction, operation: Operation) -> str:
         return shlex.join(self._argv(action, operation))

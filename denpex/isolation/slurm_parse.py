@@ -246,8 +246,10 @@ def controller_fault(stderr: str) -> ControllerFault | None:
     return None
 
 
-def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature: str) -> NodeFacts:
-    """The scheduler-neutral view the gates decide on."""
+def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature: str,
+                  actor: str | None = None) -> NodeFacts:
+    """The scheduler-neutral view the gates decide on. ``actor`` is the user Denpex's commands run
+    as; a reason Slurm says another user set is never Denpex's, whatever its text."""
     return NodeFacts(
         name=node.name,
         exists=True,
@@ -256,6 +258,8 @@ def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature:
         down=node.down,
         not_responding=node.not_responding,
         reason=node.reason,
+        reason_user=node.reason_user,
+        reason_set_by_other_user=bool(actor and node.reason_user and node.reason_user != actor),
         partitions=node.partitions,
         running_jobs=tuple(running_jobs),
         opted_out=opt_out_feature in node.features,

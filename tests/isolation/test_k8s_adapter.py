@@ -26,6 +26,7 @@ from denpex.isolation.plan import Gate, IsolationPlan, Operation, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import (
     ActionKind,
+    EvictionRule,
     IsolationPolicy,
     RemediationSteps,
     SchedulerSteps,
@@ -147,15 +148,66 @@ def test_eviction_honours_pod_disruption_budgets(api: FakeApiServer, adapter: Ku
                  make_pdb("serve", "cache", {"app": "cache"}, 0)]       # allows after a while: retried
     api.pdb_refusals["cache"] = 2
 
-    report = execute(executor, make_plan(adapter, policy=EVICTING))
+    plan = make_plan(adapter, policy=EVICTING)
+    report = execute(executor, plan)
     [outcome] = report.nodes
-    assert outcome.outcome is Outcome.APPLIED
+    # The node is cordoned, but a pod the plan means to evict is still there: not done.
+    assert outcome.outcome is Outcome.FAILED
     assert "evicted train/loader-1, serve/cache-1" in outcome.output
     assert "PodDisruptionBudget kept train/trainer-1" in outcome.output
+    assert "1 evictable pod(s) remain on gpu-node-002: train/trainer-1" in outcome.message
     remaining = sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in api.pods)
     assert remaining == ["kube-system/dcgm-exporter-x", "train/trainer-1"]  # DaemonSet pods are left
     cache_posts = [path for method, path, _ in api.requests if method == "POST" and "cache-1" in path]
     assert len(cache_posts) == 3  # 429, 429, retried with backoff, then evicted
+
+    # The budget allows it later; the re-run evicts what is left instead of saying "already done".
+    api.pdbs[0]["status"]["disruptionsAllowed"] = 1
+    again = execute(executor, plan)
+    assert again.nodes[0].decision is NodeDecision.ACT and again.nodes[0].outcome is Outcome.APPLIED
+    assert [p["metadata"]["name"] for p in api.pods] == ["dcgm-exporter-x"]
+
+
+def test_a_drain_settles_each_pod_follows_kubectl_rules_and_post_checks(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
+) -> None:
+    """Issue 8 item 4: one failed eviction does not stop the rest nor count the node as done."""
+    api.pods += [make_pod("train", "flaky-1", NODE, labels={"app": "flaky"}),
+                 make_pod("train", "after-1", NODE, labels={"app": "after"}),
+                 make_pod("adhoc", "bare-1", NODE, owner=None),            # nothing recreates it
+                 make_pod("train", "scratch-1", NODE, empty_dir=True),     # eviction deletes its data
+                 make_pod("kube-system", "static-1", NODE, mirror=True)]   # the kubelet's
+    api.fail_evictions["flaky-1"] = 1
+    plan = make_plan(adapter, policy=EVICTING)
+    first = execute(executor, plan)
+    [outcome] = first.nodes
+    assert outcome.outcome is Outcome.FAILED
+    assert "evicted train/trainer-1, train/after-1" in outcome.output  # the loop went on after the 500
+    assert "eviction failed for train/flaky-1" in outcome.output
+    assert "adhoc/bare-1 (not managed by a controller" in outcome.output
+    assert "train/scratch-1 (has emptyDir data" in outcome.output
+    assert "evictable pod(s) remain on gpu-node-002: train/flaky-1" in outcome.message
+    names = sorted(p["metadata"]["name"] for p in api.pods)
+    assert names == ["bare-1", "dcgm-exporter-x", "flaky-1", "scratch-1", "static-1"]
+
+    again = execute(executor, plan)
+    assert again.nodes[0].decision is NodeDecision.ACT and again.nodes[0].outcome is Outcome.APPLIED
+    assert sorted(p["metadata"]["name"] for p in api.pods) == ["bare-1", "dcgm-exporter-x", "scratch-1", "static-1"]
+    done = execute(executor, plan)
+    assert done.nodes[0].decision is NodeDecision.ALREADY_DONE
+
+
+def test_the_runbook_may_allow_what_kubectl_drain_needs_flags_for(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    allowing = EVICTING.model_copy(update={"remediation": EVICTING.remediation.model_copy(
+        update={"eviction": EvictionRule(evict_unmanaged=True, delete_emptydir_data=True)})})
+    api.pods += [make_pod("adhoc", "bare-1", NODE, owner=None), make_pod("train", "scratch-1", NODE, empty_dir=True)]
+    with KubernetesAdapter.connect(settings(api), opt_out_label="denpex.io/opt-out",
+                                   eviction=allowing.remediation.eviction) as adapter:
+        report = K8sRun(adapter, tmp_path).run(make_plan(adapter, policy=allowing), mode=RunMode.EXECUTE)
+    assert report.nodes[0].outcome is Outcome.APPLIED
+    assert [p["metadata"]["name"] for p in api.pods] == ["dcgm-exporter-x"]
 
 
 def test_foreign_cordon_and_opt_out_label_are_left_alone(api: FakeApiServer, adapter: KubernetesAdapter,
@@ -182,6 +234,26 @@ def test_manual_uncordon_cancels_the_automated_isolation(api: FakeApiServer, ada
     assert again.nodes[0].decision is NodeDecision.BLOCKED
     assert "manual uncordon cancels" in again.nodes[0].message
     assert api.nodes[NODE]["spec"]["unschedulable"] is False
+
+
+def test_rollback_after_a_manual_uncordon_removes_our_marks_so_the_node_can_be_isolated_again(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
+) -> None:
+    """Issue 8 item 5: the person's uncordon is not the whole undo; our taint must go too."""
+    plan = make_plan(adapter)
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    other_incident = {"key": TAINT_KEY, "value": "inc-other", "effect": "NoSchedule"}
+    api.nodes[NODE]["spec"]["taints"].append(other_incident)
+    api.nodes[NODE]["spec"]["unschedulable"] = False  # a person uncordons; taint and annotations stay
+
+    back = execute(executor, plan, Operation.ROLLBACK)
+    [outcome] = back.nodes
+    assert outcome.decision is NodeDecision.ACT and outcome.outcome is Outcome.APPLIED
+    node = api.nodes[NODE]
+    assert node["spec"]["taints"] == [GPU_TAINT, other_incident]  # another incident's taint stays
+    assert not any(k.startswith("denpex.io/") for k in node["metadata"]["annotations"])
+    again = execute(executor, make_plan(adapter, incident_id="inc-k8s-2"))
+    assert again.nodes[0].outcome is Outcome.APPLIED, again.nodes[0].message
 
 
 def test_ambiguous_server_error_is_resolved_by_reading_not_by_repeating(

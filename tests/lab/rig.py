@@ -132,12 +132,13 @@ class Rig:
         return operator_for(self.state_dir, policy, evidence_store=str(self.store))
 
     def execute(self, plan: IsolationPlan, *, operation: Operation = Operation.ISOLATE,
-                approval: Approval | None = None, policy: IsolationPolicy | None = None) -> ExecutionReport:
+                approval: Approval | None = None, policy: IsolationPolicy | None = None,
+                adapter: SlurmAdapter | None = None) -> ExecutionReport:
         """Execute through ``execute_approved``, as an operator whose runbook is ``policy`` (default:
         the plan's), with alice's signed approval unless ``approval`` is given."""
         approval = approval or signed(plan, operation=operation)
         return execute_approved(plan, approval, operator=self.operator(policy or plan.policy),
-                                adapter=self.adapter, operation=operation)
+                                adapter=adapter or self.adapter, operation=operation)
 
     def dry_run(self, plan: IsolationPlan, *, policy: IsolationPolicy | None = None) -> ExecutionReport:
         return execute_approved(plan, None, operator=self.operator(policy or plan.policy), adapter=self.adapter,
@@ -149,7 +150,7 @@ def rig_for(lab: SlurmLab, settings: SshSettings, folder: Path,
             wrap: Callable[[CommandRunner], CommandRunner] | None = None) -> Iterator[Rig]:
     """A rig on ``folder`` (audit log, breaker, store); ``wrap`` may interpose on its commands."""
     with SshRunner(settings) as runner:
-        adapter = SlurmAdapter(wrap(runner) if wrap else runner, backoff=settings.backoff)
+        adapter = SlurmAdapter(wrap(runner) if wrap else runner, backoff=settings.backoff, actor=settings.username)
         folder.mkdir(parents=True, exist_ok=True)
         audit = AuditLog(folder / "audit.jsonl", key=load_or_create_audit_key(folder / "audit.key"))
         breaker = CircuitBreaker(folder / "breaker.json")
