@@ -140,6 +140,10 @@ def isolate_command(
         "--approval", help="Approval file (default: PLAN.approval.json).")] = None,
     rollback: Annotated[bool, typer.Option(
         "--rollback", help="Undo the plan's actions (RESUME / uncordon) where this incident owns them.")] = False,
+    requeue: Annotated[bool, typer.Option(
+        "--requeue-hung-job", help="Restart the plan's hung job away from its isolated nodes (Slurm: requeue "
+                                   "with ExcNodeList; Kubernetes: delete its pods there); approved on its own "
+                                   "with `denpex approve --operation requeue`.")] = False,
     config: ConfigOption = None,
     output: Annotated[ReportFormat, typer.Option("--format", help="text or json.")] = ReportFormat.TEXT,
 ) -> None:
@@ -149,6 +153,9 @@ def isolate_command(
     failed its post-checks; 2 unusable input; 3 the cluster refused or could not be reached;
     4 a node was (would be) blocked by a gate, or the plan isolates no node.
     """
+    if rollback and requeue:
+        raise _exit("--rollback and --requeue-hung-job are two operations; run them one at a time", EXIT_UNUSABLE)
+    operation = Operation.ROLLBACK if rollback else Operation.REQUEUE if requeue else Operation.ISOLATE
     try:
         plan = load_plan(plan_path)
         settings = load_settings(config, os.environ)
@@ -159,8 +166,7 @@ def isolate_command(
         with _adapter(plan, settings, operator) as adapter:
             report = execute_approved(
                 plan, approval, operator=operator, adapter=adapter,
-                mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE,
-                operation=Operation.ROLLBACK if rollback else Operation.ISOLATE,
+                mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE, operation=operation,
             )
     except RemoteError as exc:
         raise _exit(str(exc), EXIT_REMOTE) from exc
@@ -257,6 +263,7 @@ def render_execution(report: ExecutionReport) -> str:
     if report.audit_copy:
         lines.append(f"  audit log copied to {report.audit_copy}")
     lines += [f"  warning: {w}" for w in report.warnings]
+    lines += [f"  note: {n}" for n in report.notes]
     return "\n".join(lines) + "\n"
 
 
@@ -264,10 +271,13 @@ def _unfinished(plan: IsolationPlan, report: ExecutionReport) -> str | None:
     """One line naming what is not in the wanted state after ``report``; None when everything is."""
     if report.operation is Operation.ISOLATE and not plan.actions:
         return "the plan isolates no node: " + ("; ".join(b.message for b in plan.blocked) or "it has no action")
+    if report.operation is Operation.REQUEUE and not report.nodes:
+        return "no hung job was restarted: " + "; ".join(report.blocked)
     if not report.unfinished:
         return None
     verb = "would not" if report.mode is RunMode.DRY_RUN else "did not"
-    what = "isolate" if report.operation is Operation.ISOLATE else "roll back"
+    what = {Operation.ISOLATE: "isolate", Operation.ROLLBACK: "roll back",
+            Operation.REQUEUE: "restart the hung job on"}[report.operation]
     return f"{verb} {what} every planned node: {', '.join(report.unfinished)}"
 
 

@@ -103,6 +103,8 @@ class ExecutionReport(BaseModel):
     breaker_tripped: bool = False
     audit_copy: str | None = None
     warnings: list[str] = []
+    notes: list[str] = []
+    """What a person should know next, e.g. the hung job that keeps a drained node busy."""
 
     @property
     def failed(self) -> bool:
@@ -159,13 +161,14 @@ class Executor:
         ``approver``. EXECUTE verifies the audit chain (and that it extends the stored copy)
         before acting: AuditChainError; BusyError while another run holds the lock."""
         actions = [a for a in plan.actions if nodes is None or a.node in nodes]
+        work = self._requeue if operation is Operation.REQUEUE else self._run
         if mode is RunMode.DRY_RUN:
-            return self._run(plan, actions, mode, operation, None)
+            return work(plan, actions, mode, operation, None)
         with self.audit.run_lock():
             self.audit.verify()
             if self.store is not None:
                 check_extends_stored_copy(self.audit, self.store, plan.incident_id)
-            return self._run(plan, actions, mode, operation, approver)
+            return work(plan, actions, mode, operation, approver)
 
     def _run(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,
              approver: str | None) -> ExecutionReport:
@@ -185,6 +188,8 @@ class Executor:
             mode=mode, operation=operation, incident_id=plan.incident_id, plan_hash=digest,
             approver=approver, nodes=[], blocked=blocked, recovered=recovered,
         )
+        if operation is Operation.ISOLATE and plan.hung_job is not None:
+            report.notes.append(plan.hung_job.message)
         if mode is RunMode.DRY_RUN:
             report.nodes = [self._outcome(p, operation) for p in pending]
             return report
@@ -213,6 +218,70 @@ class Executor:
                 except StoreError as exc:
                     report.warnings.append(str(exc))
         return report
+
+    def _requeue(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,
+                 approver: str | None) -> ExecutionReport:
+        """Restart the hung job away from the isolated nodes: intent, the steps its state still
+        needs, read until it shows the change, result. A second run finds it done and skips."""
+        digest = plan.content_hash()
+        report = ExecutionReport(mode=mode, operation=operation, incident_id=plan.incident_id,
+                                 plan_hash=digest, approver=approver, nodes=[])
+        job = plan.hung_job
+        if job is None:
+            report.blocked.append("the plan offers no hung-job action (no job id, or no node isolated)")
+            return report
+        job = job.model_copy(update={"exclude_nodes": tuple(n for n in job.exclude_nodes
+                                                             if n in {a.node for a in actions})})
+        if not job.exclude_nodes:
+            report.blocked.append("none of the hung job's nodes is approved")
+            return report
+        command = self.adapter.hung_job_command(job)
+        what = f"job {job.job_id}"
+        unmet = self.adapter.hung_job_unmet(job)
+        decision = NodeDecision.ACT if unmet else NodeDecision.ALREADY_DONE
+        if mode is RunMode.DRY_RUN or not unmet:
+            note = "; ".join(unmet) or f"{what} no longer runs on {', '.join(job.exclude_nodes)} and excludes them"
+            outcome = None if mode is RunMode.DRY_RUN else Outcome.ALREADY_DONE
+            if outcome is not None:
+                self.audit.append(self._job_entry(plan, digest, approver, AuditKind.SKIP, command=command,
+                                                  outcome=outcome, message=note), at=self.clock())
+            report.nodes.append(NodeOutcome(node=what, decision=decision, command=command, outcome=outcome,
+                                            message=note))
+            return report
+        intent = self.audit.append(self._job_entry(plan, digest, approver, AuditKind.INTENT, command=command,
+                                                   message="; ".join(unmet)), at=self.clock())
+        output: ActionOutput | None = None
+        notes: list[str] = []
+        try:
+            output = self.adapter.restart_hung_job(job)
+        except OutcomeUnknownError as exc:
+            notes.append(f"the answer was lost ({exc}); judged from the job's state")
+        deadline = time.monotonic() + self.verify_timeout_s
+        unmet = self.adapter.hung_job_unmet(job)
+        while unmet and time.monotonic() < deadline:
+            self.sleep(self.poll_s)
+            unmet = self.adapter.hung_job_unmet(job)
+        outcome = Outcome.FAILED if unmet else Outcome.APPLIED
+        if unmet:
+            notes.append("post-checks not met: " + "; ".join(unmet))
+        message = " ".join(notes)
+        self.audit.append(self._job_entry(plan, digest, approver, AuditKind.RESULT, command=command,
+                                          rc=output.rc if output else None,
+                                          output=output.output if output else None, outcome=outcome,
+                                          intent_seq=intent.seq, message=message), at=self.clock())
+        report.nodes.append(NodeOutcome(node=what, decision=NodeDecision.ACT, command=command, outcome=outcome,
+                                        rc=output.rc if output else None,
+                                        output=output.output if output else "", message=message))
+        return report
+
+    @staticmethod
+    def _job_entry(plan: IsolationPlan, digest: str, approver: str | None, kind: AuditKind,
+                   **fields: object) -> AuditEntry:
+        return AuditEntry.model_validate({
+            "kind": kind, "incident_id": plan.incident_id, "plan_hash": digest,
+            "operation": Operation.REQUEUE, "approver": approver, "node": None, "action": "requeue",
+            **fields,
+        })
 
     def _interrupted(self, exc: RemoteError, plan: IsolationPlan, digest: str, operation: Operation,
                      report: ExecutionReport, rest: list[_Pending]) -> RemoteError:

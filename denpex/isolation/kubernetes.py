@@ -42,7 +42,7 @@ from denpex.isolation.errors import (
     TransientRemoteError,
 )
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner, owned_reason_prefix
-from denpex.isolation.plan import NodeAction, Operation, utc_now
+from denpex.isolation.plan import HungJob, NodeAction, Operation, utc_now
 from denpex.isolation.policy import ActionKind, EvictionRule, Scheduler
 from denpex.isolation.ssh import Backoff
 
@@ -53,6 +53,7 @@ __all__ = [
     "ANNOTATION_AT",
     "ANNOTATION_INCIDENT",
     "POOL_LABELS",
+    "JOB_LABELS",
     "KubernetesAdapter",
 ]
 
@@ -69,6 +70,13 @@ POOL_LABELS = (
     "kubernetes.azure.com/agentpool",
 )
 """Labels naming a node's pool, used as its 'partition' for the blast-radius share."""
+JOB_LABELS = (
+    "batch.kubernetes.io/job-name",
+    "job-name",
+    "training.kubeflow.org/job-name",
+    "denpex.io/job-id",
+)
+"""Pod labels that name the job a pod belongs to (Job, Kubeflow training jobs, our own)."""
 
 _T = TypeVar("_T")
 
@@ -340,6 +348,46 @@ class KubernetesAdapter:
                 self._sleep(delay)
                 continue
             return f"patched node {name} (resourceVersion {node.metadata.resource_version})"
+
+    # -- the hung job ---------------------------------------------------------------------
+    def hung_job_command(self, job: HungJob) -> str:
+        return (f"DELETE /api/v1/namespaces/<ns>/pods/<pod> for each pod labelled with job {job.job_id} "
+                f"({' or '.join(JOB_LABELS)}) on {', '.join(job.exclude_nodes)}")
+
+    def hung_job_unmet(self, job: HungJob) -> list[str]:
+        left = [f"{p.metadata.namespace}/{p.metadata.name} on {p.spec.node_name}" for p in self._job_pods(job)
+                if p.metadata.deletion_timestamp is None]
+        return [f"pods of job {job.job_id} remain: {', '.join(left)}"] if left else []
+
+    def restart_hung_job(self, job: HungJob) -> ActionOutput:
+        """Delete the job's pods on the excluded nodes; their controller places new ones (the nodes
+        are cordoned and tainted, so elsewhere)."""
+        from kubernetes.client.exceptions import NotFoundException
+
+        deleted = []
+        for pod in self._job_pods(job):
+            meta = pod.metadata
+            if meta.deletion_timestamp is not None:
+                continue
+            try:
+                self._change(partial(self.core.delete_namespaced_pod, meta.name, meta.namespace,
+                                     _request_timeout=self.request_timeout_s),
+                             f"delete pod {meta.namespace}/{meta.name}", passthrough=(NotFoundException,))
+            except NotFoundException:
+                pass  # already gone
+            deleted.append(f"{meta.namespace}/{meta.name}")
+        return ActionOutput(command=self.hung_job_command(job), rc=0,
+                            output=f"deleted {', '.join(deleted) or 'no pod'}")
+
+    def _job_pods(self, job: HungJob) -> list[Any]:
+        pods = []
+        for node in job.exclude_nodes:
+            for pod in self._pods_on(node):
+                labels = pod.metadata.labels or {}
+                finished = pod.status and pod.status.phase in ("Succeeded", "Failed")
+                if not finished and any(labels.get(key) == job.job_id for key in JOB_LABELS):
+                    pods.append(pod)
+        return pods
 
     def _eviction_blocker(self, pod: Any) -> str | None:
         """Why ``pod`` is not to be evicted, kubectl's way; None when it is. Finished, terminating,

@@ -12,7 +12,8 @@ It serves exactly what the adapter uses, with the API server's semantics for the
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction``: 429 while a PodDisruptionBudget
   (``policy/v1``, ``matchLabels``) allows no disruption, else the pod is deleted (201);
   ``fail_evictions`` answers chosen ones with 500 first;
-- ``GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets``.
+- ``GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets``;
+- ``DELETE /api/v1/namespaces/{ns}/pods/{name}``: the pod is gone at once (no grace period).
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). Requests are recorded.
 With ``tls`` (a server ``SSLContext``) it serves HTTPS, as a real API server does.
 """
@@ -330,5 +331,22 @@ class FakeApiServer:
                         budget["status"]["disruptionsAllowed"] -= 1
                     api.pods.remove(pod)
                 self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                if not self._authorized():
+                    return
+                parts = urlparse(self.path).path.strip("/").split("/")
+                if len(parts) != 6 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
+                    self._send(404, _status(404, "NotFound", "not served by the fake"))
+                    return
+                namespace, name = parts[3], parts[5]
+                with api.lock:
+                    pod = next((p for p in api.pods if p["metadata"]["namespace"] == namespace
+                                and p["metadata"]["name"] == name), None)
+                    if pod is None:
+                        self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                        return
+                    api.pods.remove(pod)
+                self._send(200, pod)
 
         return Handler

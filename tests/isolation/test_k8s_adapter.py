@@ -334,3 +334,28 @@ def test_cli_isolates_on_kubernetes_from_environment_settings(api: FakeApiServer
     assert (tmp_path / "store" / "audit" / "inc-k8s" / "audit.jsonl").exists()
     refused = runner.invoke(app, ["isolate", str(plan_path), "--dry-run"], env={**env, "DENPEX_KUBE_TOKEN": "x"})
     assert refused.exit_code == 3 and "refused our credentials" in refused.stderr
+
+
+def test_the_hung_jobs_pods_on_the_isolated_node_are_deleted_as_their_own_action(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
+) -> None:
+    """Issue 8 item 9 on Kubernetes: the job's pods on the cordoned node are deleted (their controller
+    reschedules them), approved, audited and verified on their own."""
+    api.pods += [make_pod("train", "job-7-worker-1", NODE, labels={"batch.kubernetes.io/job-name": "job-7"}),
+                 make_pod("train", "job-7-worker-2", "gpu-node-003", labels={"batch.kubernetes.io/job-name": "job-7"})]
+    now = utc_now()
+    result = killed_process(hardware=[signal(79, host=NODE, age=timedelta(minutes=1), as_of=now)], host=NODE, as_of=now)
+    plan = plan_isolation(result, None, IsolationPolicy(), adapter.cluster_facts(), Scheduler.KUBERNETES, "inc-k8s",
+                          now, cluster=CLUSTER, job_id="job-7")
+    assert plan.hung_job is not None and "keep running on the cordoned node" in plan.hung_job.message
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    assert any(p["metadata"]["name"] == "job-7-worker-1" for p in api.pods)  # cordon keeps running pods
+
+    report = execute(executor, plan, Operation.REQUEUE)
+    [outcome] = report.nodes
+    assert outcome.outcome is Outcome.APPLIED and "deleted train/job-7-worker-1" in outcome.output
+    names = sorted(p["metadata"]["name"] for p in api.pods)
+    assert names == ["dcgm-exporter-x", "job-7-worker-2", "trainer-1"]  # only the job's pod on that node
+    records = [r for r in executor.audit.records() if r.operation is Operation.REQUEUE]
+    assert [r.kind.value for r in records] == ["intent", "result"]
+    assert execute(executor, plan, Operation.REQUEUE).nodes[0].decision is NodeDecision.ALREADY_DONE

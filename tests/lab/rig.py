@@ -123,10 +123,11 @@ class Rig:
     store: Path
 
     def plan(self, result: TriageResult, *, policy: IsolationPolicy = IsolationPolicy(),
-             live_facts: bool = True) -> IsolationPlan:
+             live_facts: bool = True, job_id: str | None = None) -> IsolationPlan:
         facts = self.adapter.cluster_facts() if live_facts else None
         return plan_isolation(result, None, policy, facts, Scheduler.SLURM, INCIDENT,
-                              result.as_of or utc_now(), breaker=self.breaker.state(), cluster=CLUSTER)
+                              result.as_of or utc_now(), breaker=self.breaker.state(), cluster=CLUSTER,
+                              job_id=job_id)
 
     def operator(self, policy: IsolationPolicy = IsolationPolicy()) -> OperatorConfig:
         return operator_for(self.state_dir, policy, evidence_store=str(self.store))
