@@ -26,6 +26,7 @@ from denpex.analysis.models import Verdict
 from denpex.evidence.store import EvidenceStore, open_store
 from denpex.isolation.adapter import ClusterAdapter
 from denpex.isolation.approval import Approval, check_approval
+from denpex.isolation.audit import AuditLog
 from denpex.isolation.errors import ApprovalError, PolicyMismatchError, RemoteError
 from denpex.isolation.executor import ExecutionReport, Executor, RunMode
 from denpex.isolation.facts import owned_reason_prefix
@@ -73,8 +74,10 @@ def execute_approved(
         approver, nodes = approved.approver, approved.nodes
     if store is None and operator.evidence_store:
         store = open_store(operator.evidence_store)
+    # A dry run writes nothing, not even the audit key: it never appends to the log.
+    audit = operator.audit_log() if mode is RunMode.EXECUTE else AuditLog(operator.audit_path)
     executor = Executor(
-        adapter=adapter, audit=operator.audit_log(), breaker=operator.breaker(), policy=operator.policy,
+        adapter=adapter, audit=audit, breaker=operator.breaker(), policy=operator.policy,
         cluster=cluster or "(unnamed)", store=store, clock=clock, sleep=sleep,
         verify_timeout_s=operator.verify_timeout_s, poll_s=operator.poll_s,
     )

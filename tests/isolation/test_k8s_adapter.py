@@ -312,6 +312,7 @@ def test_unknown_node_and_dry_run(api: FakeApiServer, adapter: KubernetesAdapter
     dry = executor.run(make_plan(adapter), mode=RunMode.DRY_RUN)
     assert dry.nodes[0].decision is NodeDecision.ACT and "strategic-merge" in dry.nodes[0].command
     assert api.patches(NODE) == [] and not executor.audit.path.exists()
+    assert not (executor.state_dir / "audit.key").exists()  # a dry run writes nothing at all
 
 
 def test_cli_isolates_on_kubernetes_from_environment_settings(api: FakeApiServer, tmp_path: Path) -> None:
