@@ -305,7 +305,7 @@ def _adapter(plan: IsolationPlan, settings: IsolationSettings, operator: Operato
             raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
         with SshRunner(settings.ssh) as runner:
             yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff,
-                               actor=settings.ssh.username)
+                               actor=settings.slurm_user or settings.ssh.username)
         return
     if settings.kubernetes is None:
         raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")
