@@ -66,8 +66,10 @@ class CircuitBreaker:
         self.path = path
 
     def state(self) -> BreakerState:
-        with self._locked():
-            return self._read()
+        """The current state. Reading takes no lock and creates nothing: every write replaces the
+        file atomically, and a dry run (or an operator who may only read the state directory)
+        must leave no trace there."""
+        return self._read()
 
     def trip(self, *, reason: str, incident_id: str, at: datetime) -> BreakerState:
         """Open the breaker. A breaker already open keeps its first trip's story."""
@@ -106,9 +108,13 @@ class CircuitBreaker:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.path.with_name(self.path.name + ".lock")
-        with lock_path.open("a") as lock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = lock_path.open("a")
+        except OSError as exc:
+            raise ConfigError(f"{lock_path}: cannot open the breaker lock: {exc.strerror or exc}") from exc
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -133,7 +139,10 @@ class CircuitBreaker:
 
     def _write(self, state: BreakerState) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+            with tmp.open("rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot write breaker state: {exc.strerror or exc}") from exc
