@@ -6,7 +6,7 @@ fabric-wide fault (or a bug) than to many broken GPUs. The state is one small JS
 machine-wide state directory, written atomically under an exclusive lock, so concurrent
 executors see one truth.
 
-It also remembers each isolation Denpex applied (cluster, node, incident, time) for a day, so
+It also remembers each isolation Denpex sent (cluster, node, incident, time) for a day, so
 that the per-cluster rate limit (``SafetyLimits.max_isolations_per_cluster_per_hour``) holds
 across incidents: one bad switch opens many incidents, each within its own limits.
 """
@@ -28,10 +28,11 @@ from denpex.isolation.errors import ConfigError
 __all__ = ["IsolationMark", "BreakerState", "CircuitBreaker"]
 
 _KEEP_MARKS = timedelta(days=1)
+_HOUR = timedelta(hours=1)
 
 
 class IsolationMark(BaseModel):
-    """One isolation Denpex applied, for the per-cluster rate limit."""
+    """One isolation Denpex sent, for the per-cluster rate limit."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -53,7 +54,7 @@ class BreakerState(BaseModel):
     reset_by: str | None = None
     reset_at: datetime | None = None
     isolations: tuple[IsolationMark, ...] = ()
-    """Isolations applied in the last day, oldest first."""
+    """Isolations sent in the last day, oldest first."""
 
     def isolations_since(self, cluster: str, since: datetime) -> list[IsolationMark]:
         return [m for m in self.isolations if m.cluster == cluster and m.at >= since]
@@ -84,9 +85,13 @@ class CircuitBreaker:
             return new
 
     def record_isolation(self, *, cluster: str, node: str, incident_id: str, at: datetime) -> BreakerState:
-        """Remember an applied isolation (marks older than a day are dropped)."""
+        """Remember an isolation sent (marks older than a day are dropped). The same incident
+        sending it to the same node again within the hour (a retry) is not a second one."""
         with self._locked():
             current = self._read()
+            if any((m.cluster, m.node, m.incident_id) == (cluster, node, incident_id) and m.at >= at - _HOUR
+                   for m in current.isolations):
+                return current
             kept = tuple(m for m in current.isolations if m.at >= at - _KEEP_MARKS)
             mark = IsolationMark(cluster=cluster, node=node, incident_id=incident_id, at=at)
             new = current.model_copy(update={"isolations": (*kept, mark)})

@@ -313,9 +313,11 @@ class Executor:
         ours = [name for name, facts in current.items()
                 if facts.owner(policy.reason_prefix, plan.incident_id) is ReasonOwner.THIS_INCIDENT]
         breaker = self.breaker.state()
-        recent = breaker.isolations_since(self.cluster, self.clock() - timedelta(hours=1))
+        # This incident finishing its own earlier attempt on a node is not a new isolation.
+        recent = [m.node for m in breaker.isolations_since(self.cluster, self.clock() - timedelta(hours=1))
+                  if not (m.incident_id == plan.incident_id and m.node in to_act)]
         radius = blast_radius_gate(to_act, cluster, policy.limits, breaker, incident_nodes=ours,
-                                   recent_on_cluster=[m.node for m in recent])
+                                   recent_on_cluster=recent)
         if not radius.blocked:
             return pending, [], plan.breaker_trip
         message = radius.blocked[0].message
@@ -377,6 +379,12 @@ class Executor:
                         running_jobs=item.facts.running_jobs, message=item.message),
             at=self.clock(),
         )
+        if operation is Operation.ISOLATE:
+            # Counted once sent, not once verified: a cordon whose evictions are held up, or a
+            # drain whose answer was lost, still isolates the node, and the hourly limit is there
+            # for a storm of exactly such half-finished isolations.
+            self.breaker.record_isolation(cluster=self.cluster, node=action.node,
+                                          incident_id=plan.incident_id, at=self.clock())
         output, notes = self._send_once(plan, action, operation)
         final = self.adapter.node_facts(action.node)
         unmet = self._unmet(plan, action, operation, final)
@@ -390,9 +398,6 @@ class Executor:
             final = self.adapter.node_facts(action.node)
             unmet = self._unmet(plan, action, operation, final)
         outcome = Outcome.FAILED if unmet else Outcome.APPLIED
-        if operation is Operation.ISOLATE and not unmet:
-            self.breaker.record_isolation(cluster=self.cluster, node=action.node,
-                                          incident_id=plan.incident_id, at=self.clock())
         if unmet:
             notes.append("post-checks not met: " + "; ".join(unmet))
         if output is not None and output.rc != 0 and not unmet:
