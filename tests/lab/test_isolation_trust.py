@@ -18,7 +18,7 @@ from denpex.cli import app
 from denpex.isolation.audit import AuditRecord, verify_audit_log
 from denpex.isolation.errors import ApprovalError, AuditChainError, PolicyMismatchError
 from denpex.isolation.executor import NodeDecision
-from denpex.isolation.plan import save_plan, utc_now
+from denpex.isolation.plan import IsolationPlan, save_plan, utc_now
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import SshSettings
 from isolation.trust import APPROVERS_FILE, key_file, signed
@@ -339,3 +339,51 @@ def test_a_dry_run_writes_nothing_in_the_state_directory(rig: Rig, ssh_settings:
     blocked = runner.invoke(app, ["isolate", str(plan_path), "--dry-run", "--config", str(config)])
     assert blocked.exit_code == 4 and "breaker" in blocked.stdout, blocked.output
     assert sorted(p.name for p in state.iterdir()) == before
+
+
+def _other_incident(plan: IsolationPlan, incident: str) -> IsolationPlan:
+    return plan.model_copy(update={"incident_id": incident, "actions": tuple(
+        a.model_copy(update={"reason": a.reason.replace("denpex:inc-lab", f"denpex:{incident}")})
+        for a in plan.actions)})
+
+
+@pytest.mark.parametrize("tamper", ["truncated", "deleted"])
+def test_a_cut_or_deleted_audit_log_stops_the_next_incident_too(rig: Rig, ssh_settings: SshSettings,
+                                                                tmp_path: Path, tamper: str) -> None:
+    """The stored copy of incident A's run protects the log when incident B runs next: a log cut at
+    a record boundary (or removed) still chains, and B has no copy of its own yet."""
+    state = tmp_path / "state"
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, state, evidence_store=str(tmp_path / "store"))
+    first = tmp_path / "first.json"
+    save_plan(rig.plan(xid79("gpu-node-004")), first)
+    approve(first)
+    done = runner.invoke(app, ["isolate", str(first), "--execute", "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    log = state / "audit.jsonl"
+    if tamper == "truncated":
+        _write(log, _records(log)[:1])
+        assert verify_audit_log(log, key=bytes.fromhex((state / "audit.key").read_text().strip())).ok
+    else:
+        log.unlink()
+    second = tmp_path / "second.json"
+    save_plan(_other_incident(rig.plan(xid79("gpu-node-005")), "inc-other"), second)
+    approve(second)
+    line = refused(["isolate", str(second), "--execute", "--config", str(config)], "does not extend its stored copy")
+    assert "nothing was done" in line and not drained(rig.lab, "gpu-node-005")
+
+
+def test_a_plan_edited_after_its_approval_is_refused(rig: Rig, ssh_settings: SshSettings, tmp_path: Path) -> None:
+    """The plan file is rewritten after a person approved it, to drain another node: exit 2, one
+    line, nothing drained, nothing written to the audit log."""
+    plan = rig.plan(xid79("gpu-node-001"))
+    plan_path = tmp_path / "plan.json"
+    save_plan(plan, plan_path)
+    approve(plan_path)
+    [action] = plan.actions
+    edited = plan.model_copy(update={"actions": (action.model_copy(update={"node": "gpu-node-016"}),)})
+    save_plan(edited, plan_path)
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, tmp_path / "state")
+    line = refused(["isolate", str(plan_path), "--execute", "--config", str(config)],
+                   "the plan changed after approval")
+    assert "execution refused" in line
+    assert drained_nodes(rig.lab) == set() and not (tmp_path / "state" / "audit.jsonl").exists()
