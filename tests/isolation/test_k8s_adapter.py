@@ -407,3 +407,20 @@ def test_the_hourly_rate_limit_counts_every_isolation_sent_not_only_verified_one
     [again] = execute(executor, first).nodes
     assert again.decision is NodeDecision.ACT and again.outcome is Outcome.APPLIED
     assert [(m.node, m.incident_id) for m in breaker.state().isolations] == [(NODE, "inc-k8s")]
+
+
+def test_a_rollback_plan_whose_reasons_are_not_this_incidents_is_refused(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
+) -> None:
+    """Rollbacks act on a reason's incident tag (taint value, annotations): a plan edited to name
+    another incident there would clear the cordon yet leave this incident's taint behind."""
+    from denpex.isolation.errors import PolicyMismatchError
+
+    plan = make_plan(adapter)
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    [action] = plan.actions
+    edited = plan.model_copy(update={"actions": (action.model_copy(
+        update={"reason": action.reason.replace("denpex:inc-k8s", "denpex:inc-k8s-other")}),)})
+    with pytest.raises(PolicyMismatchError, match="reason does not start with 'denpex:inc-k8s'"):
+        execute(executor, edited, Operation.ROLLBACK)
+    assert api.nodes[NODE]["spec"]["unschedulable"] is True and OUR_TAINT in api.nodes[NODE]["spec"]["taints"]
