@@ -26,6 +26,7 @@ import io
 import os
 import secrets
 import stat
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -507,18 +508,8 @@ def load_or_create_audit_key(path: Path) -> bytes:
 
     A key file that others can read or write is refused: whoever reads it can forge the chain.
     """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
-    else:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_hex(32) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+    if not path.exists():
+        _create_audit_key(path)
     try:
         mode = path.stat().st_mode
         text = path.read_text(encoding="ascii").strip()
@@ -534,6 +525,32 @@ def load_or_create_audit_key(path: Path) -> bytes:
     if len(key) < 16:
         raise AuditChainError(f"{path}: the audit key is too short ({len(key)} bytes)")
     return key
+
+
+def _create_audit_key(path: Path) -> None:
+    """Write a new key whole, then put it in place only if none is there yet.
+
+    Two first runs at once (two operators, or the CLI and the flow) must not read each other's
+    key file half-written: it is written under a private name and linked into place (``link``
+    fails when the name exists), so the key file is either absent or complete.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another run made it first; theirs is the key
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
+    finally:
+        os.unlink(tmp)
 
 
 def copy_audit_log(log: AuditLog, store: EvidenceStore, incident_id: str) -> str:
