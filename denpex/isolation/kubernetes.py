@@ -388,6 +388,9 @@ class KubernetesAdapter:
                             output=f"deleted {', '.join(deleted) or 'no pod'}")
 
     def _job_pods(self, job: HungJob) -> list[Any]:
+        """The job's unfinished pods on the excluded nodes. Job names are per namespace: when the
+        name matches pods of more than one, another tenant's job shares it, and nothing is
+        guessed (CommandFailedError, before any intent or deletion)."""
         pods = []
         for node in job.exclude_nodes:
             for pod in self._pods_on(node):
@@ -395,6 +398,12 @@ class KubernetesAdapter:
                 finished = pod.status and pod.status.phase in ("Succeeded", "Failed")
                 if not finished and any(labels.get(key) == job.job_id for key in JOB_LABELS):
                     pods.append(pod)
+        namespaces = sorted({p.metadata.namespace for p in pods})
+        if len(namespaces) > 1:
+            raise CommandFailedError(
+                f"job {job.job_id} names pods in more than one namespace ({', '.join(namespaces)}) on "
+                f"{', '.join(job.exclude_nodes)}; another tenant's job shares the name, so no pod was "
+                "deleted: restart the hung job's pods by hand")
         return pods
 
     def _eviction_blocker(self, pod: Any, *, terminating: bool = True) -> str | None:

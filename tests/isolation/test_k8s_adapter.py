@@ -424,3 +424,24 @@ def test_a_rollback_plan_whose_reasons_are_not_this_incidents_is_refused(
     with pytest.raises(PolicyMismatchError, match="reason does not start with 'denpex:inc-k8s'"):
         execute(executor, edited, Operation.ROLLBACK)
     assert api.nodes[NODE]["spec"]["unschedulable"] is True and OUR_TAINT in api.nodes[NODE]["spec"]["taints"]
+
+
+def test_a_hung_job_name_shared_by_two_namespaces_deletes_nothing(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                                  executor: K8sRun) -> None:
+    """Job names are per namespace: another tenant's job of the same name on that node is not ours
+    to restart. Denpex does not guess; it deletes nothing and says why."""
+    from denpex.isolation.errors import CommandFailedError
+
+    label = {"batch.kubernetes.io/job-name": "job-7"}
+    api.pods += [make_pod("team-a", "job-7-worker-1", NODE, labels=label),
+                 make_pod("team-b", "job-7-worker-1", NODE, labels=label)]
+    now = utc_now()
+    result = killed_process(hardware=[signal(79, host=NODE, age=timedelta(minutes=1), as_of=now)], host=NODE, as_of=now)
+    plan = plan_isolation(result, None, IsolationPolicy(), adapter.cluster_facts(), Scheduler.KUBERNETES, "inc-k8s",
+                          now, cluster=CLUSTER, job_id="job-7")
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    with pytest.raises(CommandFailedError, match="in more than one namespace .team-a, team-b."):
+        execute(executor, plan, Operation.REQUEUE)
+    assert sorted(p["metadata"]["namespace"] for p in api.pods if p["metadata"]["name"] == "job-7-worker-1") \
+        == ["team-a", "team-b"]
+    assert not [r for r in executor.audit.records() if r.operation is Operation.REQUEUE]
