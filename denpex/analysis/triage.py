@@ -15,9 +15,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, summarize_all
-from denpex.analysis.compare import compare_groups
+from denpex.analysis.collector_records import manifest_from_records
+from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.models import SkippedFile, TriageResult
+from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.verdict import decide
 from denpex.analysis.wording import ranks_phrase
@@ -63,6 +65,11 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
     options = options or TriageOptions()
     objects = store.list()
     job = resolve_manifest(store, manifest, objects)
+    record_notes: list[str] = []
+    if job is None:
+        # No manifest: what Denpex's own collector recorded beside the dumps serves as one.
+        from_records = manifest_from_records(store, world_size)
+        job, record_notes = from_records.manifest, from_records.notes
     size, size_note = _world_size(world_size, job, objects)
     inventory = discover_dumps(store.uri, objects, job, size)
     outcomes = summarize_all(list(inventory.dumps.values()), max_bytes=options.max_dump_bytes,
@@ -80,6 +87,7 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
                               options=options, skipped=skipped)
     if size_note:
         result.notes.insert(0, size_note)
+    result.notes[:0] = record_notes
     return result
 
 
@@ -95,12 +103,20 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     membership = resolve_membership(summaries, manifest, world_size)
     as_of_ns = _as_of_ns(as_of, summaries, manifest)
     stale = _stale_ranks(summaries, manifest, as_of_ns, options.stale_after)
-    fresh = {r: s for r, s in summaries.items() if r not in stale}
     set_aside = {s.rank: s for s in reversed(skipped) if s.rank is not None and not s.copy_of}
-    missing = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
-    missing.update(stale)
-    comparison = compare_groups(fresh, set(missing), membership, as_of_ns,
-                                _dump_times(fresh, manifest))
+    absent = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
+    outran = {r: why for r, why in stale_by_peers(summaries, membership).items() if r not in stale}
+    comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns, manifest,
+                                             as_of is not None)
+    # A dump its peers outran says nothing about where its rank stands now. Where it takes part
+    # in a stuck op, the rank counts as unreported; elsewhere (ranks dumped a moment apart in a
+    # running job) it changes nothing.
+    involved = {r: outran[r] for b in comparison.blockages for r in (*b.targets, *b.waiting)
+                if r in outran}
+    if involved:
+        stale.update(involved)
+        comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns,
+                                              manifest, as_of is not None)
     decision = decide(comparison, fresh, missing, membership, manifest)
     return TriageResult(
         verdict=decision.verdict,
@@ -112,9 +128,28 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
         skipped_files=skipped,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
-        notes=(_clock_notes(as_of, summaries, stale) + comparison.notes + _membership_notes(membership)
+        notes=(_clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
+               + _outran_notes({r: w for r, w in outran.items() if r not in stale}) + comparison.notes + _membership_notes(membership)
                + _unusable_entry_notes(summaries)),
     )
+
+
+def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], membership: GroupMembership,
+             as_of_ns: int | None, manifest: JobManifest | None, as_of_given: bool
+             ) -> tuple[Comparison, dict[int, RankSummary], dict[int, str]]:
+    """Compare the ranks whose dumps are usable; the others count as missing."""
+    fresh = {r: s for r, s in summaries.items() if r not in missing}
+    comparison = compare_groups(fresh, set(missing), membership, as_of_ns, _dump_times(fresh, manifest),
+                                as_of_given=as_of_given)
+    return comparison, fresh, missing
+
+
+def _outran_notes(outran: dict[int, str]) -> list[str]:
+    if not outran:
+        return []
+    ranks = sorted(outran)
+    return [f"{ranks_phrase(ranks)} dumped before their peers completed later collectives (e.g. "
+            f"{outran[ranks[0]]}); no stuck op involves them, so this changes nothing"]
 
 
 def resolve_manifest(store: EvidenceStore, given: JobManifest | Path | str | None,
