@@ -12,7 +12,7 @@ import pytest
 
 from denpex.analysis.triage import triage_path
 from denpex.evidence.safe_pickle import safe_loads
-from denpex.testing.gloo_cases import CASES, EXPECTED_NAME, run_cases
+from denpex.testing.gloo_cases import CASES, EXPECTED_NAME, WORK_DIR, run_cases
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gloo_cases"
 NAMES = sorted(CASES)
@@ -75,3 +75,48 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", NAMES)
 def test_live_cases_triage_to_the_truth(live: dict[str, Path], name: str) -> None:
     assert outcome(live[name]) == expected(live[name])
+
+
+# -- family 8: the folder HangDumper wrote (dumps plus collector/ records), with no manifest --------
+
+COLLECTED = Path(__file__).resolve().parents[1] / "fixtures" / "gloo_collected"
+
+
+def check_collected(subgroup_unknown: Path, slow_rank: Path) -> None:
+    """The records name the culprit's host, every group's members and each dump's time."""
+    result = triage_path(subgroup_unknown)
+    assert result.verdict.value == "localized"
+    assert [(c.rank, c.kind.value, c.host) for c in result.candidates] == [(1, "not_entered", "gloo-node-01")]
+    notes = " ".join(result.notes)
+    assert "read 4 collector record(s)" in notes and "2 group(s)" in notes
+    assert "inferred" not in notes and "--as-of" not in notes and "world size 4 was inferred" not in notes
+    assert {s.process_group: s.group_desc for s in result.stuck} == {"0": "default_pg", "1": "pair"}
+    # The same job without its records is a weaker answer: membership and age unknown.
+    bare = triage_path(_dumps_only(subgroup_unknown))
+    assert bare.verdict.value == "incomplete" and bare.candidates[0].confidence < 0.9
+    # Dump times tell a slow rank (asked to dump one second in) from a hung one.
+    slow = triage_path(slow_rank)
+    assert slow.verdict.value == "no_hang" and "still in progress" in " ".join(slow.notes)
+    assert triage_path(_dumps_only(slow_rank)).verdict.value == "localized"
+
+
+def _dumps_only(folder: Path) -> Path:
+    bare = folder.parent / f"{folder.name}-bare"
+    if not bare.exists():
+        bare.mkdir()
+        for dump in folder.glob("rank_*.pkl"):
+            (bare / dump.name).write_bytes(dump.read_bytes())
+    return bare
+
+
+def test_committed_collector_folders_need_no_manifest(tmp_path: Path) -> None:
+    import shutil
+
+    copies = {n: shutil.copytree(COLLECTED / n, tmp_path / n) for n in ("subgroup_unknown", "slow_rank")}
+    check_collected(copies["subgroup_unknown"], copies["slow_rank"])
+
+
+@pytest.mark.slow
+def test_live_collector_folders_need_no_manifest(live: dict[str, Path]) -> None:
+    work = {n: live[n].parent / WORK_DIR / n / "collected" for n in ("subgroup_unknown", "slow_rank")}
+    check_collected(work["subgroup_unknown"], work["slow_rank"])
