@@ -6,6 +6,7 @@ on stderr (ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +23,7 @@ from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import save_plan
 from denpex.isolation.policy import Scheduler
 from denpex.report import render_text
+from denpex.terminal_progress import dump_progress
 
 __all__ = ["app", "main"]
 
@@ -73,9 +75,10 @@ def triage(
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
     try:
-        found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
-                            telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,
-                            runbook=runbook)
+        with dump_progress(sys.stderr) as progress:
+            found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
+                                telemetry=telemetry or (), scheduler=scheduler,
+                                incident_id=incident_id, runbook=runbook, progress=progress)
     except (EvidenceError, HardwareError, IsolationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     if plan_out is not None and found.plan is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, summarize_all
+from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, Progress, summarize_all
 from denpex.analysis.collector_records import manifest_from_records
 from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
@@ -52,16 +52,16 @@ class TriageOptions(BaseModel):
 
 def triage_path(path: str | Path, *, world_size: int | None = None,
                 manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
-                options: TriageOptions | None = None) -> TriageResult:
+                options: TriageOptions | None = None, progress: Progress | None = None) -> TriageResult:
     """Triage the dumps in a folder or ``s3://bucket/prefix``."""
     return triage_store(open_store(path), world_size=world_size, manifest=manifest, as_of=as_of,
-                        options=options)
+                        options=options, progress=progress)
 
 
 def triage_store(store: EvidenceStore, *, world_size: int | None = None,
                  manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
-                 options: TriageOptions | None = None) -> TriageResult:
-    """Triage every dump in ``store``."""
+                 options: TriageOptions | None = None, progress: Progress | None = None) -> TriageResult:
+    """Triage every dump in ``store``; ``progress`` is told (dumps read, dumps in all)."""
     options = options or TriageOptions()
     objects = store.list()
     job = resolve_manifest(store, manifest, objects)
@@ -73,7 +73,8 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
     size, size_note = _world_size(world_size, job, objects)
     inventory = discover_dumps(store.uri, objects, job, size)
     outcomes = summarize_all(list(inventory.dumps.values()), max_bytes=options.max_dump_bytes,
-                             workers=options.workers, store=store if len(inventory.dumps) < 64 else None)
+                             workers=options.workers, store=store if len(inventory.dumps) < 64 else None,
+                             progress=progress)
     skipped = list(inventory.skipped)
     summaries: dict[int, RankSummary] = {}
     for outcome in outcomes:
