@@ -155,6 +155,9 @@ class RankSummary(BaseModel):
     ring_wrapped: bool = False
     timing_enabled: bool = False
     newest_time_ns: int | None = None
+    # The creation time of the oldest entry in the ring (the rank's first op when the ring did not
+    # wrap): a dump whose whole history is newer than a peer's is from a later attempt.
+    oldest_time_ns: int | None = None
     # When the dump was taken, where the dump itself shows it: NCCL stamps the ``time_discovered_*``
     # of ops that are still live with the dump's own query time.
     dumped_at_ns: int | None = None
@@ -190,6 +193,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         ring_wrapped=scan.min_record_id is not None and scan.min_record_id > 0,
         timing_enabled=scan.timing_seen,
         newest_time_ns=scan.newest_ns,
+        oldest_time_ns=_oldest_time(entries),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
@@ -336,6 +340,15 @@ class _Scan:
             )
             for name, g in self.groups.items()
         }
+
+
+def _oldest_time(entries: list[Any]) -> int | None:
+    """The first entry's creation time: the ring keeps entries in the order they were recorded."""
+    for e in entries[:8]:
+        created = e.get("time_created_ns") if type(e) is dict else None
+        if type(created) is int and 0 < created < _INT64:
+            return created
+    return None
 
 
 def _newest_valid_time(entries: list[Any]) -> int:

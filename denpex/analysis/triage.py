@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from denpex.analysis.attempts import earlier_attempts
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, Progress, summarize_all
 from denpex.analysis.collector_records import manifest_from_records
 from denpex.analysis.compare import Comparison, compare_groups
@@ -21,9 +22,10 @@ from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.models import SkippedFile, TriageResult
 from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
+from denpex.analysis.twins import newer, same_moment
 from denpex.analysis.verdict import decide
 from denpex.analysis.wording import ranks_phrase
-from denpex.evidence.discovery import discover_dumps, is_candidate_name, rank_from_file_name
+from denpex.evidence.discovery import Inventory, discover_dumps, is_candidate_name, rank_from_file_name
 from denpex.evidence.errors import EvidenceError, ManifestError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest, parse_manifest_bytes
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
@@ -82,14 +84,40 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
             skipped.append(outcome)
         else:
             summaries[outcome.rank] = outcome
+    twin_notes = _check_twins(inventory, summaries, skipped, options, store)
     if not summaries:
         raise NoUsableEvidence(_nothing_usable(store.uri, skipped))
     result = triage_summaries(summaries, world_size=size, manifest=job, as_of=as_of,
                               options=options, skipped=skipped)
     if size_note:
         result.notes.insert(0, size_note)
-    result.notes[:0] = record_notes
+    result.notes[:0] = record_notes + twin_notes
     return result
+
+
+def _check_twins(inventory: Inventory, summaries: dict[int, RankSummary], skipped: list[SkippedFile],
+                 options: TriageOptions, store: EvidenceStore) -> list[str]:
+    """Compare each rank's JSON twin with the dump used; keep the newer when they differ."""
+    twins = [ref for rank, ref in inventory.twins.items() if rank in summaries]
+    if not twins:
+        return []
+    notes = []
+    for outcome in summarize_all(twins, max_bytes=options.max_dump_bytes, workers=options.workers,
+                                 store=store if len(twins) < 64 else None):
+        if isinstance(outcome, SkippedFile):
+            continue  # the pickle is used; the twin's flaw is already noted as a copy
+        used = summaries[outcome.rank]
+        if same_moment(used, outcome):
+            continue
+        keep = newer(used, outcome)
+        older = outcome if keep is used else used
+        summaries[outcome.rank] = keep
+        skipped[:] = [s for s in skipped if not (s.rank == outcome.rank and s.copy_of)]
+        why = (f"rank {outcome.rank}'s {older.source} and {keep.source} are different dumps (their "
+               f"progress differs); the newer, {keep.source}, is used")
+        skipped.append(SkippedFile(path=older.source, rank=outcome.rank, reason=why))
+        notes.append(why)
+    return notes
 
 
 def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
@@ -102,6 +130,9 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     membership = resolve_membership(summaries, manifest, world_size)
     summaries = _drop_mislabeled(summaries, membership, skipped)
     membership = resolve_membership(summaries, manifest, world_size)
+    attempt_notes = _drop_earlier_attempts(summaries, membership, skipped)
+    if attempt_notes:
+        membership = resolve_membership(summaries, manifest, world_size)
     as_of_ns = _as_of_ns(as_of, summaries, manifest)
     stale = _stale_ranks(summaries, manifest, as_of_ns, options.stale_after)
     set_aside = {s.rank: s for s in reversed(skipped) if s.rank is not None and not s.copy_of}
@@ -129,7 +160,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
         skipped_files=skipped,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
-        notes=(_clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
+        notes=(attempt_notes + _clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
                + _outran_notes({r: w for r, w in outran.items() if r not in stale}) + comparison.notes + _membership_notes(membership)
                + _unusable_entry_notes(summaries)),
     )
@@ -211,6 +242,19 @@ def _drop_mislabeled(summaries: dict[int, RankSummary], membership: GroupMembers
         else:
             kept[rank] = summary
     return kept
+
+
+def _drop_earlier_attempts(summaries: dict[int, RankSummary], membership: GroupMembership,
+                           skipped: list[SkippedFile]) -> list[str]:
+    """Set aside the dumps of an earlier attempt (in place); the newest attempt is triaged."""
+    older = earlier_attempts(summaries, membership)
+    for rank, why in sorted(older.items()):
+        skipped.append(SkippedFile(path=summaries.pop(rank).source, rank=rank, reason=why))
+    if not older:
+        return []
+    return [f"the folder mixes dumps from more than one attempt of the job: {ranks_phrase(sorted(older))} "
+            "dumped in an earlier one (see skipped_files); the newest attempt is triaged, and those "
+            "ranks count as unreported"]
 
 
 def _clock_notes(as_of: datetime | None, summaries: dict[int, RankSummary],

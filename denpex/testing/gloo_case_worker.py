@@ -55,9 +55,12 @@ class CaseContext:
 
     def old_dump(self) -> None:
         """An "old periodic dump": this rank's FR as it is now, kept aside from the final one."""
-        data = self.torch._C._distributed_c10d._dump_fr_trace(
-            includeCollectives=True, includeStackTraces=False, onlyActive=False)
-        write_atomic(self.work / "old" / f"rank_{self.rank}.pkl", data)
+        c10d = self.torch._C._distributed_c10d
+        pickled = c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False,
+                                      onlyActive=False)
+        as_json = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+        write_atomic(self.work / "old" / f"rank_{self.rank}.pkl", pickled)
+        write_atomic(self.work / "old" / f"rank_{self.rank}.json", as_json)
 
 
 def _gather(ctx: CaseContext) -> None:
@@ -124,6 +127,8 @@ PROGRAMS: dict[str, Callable[[CaseContext], None]] = {
     "scatter_skip": _roles(_scatter, r2=_idle),
     "all_to_all_single_skip": _roles(_all_to_all_single, r1=_idle),
     "stale_dump": _stale_then_world,
+    "twins_differ": _stale_then_world,
+    "restarted": _roles(_gather, r3=_idle),
     "mismatch_and_skip": _roles(_world, r3=_all_gather, r2=_idle),
     "tie_and_skip": _roles(_idle, r0=_world, r1=_all_gather),
     "subgroup_unknown": _roles(_world, r0=_sub_all_reduce, r1=_idle),
@@ -141,7 +146,7 @@ def run_rank(rank: int, world_size: int, work: Path, case: str, timeout: timedel
     subgroup = dist.new_group(list(SUBGROUP), timeout=timeout, group_desc="pair")
     ctx = CaseContext(rank, world_size, torch, dist, subgroup, work)
     dumper = HangDumper(work / "collected", rank=rank, collective_timeout=timeout,
-                        host=host_of(rank), local_rank=0, formats=(DumpFormat.PICKLE,),
+                        host=host_of(rank), local_rank=0, formats=(DumpFormat.PICKLE, DumpFormat.JSON),
                         poll_interval=timedelta(seconds=0.25))
     with dumper:
         for _ in range(HEALTHY_STEPS):

@@ -62,6 +62,12 @@ class GlooCase:
     request_after_s: float | None = None
     # Ranks whose folder dump is the old one the rank took mid-run, not its final dump.
     old_dumps: tuple[int, ...] = field(default=())
+    # Ranks whose final JSON dump lies beside their (old) pickle: two encodings, two moments.
+    json_twins: tuple[int, ...] = field(default=())
+    # A program run to its hang first, as an earlier attempt of the same job; these ranks' dumps
+    # come from it (they did not dump again in the newest attempt).
+    previous_attempt: str | None = None
+    from_previous: tuple[int, ...] = field(default=())
 
     def expected(self) -> dict[str, object]:
         """The truth, as written to ``expected.json`` beside the dumps."""
@@ -81,6 +87,13 @@ CASES: dict[str, GlooCase] = {c.name: c for c in (
     GlooCase("stale_dump", 2, "rank 2's dump is an old periodic one taken 4 collectives before the "
              "hang; rank 1 never enters the world all_reduce", Verdict.INCOMPLETE, {1: NE, 2: SR},
              stale=(2,), old_dumps=(2,)),
+    GlooCase("twins_differ", 3, "rank 2's pickle is its old periodic dump, its JSON the final one "
+             "(4 collectives later); rank 1 never enters the world all_reduce", Verdict.LOCALIZED,
+             {1: NE}, old_dumps=(2,), json_twins=(2,)),
+    GlooCase("restarted", 3, "the job hung (rank 1 idle in the world all_reduce #7) and was "
+             "restarted; in the new attempt rank 3 never calls gather(dst=0) and leaves no dump, so "
+             "its file is the one from the first attempt", Verdict.INCOMPLETE, {3: SR},
+             previous_attempt="stale_dump", from_previous=(3,)),
     GlooCase("mismatch_and_skip", 4, "ranks 0, 1 call all_reduce, rank 3 all_gather at the same "
              "world seq; rank 2 never calls", Verdict.LOCALIZED, {2: NE, 3: MM}),
     GlooCase("tie_and_skip", 4, "rank 0 calls all_reduce, rank 1 all_gather at the same world seq; "
@@ -137,29 +150,47 @@ class _Run:
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.rmtree(self.dest, ignore_errors=True)
         (self.work / "markers").mkdir(parents=True)
-        try:
-            self._launch()
-            self._wait(lambda: all((self.work / "markers" / f"hang-{r}").exists()
-                                   for r in range(WORLD_SIZE)), "every rank reaching the case")
-            if self.case.request_after_s is not None:
-                time.sleep(self.case.request_after_s)
-                request_dump(self.work / "collected", "launcher: dump now", requested_by="launcher")
-            self._wait(lambda: len(read_dump_records(self.work / "collected")) == WORLD_SIZE,
-                       "every rank to dump")
-        finally:
-            self._kill_all()
-        self._check_before_timeout()
+        if self.case.previous_attempt is not None:
+            self._attempt(self.work / "previous", self.case.previous_attempt, None)
+        self._attempt(self.work, self.case.name, self.case.request_after_s)
         self.dest.mkdir(parents=True)
         for rank in range(WORLD_SIZE):
-            old = self.work / "old" / f"rank_{rank}.pkl"
-            src = old if rank in self.case.old_dumps else self.work / "collected" / f"rank_{rank}.pkl"
-            if not src.is_file():
-                raise CaseError(f"{self.case.name}: rank {rank} wrote no {src.name}")
-            shutil.copyfile(src, self.dest / f"rank_{rank}.pkl")
+            for src, name in self._files_of(rank):
+                if not src.is_file():
+                    raise CaseError(f"{self.case.name}: rank {rank} wrote no {src}")
+                shutil.copyfile(src, self.dest / name)
         write_atomic(self.dest / EXPECTED_NAME, json.dumps(self.case.expected(), indent=1).encode())
         return self.dest
 
-    def _launch(self) -> None:
+    def _attempt(self, work: Path, program: str, request_after_s: float | None) -> None:
+        """Launch the 4 ranks of ``program`` in ``work``, let them hang and dump, kill them."""
+        (work / "markers").mkdir(parents=True, exist_ok=True)
+        self.procs = []
+        try:
+            self._launch(work, program)
+            self._wait(lambda: all((work / "markers" / f"hang-{r}").exists()
+                                   for r in range(WORLD_SIZE)), "every rank reaching the case", work)
+            if request_after_s is not None:
+                time.sleep(request_after_s)
+                request_dump(work / "collected", "launcher: dump now", requested_by="launcher")
+            self._wait(lambda: len(read_dump_records(work / "collected")) == WORLD_SIZE,
+                       "every rank to dump", work)
+        finally:
+            self._kill_all()
+        self._check_before_timeout(work)
+
+    def _files_of(self, rank: int) -> list[tuple[Path, str]]:
+        """Where the folder's files of ``rank`` come from, and their names there."""
+        final = self.work / "collected"
+        if rank in self.case.from_previous:
+            return [(self.work / "previous" / "collected" / f"rank_{rank}.pkl", f"rank_{rank}.pkl")]
+        pickle_dir = self.work / "old" if rank in self.case.old_dumps else final
+        files = [(pickle_dir / f"rank_{rank}.pkl", f"rank_{rank}.pkl")]
+        if rank in self.case.json_twins:
+            files.append((final / f"rank_{rank}.json", f"rank_{rank}.json"))
+        return files
+
+    def _launch(self, work: Path, program: str) -> None:
         package_root = Path(__file__).resolve().parents[2]
         env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "64", "OMP_NUM_THREADS": "1",
                "GLOO_SOCKET_IFNAME": "lo",
@@ -167,25 +198,25 @@ class _Run:
                                                            os.environ.get("PYTHONPATH")]))}
         for rank in range(WORLD_SIZE):
             argv = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), "--world-size",
-                    str(WORLD_SIZE), "--work-dir", str(self.work), "--case", self.case.name,
+                    str(WORLD_SIZE), "--work-dir", str(work), "--case", program,
                     "--timeout-s", str(self.timeout_s), "--parent-pid", str(os.getpid())]
-            with (self.work / f"rank_{rank}.log").open("wb") as log:
+            with (work / f"rank_{rank}.log").open("wb") as log:
                 self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                    env=env, start_new_session=True))
 
-    def _wait(self, done: Callable[[], bool], what: str) -> None:
+    def _wait(self, done: Callable[[], bool], what: str, work: Path) -> None:
         while not done():
             if time.monotonic() > self.deadline:
-                raise CaseError(f"{self.case.name}: timed out waiting for {what}; see {self.work}/rank_*.log")
+                raise CaseError(f"{self.case.name}: timed out waiting for {what}; see {work}/rank_*.log")
             dead = {r: p.returncode for r, p in enumerate(self.procs) if p.poll() is not None}
             if dead:
                 raise CaseError(f"{self.case.name}: ranks exited while waiting for {what}: {dead}; "
-                                f"see {self.work}/rank_*.log")
+                                f"see {work}/rank_*.log")
             time.sleep(0.05)
 
-    def _check_before_timeout(self) -> None:
+    def _check_before_timeout(self, work: Path) -> None:
         """Every dump must precede the first timeout: after it, Gloo's failed ops are a race."""
-        records = read_dump_records(self.work / "collected")
+        records = read_dump_records(work / "collected")
         first = min(r.dumped_at for r in records.values())
         last = max(r.dumped_at for r in records.values())
         if (last - first).total_seconds() > self.timeout_s * 0.2:

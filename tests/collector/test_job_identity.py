@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,18 +31,33 @@ def test_outside_a_job_the_identity_is_empty() -> None:
     assert read_job_identity() == JobIdentity()
 
 
+_ONE_RANK_JOB = """
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from denpex.collector.job_identity import read_job_identity
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1,
+                        timeout=timedelta(seconds=30))
+pair = dist.new_group([0], group_desc="pair", timeout=timedelta(seconds=30))
+dist.all_reduce(torch.ones(2), group=pair)
+entries = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+print(read_job_identity().model_dump_json())
+print(entries.decode() if isinstance(entries, bytes) else entries)
+"""
+
+
 def test_a_real_gloo_job_names_its_groups_as_flight_recorder_does(tmp_path: Path) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
-                            world_size=1, timeout=timedelta(seconds=30))
-    try:
-        pair = dist.new_group([0], group_desc="pair", timeout=timedelta(seconds=30))
-        dist.all_reduce(__import__("torch").ones(2), group=pair)
-        identity = read_job_identity()
-    finally:
-        dist.destroy_process_group()
+    # Its own process: a process group left behind (even destroyed) changes later tests' pg ids.
+    done = subprocess.run([sys.executable, "-c", _ONE_RANK_JOB, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120, check=True)
+    identity_line, fr_json = done.stdout.splitlines()[:2]
+    identity = JobIdentity.model_validate_json(identity_line)
     assert identity.world_size == 1
     assert identity.process_groups == {"0": ProcessGroupSpec(desc="default_pg", ranks=(0,)),
                                        "1": ProcessGroupSpec(desc="pair", ranks=(0,))}
+    # The names are the ones Flight Recorder records in process_group[0].
+    recorded = {e["process_group"][0] for e in json.loads(fr_json)["entries"]}
+    assert recorded <= set(identity.process_groups) and "1" in recorded
 
 
 class _Recorder:

@@ -120,3 +120,15 @@ def test_committed_collector_folders_need_no_manifest(tmp_path: Path) -> None:
 def test_live_collector_folders_need_no_manifest(live: dict[str, Path]) -> None:
     work = {n: live[n].parent / WORK_DIR / n / "collected" for n in ("subgroup_unknown", "slow_rank")}
     check_collected(work["subgroup_unknown"], work["slow_rank"])
+
+
+@pytest.mark.parametrize(("name", "skipped", "reason"), [
+    ("twins_differ", "rank_2.pkl", "the newer, rank_2.json, is used"),
+    ("restarted", "rank_3.pkl", "from an earlier attempt of the job"),
+])
+def test_conflicting_or_mixed_evidence_is_set_aside_with_its_reason(name: str, skipped: str,
+                                                                     reason: str) -> None:
+    result = triage_path(FIXTURES / name)
+    [entry] = [s for s in result.skipped_files if s.path == skipped]
+    assert reason in entry.reason and entry.copy_of is None
+    assert reason.split(",")[0] in " ".join(result.notes) or "more than one attempt" in " ".join(result.notes)
