@@ -280,7 +280,8 @@ class _Scan:
                 if not done:
                     _keep_pending(group, e)
                 continue
-            if group.pending and name.endswith("coalesced") and _closes_p2p_batch(group, e, done):
+            if name.endswith("coalesced") and (
+                    group.pending and _closes_p2p_batch(group, e, done) or _orphan_p2p_closer(group, e, csid)):
                 continue
             if csid >= group.enq:
                 group.enq = csid
@@ -379,6 +380,21 @@ def _closes_p2p_batch(group: _GroupScan, e: dict[str, Any], done: bool) -> bool:
         group.pending.remove(member)
     if not done:
         group.pending.extend(dict(member, _in_batch=True) for member in members)
+    return True
+
+
+def _orphan_p2p_closer(group: _GroupScan, e: dict[str, Any], csid: int) -> bool:
+    """A batched-p2p closer whose send/recv members are not in the ring (it wrapped between
+    them) or were not kept. It is never a collective: p2p work does not advance
+    ``collective_seq_id``, which starts at 1, so a closer at 0 closes a p2p batch (NCCL
+    ``endCoalescing``; notes: NCCL_FORMAT.md "Batched p2p"). Counted as collective #0 it would
+    make a rank whose batches all completed look as if it waited on its pipeline peers.
+    """
+    if csid != 0 or e.get("is_p2p") is True:
+        return False
+    psid = e.get("p2p_seq_id")
+    if type(psid) is int and group.p2p_enq < psid < _INT64:
+        group.p2p_enq = psid
     return True
 
 

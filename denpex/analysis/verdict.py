@@ -133,7 +133,14 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
         return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
     group = summaries[rank].groups.get(first.group) if first else None
     last = group.last_enqueued if group else -1
-    seen = f"its last enqueued op in that group is #{last}" if last >= 0 else "it has no op in that group"
+    if first is not None and first.is_p2p and group is not None and group.last_p2p_enqueued >= 0:
+        # A pipeline group counts p2p work in p2p_seq_id only; its collective count stays 0.
+        seen = (f"its last p2p op in that group is p2p_seq_id {group.last_p2p_enqueued}, and every "
+                "send, recv and batch it enqueued there completed")
+    elif last >= 0:
+        seen = f"its last enqueued op in that group is #{last}"
+    else:
+        seen = "it has no op in that group"
     return f"rank {rank} dumped (it is alive) with nothing in flight; {seen}"
 
 

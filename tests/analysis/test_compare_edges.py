@@ -213,3 +213,28 @@ def test_a_clock_far_ahead_is_pointed_out(tmp_path: Path) -> None:
     # 10 s after the ops began: past half their 5 s timeout, so a hang and not a slow step.
     rerun = triage_path(tmp_path, as_of=datetime.fromtimestamp(T0 / 1e9 + 10, UTC))
     assert rerun.verdict is V.LOCALIZED and [c.rank for c in rerun.candidates] == [2]
+
+
+def test_a_batch_closer_without_its_members_is_no_collective(tmp_path: Path) -> None:
+    """Issue 9, family 7 (NCCL format): rank 0 completed its batches in the pipeline group (its
+    ring wrapped between the last batch's members and their nccl:coalesced closer), then hung on
+    its CPU; rank 1 blocks in the next batched send to it. The closer must not read as
+    'collective #0' that rank 0 waits in: rank 0 alone is the culprit, and the text says what it
+    did in that p2p-only group."""
+    pp = ("pp", "PIPELINE_MODEL_PARALLEL_GROUP")
+    closer7 = dict(entry("pp", 0, op="nccl:coalesced", sizes=[], state="completed", p2p_seq_id=7,
+                         record_id=50), process_group=pp)
+    send8 = dict(entry("pp", 0, op="nccl:send 1->0", retired=False, p2p_seq_id=8, is_p2p=True,
+                       record_id=60), process_group=pp)
+    closer8 = dict(entry("pp", 0, op="nccl:coalesced", sizes=[], retired=False, p2p_seq_id=8,
+                         record_id=61), process_group=pp)
+    world = history("0", 5, op="nccl:all_reduce", start_record=40)
+    write(tmp_path, {0: dump(world + [closer7]), 1: dump(world + [send8, closer8])},
+          manifest={"world_size": 2, "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1]},
+                                                        "pp": {"desc": pp[1], "ranks": [0, 1]}}})
+    result = triage_path(tmp_path)
+    assert result.verdict is V.LOCALIZED
+    [candidate] = result.candidates
+    assert (candidate.rank, candidate.kind) == (0, K.NOT_ENTERED)
+    assert "p2p_seq_id 7" in " ".join(candidate.reasons)
+    assert all("coalesced" not in s.op for s in result.stuck)
