@@ -41,7 +41,7 @@ def earlier_attempts(summaries: dict[int, RankSummary], membership: GroupMembers
             continue
         started, newest, reached = max(fresh)
         for rank, summary in known:
-            done = summary.groups[name].last_completed
+            done = summary.groups[name].last_completed_by_all
             if rank in earlier or summary.newest_time_ns is None or done <= reached + FAILED_OP_SLACK:
                 continue
             if summary.newest_time_ns + CLOCK_MARGIN_NS < started:

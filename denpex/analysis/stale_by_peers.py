@@ -9,7 +9,8 @@ moved on) and says nothing about where the rank stands now::
 
     group "3" = [0, 2]; rank 0 completed #9; rank 2's dump ends at #5   -> rank 2's dump is stale
 
-One op of slack is allowed: Gloo may retire an op that failed (the peer timed out waiting in it),
+Rooted ops (broadcast, reduce, gather, scatter) are not counted: they can complete on some members
+before the others entered (``GroupProgress.last_completed_by_all``). One op of slack is allowed: Gloo may retire an op that failed (the peer timed out waiting in it),
 so a peer's completed count can run one ahead of a member that never entered (notes: "Gloo quirks").
 Only collectives count: point-to-point ops do not advance ``collective_seq_id``.
 """
@@ -28,7 +29,7 @@ def stale_by_peers(summaries: dict[int, RankSummary], membership: GroupMembershi
     """Rank -> why its dump predates what its peers completed (only ranks with evidence)."""
     stale: dict[int, str] = {}
     for name, members in membership.members.items():
-        completed = [(summaries[r].groups[name].last_completed, r) for r in members
+        completed = [(summaries[r].groups[name].last_completed_by_all, r) for r in members
                      if r in summaries and name in summaries[r].groups]
         if not completed:
             continue

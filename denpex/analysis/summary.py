@@ -39,6 +39,13 @@ __all__ = [
     "summarize_dump",
 ]
 
+# Rooted ops complete on some members before every member entered: Gloo's gather and scatter
+# retire on non-root ranks once their own send or recv with the root is done (measured: issue 9's
+# gather_skip and scatter_skip), and NCCL's ring/tree broadcast and reduce let ranks upstream of
+# a missing one finish. Completing one proves nothing about the other members.
+_ROOTED_OPS = frozenset(f"{backend}:{op}" for backend in ("gloo", "nccl") for op in (
+    "broadcast", "_broadcast_oop", "reduce", "_reduce_oop", "gather", "scatter"))
+
 # NCCL keeps enqueuing asynchronously while a rank waits, so in-flight ops can number in the
 # hundreds; the oldest ones decide the hang, the rest only need counting.
 MAX_PENDING_PER_GROUP = 16
@@ -126,6 +133,9 @@ class GroupProgress(BaseModel):
     config_ranks: RankRuns | None = None
     last_enqueued: int = -1
     last_completed: int = -1
+    # The newest completed collective that needs every member to enter before it completes
+    # anywhere: rooted ops (broadcast, reduce, gather, scatter) can finish on some members first.
+    last_completed_by_all: int = -1
     last_p2p_enqueued: int = -1
     pending: list[PendingOp] = Field(default_factory=list)
     pending_dropped: int = 0
@@ -203,12 +213,12 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
 class _GroupScan:
     """Mutable per-group accumulator; ``_Scan.finish`` freezes it into a GroupProgress."""
 
-    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "p2p_enq", "pending", "dropped", "count",
+    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "comp_all", "p2p_enq", "pending", "dropped", "count",
                  "last_entry")
 
     def __init__(self, name: str, desc: str | None, pg_id: int | None) -> None:
         self.name, self.desc, self.pg_id = name, desc, pg_id
-        self.enq = self.comp = self.p2p_enq = -1
+        self.enq = self.comp = self.comp_all = self.p2p_enq = -1
         self.pending: list[dict[str, Any]] = []
         self.dropped = 0
         self.count = 0
@@ -289,6 +299,8 @@ class _Scan:
             if done:
                 if csid > group.comp:
                     group.comp = csid
+                if csid > group.comp_all and name not in _ROOTED_OPS:
+                    group.comp_all = csid
                 if group.pending:
                     group.pending = [p for p in group.pending if not _finished_by_later(p, csid)]
             else:
@@ -332,6 +344,7 @@ class _Scan:
                 pg_id=g.pg_id,
                 last_enqueued=g.enq,
                 last_completed=g.comp,
+                last_completed_by_all=g.comp_all,
                 last_p2p_enqueued=g.p2p_enq,
                 pending=[_pending_op(e, signatures) for e in g.pending
                          if not _finished_by_later(e, g.comp)],

@@ -238,3 +238,18 @@ def test_a_batch_closer_without_its_members_is_no_collective(tmp_path: Path) -> 
     assert (candidate.rank, candidate.kind) == (0, K.NOT_ENTERED)
     assert "p2p_seq_id 7" in " ".join(candidate.reasons)
     assert all("coalesced" not in s.op for s in result.stuck)
+
+
+def test_rooted_ops_completed_by_some_members_do_not_make_a_dump_stale(tmp_path: Path) -> None:
+    """Gloo retires gather on non-root ranks once their send is done (seen in the real
+    gather_skip dumps), so ranks 1 and 2 finish two gathers that rank 3 never entered. That proves
+    nothing about rank 3: it is behind, not stale."""
+    def gather(seq: int, retired: bool) -> dict[str, Any]:
+        return entry("0", seq, op="gloo:gather", retired=retired, record_id=seq)
+
+    base = history("0", 3)
+    per_rank = {0: base + [gather(4, False)], 1: base + [gather(4, True), gather(5, True)],
+                2: base + [gather(4, True), gather(5, True)], 3: base}
+    result = triage(tmp_path, per_rank, process_groups={"0": PAIRS["0"]})
+    assert result.stale_ranks == [] and result.verdict is V.LOCALIZED
+    assert {c.rank: c.kind for c in result.candidates} == {3: K.NOT_ENTERED}
