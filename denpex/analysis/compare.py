@@ -102,7 +102,8 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         if not progress:
             continue
         found = [_collective_blockage(name, progress, members, missing, unknown, clock, heads)]
-        if name in membership.inferred:
+        if name in membership.inferred and (found[0] is None or found[0][0].kind is BlockageKind.OVERDUE):
+            # A mismatch among the known members stands whatever the membership.
             found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
         found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
         for blockage, ops in (f for f in found if f is not None):

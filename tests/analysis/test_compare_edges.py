@@ -253,3 +253,20 @@ def test_rooted_ops_completed_by_some_members_do_not_make_a_dump_stale(tmp_path:
     result = triage(tmp_path, per_rank, process_groups={"0": PAIRS["0"]})
     assert result.stale_ranks == [] and result.verdict is V.LOCALIZED
     assert {c.rank: c.kind for c in result.candidates} == {3: K.NOT_ENTERED}
+
+
+def test_unknown_membership_names_idle_ranks_but_keeps_a_mismatch(tmp_path: Path) -> None:
+    """Without a manifest, a subgroup whose every known member waits in one collective has
+    members nobody can see (issue 9, family 5); a mismatch among the known members stands."""
+    lone = {0: history("0", 3) + sub("1", 2, 1), 1: history("0", 3), 2: history("0", 3, pending=1),
+            3: history("0", 3, pending=1)}
+    write(tmp_path / "lone", {r: dump(e) for r, e in lone.items()}, manifest={"world_size": 4})
+    result = triage_path(tmp_path / "lone")
+    assert result.verdict is V.INCOMPLETE
+    assert {c.rank: c.kind for c in result.candidates} == {1: K.NOT_ENTERED}
+    assert any(s.process_group == "1" and "membership is unknown" in s.detail for s in result.stuck)
+    clash = {0: history("0", 3) + sub("1", 2, 1), 1: history("0", 3) + sub("1", 2, 1, op="gloo:broadcast"),
+             2: history("0", 3), 3: history("0", 3)}
+    write(tmp_path / "clash", {r: dump(e) for r, e in clash.items()}, manifest={"world_size": 4})
+    clashed = triage_path(tmp_path / "clash")
+    assert {c.kind for c in clashed.candidates} == {K.MISMATCH}
