@@ -270,3 +270,18 @@ def test_unknown_membership_names_idle_ranks_but_keeps_a_mismatch(tmp_path: Path
     write(tmp_path / "clash", {r: dump(e) for r, e in clash.items()}, manifest={"world_size": 4})
     clashed = triage_path(tmp_path / "clash")
     assert {c.kind for c in clashed.candidates} == {K.MISMATCH}
+
+
+def test_uneven_nccl_all_to_all_is_no_mismatch(tmp_path: Path) -> None:
+    """NCCL-format (Gloo's alltoall refuses uneven lists): expert-parallel all_to_all with
+    per-rank tensor lists; rank 3 never calls it. Sizes differ by design; rank 3 is the culprit."""
+    def a2a(rank: int) -> dict[str, Any]:
+        e = entry("0", 6, op="nccl:all_to_all", retired=False, record_id=5,
+                  sizes=[[rank + j + 1, 8] for j in range(4)], dtype="BFloat16")
+        return dict(e, output_sizes=[[j + rank + 1, 8] for j in range(4)])
+
+    per_rank = {r: history("0", 5, op="nccl:all_reduce") + [a2a(r)] for r in range(3)}
+    per_rank[3] = history("0", 5, op="nccl:all_reduce")
+    result = triage(tmp_path, per_rank, process_groups={"0": PAIRS["0"]})
+    assert result.verdict is V.LOCALIZED
+    assert {c.rank: c.kind for c in result.candidates} == {3: K.NOT_ENTERED}
