@@ -6,6 +6,7 @@ on stderr (ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +23,7 @@ from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import save_plan
 from denpex.isolation.policy import Scheduler
 from denpex.report import render_text
+from denpex.terminal_progress import dump_progress
 
 __all__ = ["app", "main"]
 
@@ -80,9 +82,11 @@ def triage(
         raise fail("--plan-out needs --cluster NAME (the Slurm ClusterName or Kubernetes context the plan "
                    "is for): approvals and execution are bound to the plan's cluster")
     try:
-        found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
-                            telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,
-                            runbook=runbook, cluster=cluster, host_domain=host_domain)
+        with dump_progress(sys.stderr) as progress:
+            found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
+                                telemetry=telemetry or (), scheduler=scheduler,
+                                incident_id=incident_id, runbook=runbook, progress=progress,
+                                cluster=cluster, host_domain=host_domain)
     except (EvidenceError, HardwareError, IsolationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     if plan_out is not None and found.plan is not None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from denpex.analysis.batch import Progress
+from denpex.analysis.collector_records import manifest_from_records
 from denpex.analysis.triage import TriageOptions, resolve_manifest, triage_store
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
@@ -38,12 +40,16 @@ def investigate(path: str | Path, *, world_size: int | None = None,
                 manifest: JobManifest | Path | None = None, as_of: datetime | None = None,
                 telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
                 incident_id: str | None = None, runbook: Path | None = None,
-                options: TriageOptions | None = None, cluster: str | None = None,
-                host_domain: str | None = None) -> Investigation:
+                options: TriageOptions | None = None, progress: Progress | None = None,
+                cluster: str | None = None, host_domain: str | None = None) -> Investigation:
     """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
     store = open_store(path)
     job = resolve_manifest(store, manifest)
-    result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options)
+    result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options,
+                          progress=progress)
+    if job is None:
+        # Hosts and GPUs for correlation and planning: the collector's records serve as a manifest.
+        job = manifest_from_records(store, world_size).manifest
     if telemetry:
         result = correlate(result, job, load_telemetry(list(telemetry)),
                            options=CorrelationOptions(host_domain=host_domain))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from denpex.analysis.models import SkippedFile
@@ -19,7 +19,7 @@ from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.store import EvidenceStore, open_store
 
-__all__ = ["RankOutcome", "summarize_batch", "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
+__all__ = ["RankOutcome", "Progress", "summarize_batch", "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
 
 DEFAULT_MAX_DUMP_BYTES = 256 * 1024 * 1024
 # Below this many dumps, starting worker processes costs more than it saves.
@@ -56,17 +56,27 @@ def _worker_init() -> None:
     gc.disable()
 
 
+# Told (dumps done, dumps in all) as batches finish: a long triage can show its progress.
+Progress = Callable[[int, int], None]
+
+
 def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_BYTES,
-                  workers: int | None = None, store: EvidenceStore | None = None) -> list[RankOutcome]:
+                  workers: int | None = None, store: EvidenceStore | None = None,
+                  progress: Progress | None = None) -> list[RankOutcome]:
     """Summarize every dump, in a process pool once there are enough of them."""
     workers = workers if workers is not None else (os.cpu_count() or 1)
     if workers <= 1 or len(refs) < _POOL_THRESHOLD:
-        return summarize_batch(refs, max_bytes, store)
+        outcomes = summarize_batch(refs, max_bytes, store)
+        if progress is not None:
+            progress(len(refs), len(refs))
+        return outcomes
     # Interleaved batches keep both workers busy even when dump sizes vary by rank.
     n_batches = workers * 8
     batches = [list(refs[i::n_batches]) for i in range(n_batches)]
-    outcomes: list[RankOutcome] = []
+    outcomes = []
     with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
         for result in pool.map(summarize_batch, batches, [max_bytes] * len(batches)):
             outcomes.extend(result)
+            if progress is not None:
+                progress(len(outcomes), len(refs))
     return outcomes

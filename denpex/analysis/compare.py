@@ -21,9 +21,10 @@ from datetime import UTC, datetime
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
 from denpex.analysis.models import StuckCollective
+from denpex.analysis.op_rules import AgreementKey, agreement_key
 from denpex.analysis.summary import GroupProgress, OpKind, OpSignature, OpState, PendingOp, RankSummary
 
-__all__ = ["Blockage", "BlockageKind", "Comparison", "compare_groups"]
+__all__ = ["AGE_UNKNOWN_NOTE", "Blockage", "BlockageKind", "Comparison", "compare_groups"]
 
 
 class BlockageKind:
@@ -33,6 +34,7 @@ class BlockageKind:
     MISMATCH = "mismatch"      # members called different ops / sizes / dtypes at the same seq id
     P2P = "p2p"                # a send/recv whose peer has no matching op in flight
     OVERDUE = "overdue"        # everyone is in it, and it outlived its timeout
+    UNKNOWN_MEMBERS = "unknown_members"  # every known member is in it: the others are unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,12 @@ class Blockage:
     detail: str = ""
     unknown: tuple[int, ...] = ()
     enqueued_ns: int | None = None
+    # Targets that called something else than their peers (the rest of the targets never entered).
+    mismatched: tuple[int, ...] = ()
+    # The members that have not called yet (or left no evidence) decide who is out of step.
+    undecided: bool = False
+    # Nothing says how long the op has waited: it may be slow progress, not a hang.
+    age_unknown: bool = False
 
     def as_stuck(self, desc: str | None) -> StuckCollective:
         return StuckCollective(
@@ -74,46 +82,103 @@ _Found = tuple[Blockage, list[_RankOp]]
 
 def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
                    membership: GroupMembership, as_of_ns: int | None,
-                   dumped_at_ns: dict[int, int] | None = None) -> Comparison:
+                   dumped_at_ns: dict[int, int] | None = None, *, as_of_given: bool = False
+                   ) -> Comparison:
     """Compare every group's progress across its members.
 
     ``dumped_at_ns`` gives each rank's dump time where known; a partly entered op that was young
-    at its ranks' dump times (a dump taken mid-step) is progress, not a hang.
+    at its ranks' dump times (a dump taken mid-step) is progress, not a hang. ``as_of_given``
+    says that ``as_of_ns`` is the incident's time (the alert's), not merely the newest time in
+    the evidence: only then, or from dump times, is the age of a stuck op known.
     """
     result = Comparison(notes=list(membership.conflicts))
     dumped_at_ns = dumped_at_ns or {}
+    clock = _Clock(as_of_ns, as_of_given, dumped_at_ns)
+    when = "at the incident time" if as_of_given else "when the ranks dumped"
     heads = _heads(summaries)
     for name in sorted(membership.members):
         members = membership.members[name]
         progress, unknown = _known_progress(name, members, summaries)
         if not progress:
             continue
-        found = [_collective_blockage(name, progress, members, missing, unknown, as_of_ns, heads)]
+        found = [_collective_blockage(name, progress, members, missing, unknown, clock, heads)]
+        if name in membership.inferred and (found[0] is None or found[0][0].kind is BlockageKind.OVERDUE):
+            # A mismatch among the known members stands whatever the membership.
+            found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
         found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
         for blockage, ops in (f for f in found if f is not None):
             # A rank that left no dump may be dead: then a young wait proves nothing either way.
-            young = None if missing.intersection(blockage.targets) else _young(ops, dumped_at_ns)
+            young = None if missing.intersection(blockage.targets) else _young(ops, clock)
             if young:
                 result.notes.append(f"process group {name!r} {blockage.op} #{blockage.seq} is partly "
-                                    f"entered but was at most {young} old when the ranks dumped: "
+                                    f"entered but was at most {young} old {when}: "
                                     "still in progress, not counted as a hang")
             else:
-                result.blockages.append(replace(blockage, enqueued_ns=_oldest(ops)))
+                result.blockages.append(replace(blockage, enqueued_ns=_oldest(ops),
+                                                age_unknown=blockage.age_unknown or (
+                                                    blockage.kind in _AGE_MATTERS
+                                                    and clock.age_unknown(ops))))
+    if any(b.age_unknown for b in result.blockages):
+        result.notes.append(AGE_UNKNOWN_NOTE)
     return result
 
 
+AGE_UNKNOWN_NOTE = ("how long the stuck op has waited is unknown: the dumps record no dump time and "
+                    "no incident time was given, so a slow rank looks exactly like a hung one and "
+                    "the confidence is lowered. Pass --as-of with the alert time.")
+
+
+# A slow rank looks exactly like a hung one in these; a mismatch or an overdue op is a hang
+# whatever its age.
+_AGE_MATTERS = frozenset({BlockageKind.BEHIND, BlockageKind.P2P, BlockageKind.UNKNOWN_MEMBERS})
+# An op that waited at least this share of its timeout is stuck, not slow (torch's NCCL watchdog
+# and Denpex's HangDumper only dump past it: the dumper at 0.75 x timeout).
+STUCK_SHARE_OF_TIMEOUT = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Clock:
+    """What the evidence says about time: the incident's time and each rank's dump time."""
+
+    as_of_ns: int | None
+    as_of_given: bool
+    dumped_at_ns: dict[int, int]
+
+    def age_ns(self, rank: int, op: PendingOp) -> int | None:
+        """How long ``op`` had waited: at the incident time if given, else at the rank's dump."""
+        if op.time_created_ns is None:
+            return None
+        when = self.as_of_ns if self.as_of_given else self.dumped_at_ns.get(rank)
+        return None if when is None else when - op.time_created_ns
+
+    def age_unknown(self, ops: list[_RankOp]) -> bool:
+        """True unless some waiting op provably waited half its timeout, or every age is known.
+
+        The default incident time (the newest time in the evidence) still bounds an age from
+        below, so an op that old against it is known to be stuck.
+        """
+        if not ops:
+            return False
+        ages = [self.age_ns(r, op) for r, op in ops]
+        if all(a is not None for a in ages):
+            return False
+        return not any(op.timeout_ms and self.as_of_ns is not None and op.time_created_ns is not None
+                       and self.as_of_ns - op.time_created_ns
+                       >= STUCK_SHARE_OF_TIMEOUT * op.timeout_ms * 1_000_000 for _, op in ops)
+
+
 # A waiting op younger than this share of its timeout at dump time is still in progress.
-YOUNG_SHARE_OF_TIMEOUT = 0.25
+YOUNG_SHARE_OF_TIMEOUT = 0.5
 
 
-def _young(ops: list[_RankOp], dumped_at_ns: dict[int, int]) -> str | None:
-    """The largest age if every waiting op is provably young at its rank's dump time, else None."""
+def _young(ops: list[_RankOp], clock: _Clock) -> str | None:
+    """The largest age if every waiting op is provably young (at the given incident time, else at
+    its rank's dump time), else None."""
     ages = []
     for rank, op in ops:
-        dumped = dumped_at_ns.get(rank)
-        if dumped is None or op.time_created_ns is None or not op.timeout_ms:
+        age_ns = clock.age_ns(rank, op)
+        if age_ns is None or not op.timeout_ms:
             return None
-        age_ns = dumped - op.time_created_ns
         if age_ns >= YOUNG_SHARE_OF_TIMEOUT * op.timeout_ms * 1_000_000:
             return None
         ages.append(age_ns)
@@ -166,7 +231,7 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
                          missing: set[int], unknown: tuple[int, ...],
-                         as_of_ns: int | None, heads: dict[int, int]) -> _Found | None:
+                         clock: _Clock, heads: dict[int, int]) -> _Found | None:
     last_enqueued = max(p.last_enqueued for p in progress.values())
     floor = min(p.last_enqueued for p in progress.values())
     if any(p.last_completed > floor for p in progress.values()):
@@ -189,7 +254,7 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
     absent = tuple(r for r in members if r in missing)
     waiting = tuple(waiting_ops)
     ops = list(waiting_ops.items())
-    mismatch = _mismatch(name, seq, waiting_ops, absent, unknown)
+    mismatch = _mismatch(name, seq, waiting_ops, behind, absent, unknown)
     if mismatch is not None:
         return mismatch, ops
     op_text = next(iter(waiting_ops.values())).signature.describe()
@@ -203,9 +268,60 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
         return Blockage(name, seq, BlockageKind.BEHIND, op_text, ready, queued, unknown=unknown,
                         detail=f"{ranks_phrase(queued)} enqueued it behind an earlier op that has "
                                "not finished"), [(r, waiting_ops[r]) for r in ready]
-    overdue = _overdue(name, seq, op_text, waiting_ops, as_of_ns, unknown)
+    overdue = _overdue(name, seq, op_text, waiting_ops, clock.as_of_ns, unknown)
+    if overdue is None:
+        return _all_in_of_unknown_age(name, seq, op_text, waiting_ops, unknown, clock)
     # An overdue op is old by definition: no dump-time test may excuse it.
-    return (overdue, []) if overdue is not None else None
+    return overdue, []
+
+
+def _all_in_of_unknown_age(name: str, seq: int, op: str, ops: dict[int, PendingOp],
+                           unknown: tuple[int, ...], clock: _Clock) -> _Found | None:
+    """Everyone entered and the op is not known to be overdue. It is progress only when the
+    incident time or the dump times show it younger than half its timeout; with no age at all
+    a slow collective and a hung one look the same, so it stays a (weak) lead."""
+    pairs = list(ops.items())
+    if not clock.age_unknown(pairs):
+        ages = [(clock.age_ns(r, o), o.timeout_ms) for r, o in pairs]
+        if all(a is not None and (not t or a < STUCK_SHARE_OF_TIMEOUT * t * 1_000_000) for a, t in ages):
+            return None
+        detail = "every member entered it and none finished after half its timeout"
+        return Blockage(name, seq, BlockageKind.OVERDUE, op, tuple(ops), tuple(ops), tie=True,
+                        detail=detail, unknown=unknown), []
+    ranks = tuple(ops)
+    return Blockage(name, seq, BlockageKind.OVERDUE, op, ranks, ranks, tie=True, unknown=unknown,
+                    age_unknown=True,
+                    detail="every member entered it and none had finished when they dumped; how "
+                           "long it had waited is unknown"), []
+
+
+def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: dict[int, RankSummary],
+                     missing: set[int]) -> _Found | None:
+    """Without a manifest a group's members are the ranks whose dumps mention it. When every one
+    of them waits in the same collective, the group cannot be whole: a collective whose members
+    all entered completes (a one-member group's at once), so members that left no entry in the
+    group exist and did not enter. They are among the ranks with nothing in flight anywhere (an
+    idle rank cannot be blocked elsewhere) and the ranks without evidence. Gloo's own records
+    cannot name them: its ``pg_config`` holds only the last-created group, as ``[]`` for a
+    subgroup, and ``pg_status`` registers a group only once the rank records an entry in it.
+    """
+    ops = {r: p.oldest_pending_collective() for r, p in progress.items()}
+    seqs = {op.collective_seq_id for op in ops.values() if op is not None}
+    if None in ops.values() or len(seqs) != 1:
+        return None
+    seq = seqs.pop()
+    idle = tuple(sorted(r for r, s in summaries.items() if name not in s.groups
+                        and not any(g.pending for g in s.groups.values())))
+    suspects = idle + tuple(sorted(missing))
+    op = next(o for o in ops.values() if o is not None)
+    waiting = tuple(sorted(ops))
+    where = (f"; its other members are among {ranks_phrase(suspects)} (idle or without evidence)"
+             if suspects else "; no idle rank could be one")
+    return Blockage(name, seq, BlockageKind.UNKNOWN_MEMBERS, op.signature.describe(), waiting, suspects,
+                    undecided=True,
+                    detail=f"membership is unknown: only {ranks_phrase(waiting)} mention the group, "
+                           f"and all of them wait in it{where}. Pass a manifest with process_groups"
+                    ), [(r, o) for r, o in ops.items() if o is not None]
 
 
 def _holding(progress: dict[int, GroupProgress], seq: int, failed: bool) -> dict[int, PendingOp]:
@@ -235,26 +351,38 @@ def _op_at(progress: GroupProgress, seq: int) -> PendingOp | None:
     return last if last is not None and last.collective_seq_id == seq else None
 
 
-def _mismatch(name: str, seq: int, ops: dict[int, PendingOp], absent: tuple[int, ...],
-              unknown: tuple[int, ...]) -> Blockage | None:
-    """Majority decides what the group called; ranks outside the majority are the culprits."""
-    by_signature: dict[OpSignature, list[int]] = {}
+def _mismatch(name: str, seq: int, ops: dict[int, PendingOp], behind: tuple[int, ...],
+              absent: tuple[int, ...], unknown: tuple[int, ...]) -> Blockage | None:
+    """Majority decides what the group called; ranks outside the majority are the culprits.
+
+    Calls are compared only on what the op requires to agree (:mod:`denpex.analysis.op_rules`).
+    Members that never entered are culprits too: a mismatch never hides them. When the calls tie
+    and some members have not called (or left no evidence), their calls would decide the
+    majority, so the blockage is undecided.
+    """
+    by_key: dict[AgreementKey, list[int]] = {}
     for rank, op in ops.items():
-        by_signature.setdefault(op.signature, []).append(rank)
-    if len(by_signature) < 2:
+        by_key.setdefault(agreement_key(op.signature), []).append(rank)
+    if len(by_key) < 2:
         return None
-    counts = Counter({sig: len(ranks) for sig, ranks in by_signature.items()})
+    signature_of = {key: ops[ranks[0]].signature for key, ranks in by_key.items()}
+    counts = Counter({key: len(ranks) for key, ranks in by_key.items()})
     (top, top_n), *rest = counts.most_common()
-    tie = any(n == top_n for _, n in rest)
-    if tie:
-        tied = {r for sig, ranks in by_signature.items() if counts[sig] == top_n for r in ranks}
+    detail = _mismatch_detail({signature_of[k]: r for k, r in by_key.items()}, behind, absent)
+    if any(n == top_n for _, n in rest):
+        tied = tuple(sorted(r for key, ranks in by_key.items() if counts[key] == top_n for r in ranks))
         others = tuple(sorted(r for r in ops if r not in tied))
-        return Blockage(name, seq, BlockageKind.MISMATCH, "disagreeing calls", tuple(sorted(tied)),
-                        tuple(sorted(tied)) + others, tie=True,
-                        detail=_mismatch_detail(by_signature), unknown=unknown)
-    minority = tuple(sorted(r for sig, ranks in by_signature.items() if sig != top for r in ranks))
-    return Blockage(name, seq, BlockageKind.MISMATCH, top.describe(), tuple(sorted(by_signature[top])),
-                    minority + absent, detail=_mismatch_detail(by_signature), unknown=unknown)
+        if behind or absent or unknown:
+            # Nobody waits on the tied ranks here: each is a culprit in its own right.
+            return Blockage(name, seq, BlockageKind.MISMATCH, "disagreeing calls", (),
+                            tied + others + behind + absent, detail=detail, unknown=unknown,
+                            mismatched=tied + others, undecided=True)
+        return Blockage(name, seq, BlockageKind.MISMATCH, "disagreeing calls", tied, tied + others,
+                        tie=True, detail=detail, unknown=unknown, mismatched=tied + others)
+    minority = tuple(sorted(r for key, ranks in by_key.items() if key != top for r in ranks))
+    return Blockage(name, seq, BlockageKind.MISMATCH, signature_of[top].describe(),
+                    tuple(sorted(by_key[top])), minority + behind + absent, detail=detail,
+                    unknown=unknown, mismatched=minority)
 
 
 def _overdue(name: str, seq: int, op: str, ops: dict[int, PendingOp], as_of_ns: int | None,
@@ -359,7 +487,10 @@ def _behind_detail(behind: tuple[int, ...], absent: tuple[int, ...]) -> str:
     return "; ".join(parts)
 
 
-def _mismatch_detail(by_signature: dict[OpSignature, list[int]]) -> str:
-    return "; ".join(f"{ranks_phrase(tuple(sorted(r)))} called {sig.describe()}"
-                     for sig, r in sorted(by_signature.items(), key=lambda kv: -len(kv[1])))
+def _mismatch_detail(by_signature: dict[OpSignature, list[int]], behind: tuple[int, ...] = (),
+                     absent: tuple[int, ...] = ()) -> str:
+    calls = "; ".join(f"{ranks_phrase(tuple(sorted(r)))} called {sig.describe()}"
+                      for sig, r in sorted(by_signature.items(), key=lambda kv: -len(kv[1])))
+    silent = _behind_detail(behind, absent)
+    return f"{calls}; {silent}" if silent else calls
 

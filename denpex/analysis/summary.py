@@ -39,6 +39,13 @@ __all__ = [
     "summarize_dump",
 ]
 
+# Rooted ops complete on some members before every member entered: Gloo's gather and scatter
+# retire on non-root ranks once their own send or recv with the root is done (measured: issue 9's
+# gather_skip and scatter_skip), and NCCL's ring/tree broadcast and reduce let ranks upstream of
+# a missing one finish. Completing one proves nothing about the other members.
+_ROOTED_OPS = frozenset(f"{backend}:{op}" for backend in ("gloo", "nccl") for op in (
+    "broadcast", "_broadcast_oop", "reduce", "_reduce_oop", "gather", "scatter"))
+
 # NCCL keeps enqueuing asynchronously while a rank waits, so in-flight ops can number in the
 # hundreds; the oldest ones decide the hang, the rest only need counting.
 MAX_PENDING_PER_GROUP = 16
@@ -126,6 +133,9 @@ class GroupProgress(BaseModel):
     config_ranks: RankRuns | None = None
     last_enqueued: int = -1
     last_completed: int = -1
+    # The newest completed collective that needs every member to enter before it completes
+    # anywhere: rooted ops (broadcast, reduce, gather, scatter) can finish on some members first.
+    last_completed_by_all: int = -1
     last_p2p_enqueued: int = -1
     pending: list[PendingOp] = Field(default_factory=list)
     pending_dropped: int = 0
@@ -155,6 +165,9 @@ class RankSummary(BaseModel):
     ring_wrapped: bool = False
     timing_enabled: bool = False
     newest_time_ns: int | None = None
+    # The creation time of the oldest entry in the ring (the rank's first op when the ring did not
+    # wrap): a dump whose whole history is newer than a peer's is from a later attempt.
+    oldest_time_ns: int | None = None
     # When the dump was taken, where the dump itself shows it: NCCL stamps the ``time_discovered_*``
     # of ops that are still live with the dump's own query time.
     dumped_at_ns: int | None = None
@@ -190,6 +203,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         ring_wrapped=scan.min_record_id is not None and scan.min_record_id > 0,
         timing_enabled=scan.timing_seen,
         newest_time_ns=scan.newest_ns,
+        oldest_time_ns=_oldest_time(entries),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
@@ -199,12 +213,12 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
 class _GroupScan:
     """Mutable per-group accumulator; ``_Scan.finish`` freezes it into a GroupProgress."""
 
-    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "p2p_enq", "pending", "dropped", "count",
+    __slots__ = ("name", "desc", "pg_id", "enq", "comp", "comp_all", "p2p_enq", "pending", "dropped", "count",
                  "last_entry")
 
     def __init__(self, name: str, desc: str | None, pg_id: int | None) -> None:
         self.name, self.desc, self.pg_id = name, desc, pg_id
-        self.enq = self.comp = self.p2p_enq = -1
+        self.enq = self.comp = self.comp_all = self.p2p_enq = -1
         self.pending: list[dict[str, Any]] = []
         self.dropped = 0
         self.count = 0
@@ -276,7 +290,8 @@ class _Scan:
                 if not done:
                     _keep_pending(group, e)
                 continue
-            if group.pending and name.endswith("coalesced") and _closes_p2p_batch(group, e, done):
+            if name.endswith("coalesced") and (
+                    group.pending and _closes_p2p_batch(group, e, done) or _orphan_p2p_closer(group, e, csid)):
                 continue
             if csid >= group.enq:
                 group.enq = csid
@@ -284,6 +299,8 @@ class _Scan:
             if done:
                 if csid > group.comp:
                     group.comp = csid
+                if csid > group.comp_all and name not in _ROOTED_OPS:
+                    group.comp_all = csid
                 if group.pending:
                     group.pending = [p for p in group.pending if not _finished_by_later(p, csid)]
             else:
@@ -327,6 +344,7 @@ class _Scan:
                 pg_id=g.pg_id,
                 last_enqueued=g.enq,
                 last_completed=g.comp,
+                last_completed_by_all=g.comp_all,
                 last_p2p_enqueued=g.p2p_enq,
                 pending=[_pending_op(e, signatures) for e in g.pending
                          if not _finished_by_later(e, g.comp)],
@@ -336,6 +354,15 @@ class _Scan:
             )
             for name, g in self.groups.items()
         }
+
+
+def _oldest_time(entries: list[Any]) -> int | None:
+    """The first entry's creation time: the ring keeps entries in the order they were recorded."""
+    for e in entries[:8]:
+        created = e.get("time_created_ns") if type(e) is dict else None
+        if type(created) is int and 0 < created < _INT64:
+            return created
+    return None
 
 
 def _newest_valid_time(entries: list[Any]) -> int:
@@ -366,6 +393,21 @@ def _closes_p2p_batch(group: _GroupScan, e: dict[str, Any], done: bool) -> bool:
         group.pending.remove(member)
     if not done:
         group.pending.extend(dict(member, _in_batch=True) for member in members)
+    return True
+
+
+def _orphan_p2p_closer(group: _GroupScan, e: dict[str, Any], csid: int) -> bool:
+    """A batched-p2p closer whose send/recv members are not in the ring (it wrapped between
+    them) or were not kept. It is never a collective: p2p work does not advance
+    ``collective_seq_id``, which starts at 1, so a closer at 0 closes a p2p batch (NCCL
+    ``endCoalescing``; notes: NCCL_FORMAT.md "Batched p2p"). Counted as collective #0 it would
+    make a rank whose batches all completed look as if it waited on its pipeline peers.
+    """
+    if csid != 0 or e.get("is_p2p") is True:
+        return False
+    psid = e.get("p2p_seq_id")
+    if type(psid) is int and group.p2p_enq < psid < _INT64:
+        group.p2p_enq = psid
     return True
 
 

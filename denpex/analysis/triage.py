@@ -14,14 +14,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, summarize_all
-from denpex.analysis.compare import compare_groups
+from denpex.analysis.attempts import earlier_attempts
+from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, Progress, summarize_all
+from denpex.analysis.collector_records import manifest_from_records
+from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.models import SkippedFile, TriageResult
+from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
+from denpex.analysis.twins import newer, same_moment
 from denpex.analysis.verdict import decide
 from denpex.analysis.wording import ranks_phrase
-from denpex.evidence.discovery import discover_dumps, is_candidate_name, rank_from_file_name
+from denpex.evidence.discovery import Inventory, discover_dumps, is_candidate_name, rank_from_file_name
 from denpex.evidence.errors import EvidenceError, ManifestError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest, parse_manifest_bytes
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
@@ -50,23 +54,29 @@ class TriageOptions(BaseModel):
 
 def triage_path(path: str | Path, *, world_size: int | None = None,
                 manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
-                options: TriageOptions | None = None) -> TriageResult:
+                options: TriageOptions | None = None, progress: Progress | None = None) -> TriageResult:
     """Triage the dumps in a folder or ``s3://bucket/prefix``."""
     return triage_store(open_store(path), world_size=world_size, manifest=manifest, as_of=as_of,
-                        options=options)
+                        options=options, progress=progress)
 
 
 def triage_store(store: EvidenceStore, *, world_size: int | None = None,
                  manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
-                 options: TriageOptions | None = None) -> TriageResult:
-    """Triage every dump in ``store``."""
+                 options: TriageOptions | None = None, progress: Progress | None = None) -> TriageResult:
+    """Triage every dump in ``store``; ``progress`` is told (dumps read, dumps in all)."""
     options = options or TriageOptions()
     objects = store.list()
     job = resolve_manifest(store, manifest, objects)
+    record_notes: list[str] = []
+    if job is None:
+        # No manifest: what Denpex's own collector recorded beside the dumps serves as one.
+        from_records = manifest_from_records(store, world_size)
+        job, record_notes = from_records.manifest, from_records.notes
     size, size_note = _world_size(world_size, job, objects)
     inventory = discover_dumps(store.uri, objects, job, size)
     outcomes = summarize_all(list(inventory.dumps.values()), max_bytes=options.max_dump_bytes,
-                             workers=options.workers, store=store if len(inventory.dumps) < 64 else None)
+                             workers=options.workers, store=store if len(inventory.dumps) < 64 else None,
+                             progress=progress)
     skipped = list(inventory.skipped)
     summaries: dict[int, RankSummary] = {}
     for outcome in outcomes:
@@ -74,13 +84,40 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
             skipped.append(outcome)
         else:
             summaries[outcome.rank] = outcome
+    twin_notes = _check_twins(inventory, summaries, skipped, options, store)
     if not summaries:
         raise NoUsableEvidence(_nothing_usable(store.uri, skipped))
     result = triage_summaries(summaries, world_size=size, manifest=job, as_of=as_of,
                               options=options, skipped=skipped)
     if size_note:
         result.notes.insert(0, size_note)
+    result.notes[:0] = record_notes + twin_notes
     return result
+
+
+def _check_twins(inventory: Inventory, summaries: dict[int, RankSummary], skipped: list[SkippedFile],
+                 options: TriageOptions, store: EvidenceStore) -> list[str]:
+    """Compare each rank's JSON twin with the dump used; keep the newer when they differ."""
+    twins = [ref for rank, ref in inventory.twins.items() if rank in summaries]
+    if not twins:
+        return []
+    notes = []
+    for outcome in summarize_all(twins, max_bytes=options.max_dump_bytes, workers=options.workers,
+                                 store=store if len(twins) < 64 else None):
+        if isinstance(outcome, SkippedFile):
+            continue  # the pickle is used; the twin's flaw is already noted as a copy
+        used = summaries[outcome.rank]
+        if same_moment(used, outcome):
+            continue
+        keep = newer(used, outcome)
+        older = outcome if keep is used else used
+        summaries[outcome.rank] = keep
+        skipped[:] = [s for s in skipped if not (s.rank == outcome.rank and s.copy_of)]
+        why = (f"rank {outcome.rank}'s {older.source} and {keep.source} are different dumps (their "
+               f"progress differs); the newer, {keep.source}, is used")
+        skipped.append(SkippedFile(path=older.source, rank=outcome.rank, reason=why))
+        notes.append(why)
+    return notes
 
 
 def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
@@ -93,14 +130,25 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     membership = resolve_membership(summaries, manifest, world_size)
     summaries = _drop_mislabeled(summaries, membership, skipped)
     membership = resolve_membership(summaries, manifest, world_size)
+    attempt_notes = _drop_earlier_attempts(summaries, membership, skipped)
+    if attempt_notes:
+        membership = resolve_membership(summaries, manifest, world_size)
     as_of_ns = _as_of_ns(as_of, summaries, manifest)
     stale = _stale_ranks(summaries, manifest, as_of_ns, options.stale_after)
-    fresh = {r: s for r, s in summaries.items() if r not in stale}
     set_aside = {s.rank: s for s in reversed(skipped) if s.rank is not None and not s.copy_of}
-    missing = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
-    missing.update(stale)
-    comparison = compare_groups(fresh, set(missing), membership, as_of_ns,
-                                _dump_times(fresh, manifest))
+    absent = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
+    outran = {r: why for r, why in stale_by_peers(summaries, membership).items() if r not in stale}
+    comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns, manifest,
+                                             as_of is not None)
+    # A dump its peers outran says nothing about where its rank stands now. Where it takes part
+    # in a stuck op, the rank counts as unreported; elsewhere (ranks dumped a moment apart in a
+    # running job) it changes nothing.
+    involved = {r: outran[r] for b in comparison.blockages for r in (*b.targets, *b.waiting)
+                if r in outran}
+    if involved:
+        stale.update(involved)
+        comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns,
+                                              manifest, as_of is not None)
     decision = decide(comparison, fresh, missing, membership, manifest)
     return TriageResult(
         verdict=decision.verdict,
@@ -112,9 +160,28 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
         skipped_files=skipped,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
-        notes=(_clock_notes(as_of, summaries, stale) + comparison.notes + _membership_notes(membership)
+        notes=(attempt_notes + _clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
+               + _outran_notes({r: w for r, w in outran.items() if r not in stale}) + comparison.notes + _membership_notes(membership)
                + _unusable_entry_notes(summaries)),
     )
+
+
+def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], membership: GroupMembership,
+             as_of_ns: int | None, manifest: JobManifest | None, as_of_given: bool
+             ) -> tuple[Comparison, dict[int, RankSummary], dict[int, str]]:
+    """Compare the ranks whose dumps are usable; the others count as missing."""
+    fresh = {r: s for r, s in summaries.items() if r not in missing}
+    comparison = compare_groups(fresh, set(missing), membership, as_of_ns, _dump_times(fresh, manifest),
+                                as_of_given=as_of_given)
+    return comparison, fresh, missing
+
+
+def _outran_notes(outran: dict[int, str]) -> list[str]:
+    if not outran:
+        return []
+    ranks = sorted(outran)
+    return [f"{ranks_phrase(ranks)} dumped before their peers completed later collectives (e.g. "
+            f"{outran[ranks[0]]}); no stuck op involves them, so this changes nothing"]
 
 
 def resolve_manifest(store: EvidenceStore, given: JobManifest | Path | str | None,
@@ -175,6 +242,19 @@ def _drop_mislabeled(summaries: dict[int, RankSummary], membership: GroupMembers
         else:
             kept[rank] = summary
     return kept
+
+
+def _drop_earlier_attempts(summaries: dict[int, RankSummary], membership: GroupMembership,
+                           skipped: list[SkippedFile]) -> list[str]:
+    """Set aside the dumps of an earlier attempt (in place); the newest attempt is triaged."""
+    older = earlier_attempts(summaries, membership)
+    for rank, why in sorted(older.items()):
+        skipped.append(SkippedFile(path=summaries.pop(rank).source, rank=rank, reason=why))
+    if not older:
+        return []
+    return [f"the folder mixes dumps from more than one attempt of the job: {ranks_phrase(sorted(older))} "
+            "dumped in an earlier one (see skipped_files); the newest attempt is triaged, and those "
+            "ranks count as unreported"]
 
 
 def _clock_notes(as_of: datetime | None, summaries: dict[int, RankSummary],

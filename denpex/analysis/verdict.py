@@ -52,7 +52,8 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
     culprits = find_culprits(comparison.blockages)
     candidates = [_candidate(c, summaries, missing, membership, host(c.rank)) for c in culprits]
     _share_blame_with_silent_ranks(candidates, culprits, missing)
-    if any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates):
+    if any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates) or any(
+            b.undecided for c in culprits for b in c.blocking):
         verdict = Verdict.INCOMPLETE
     elif any(c.component_size > 1 for c in culprits):
         verdict = Verdict.AMBIGUOUS
@@ -71,7 +72,14 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
     reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first))
     if culprit.component_size > 1:
         reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart")
-    confidence = round(_BASE_CONFIDENCE[kind] / culprit.component_size, 3)
+    confidence = _BASE_CONFIDENCE[kind] / culprit.component_size
+    if any(b.undecided for b in culprit.blocking):
+        confidence /= 2
+    if culprit.blocking and all(b.age_unknown for b in culprit.blocking):
+        confidence /= 2
+        reasons.append("how long its peers have waited is unknown (no dump time, no --as-of): it "
+                       "may be slow rather than hung")
+    confidence = round(confidence, 3)
     return Candidate(
         rank=culprit.rank, kind=kind, process_group=first.group if first else None,
         collective_seq_id=first.seq if first else None, confidence=max(confidence, 0.05),
@@ -82,9 +90,9 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
 def _kind(culprit: Culprit, summaries: dict[int, RankSummary], missing: dict[int, str]) -> CandidateKind:
     if culprit.rank in missing:
         return CandidateKind.STOPPED_REPORTING
-    kinds = {b.kind for b in culprit.blocking}
-    if BlockageKind.MISMATCH in kinds:
+    if any(culprit.rank in b.mismatched for b in culprit.blocking):
         return CandidateKind.MISMATCH
+    kinds = {b.kind for b in culprit.blocking}
     if BlockageKind.OVERDUE in kinds or _in_flight(summaries[culprit.rank]):
         return CandidateKind.STALLED
     return CandidateKind.NOT_ENTERED
@@ -116,13 +124,23 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
     if kind is CandidateKind.STOPPED_REPORTING:
         return f"rank {rank}: {missing[rank]}, so whether it entered is unknown"
     if kind is CandidateKind.MISMATCH:
+        if first is not None and first.undecided:
+            return (f"rank {rank}'s call disagrees with a peer's and the calls tie; the members that "
+                    "have not called yet decide which side is out of step")
         return f"rank {rank} called something other than the majority at the same sequence id"
     if kind is CandidateKind.STALLED:
         where = _in_flight(summaries[rank]) or "an op that never finished"
         return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
     group = summaries[rank].groups.get(first.group) if first else None
     last = group.last_enqueued if group else -1
-    seen = f"its last enqueued op in that group is #{last}" if last >= 0 else "it has no op in that group"
+    if first is not None and first.is_p2p and group is not None and group.last_p2p_enqueued >= 0:
+        # A pipeline group counts p2p work in p2p_seq_id only; its collective count stays 0.
+        seen = (f"its last p2p op in that group is p2p_seq_id {group.last_p2p_enqueued}, and every "
+                "send, recv and batch it enqueued there completed")
+    elif last >= 0:
+        seen = f"its last enqueued op in that group is #{last}"
+    else:
+        seen = "it has no op in that group"
     return f"rank {rank} dumped (it is alive) with nothing in flight; {seen}"
 
 

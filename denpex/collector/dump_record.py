@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from denpex.collector.layout import COLLECTOR_DIR
-from denpex.evidence.manifest import RankIdentity
+from denpex.evidence.manifest import ProcessGroupSpec, RankIdentity
 
 __all__ = ["DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
 
@@ -45,11 +45,18 @@ class DumpRecord(BaseModel):
     reason: str
     files: list[str]
     dump_seconds: float = Field(ge=0.0, description="how long taking and writing the dumps took")
+    # What the manifest would say, as the rank saw it (denpex.collector.job_identity); absent in
+    # records written before these fields existed.
+    world_size: int | None = Field(default=None, gt=0)
+    process_groups: dict[str, ProcessGroupSpec] = Field(default_factory=dict)
+    gpu_uuid: str | None = None
+    gpu_pci_bus_id: str | None = None
 
     def identity(self) -> RankIdentity:
         """This rank's manifest entry."""
         return RankIdentity(host=self.host, local_rank=self.local_rank, pid=self.pid,
-                            dumped_at=self.dumped_at)
+                            dumped_at=self.dumped_at, gpu_uuid=self.gpu_uuid,
+                            gpu_pci_bus_id=self.gpu_pci_bus_id)
 
 
 def read_dump_records(out_dir: Path) -> dict[int, DumpRecord]:

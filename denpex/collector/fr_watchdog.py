@@ -47,6 +47,7 @@ from denpex.collector.flight_recorder import (
     InFlightOp,
     TorchFlightRecorder,
 )
+from denpex.collector.job_identity import JobIdentity, read_job_identity
 from denpex.collector.layout import dump_path, record_path, request_path, write_atomic
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
 
@@ -77,6 +78,7 @@ class HangDumper:
         signal: DumpSignal | None = None,
         recorder: FlightRecorderSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        identity: Callable[[], JobIdentity] = read_job_identity,
     ) -> None:
         """``trigger_fraction=None`` turns stall detection off: the rank dumps only on request,
         on error or by :meth:`dump_now`."""
@@ -100,6 +102,7 @@ class HangDumper:
         self._signal = signal if signal is not None else FileDumpSignal(request_path(out_dir))
         self._recorder = recorder
         self._clock = clock
+        self._identity = identity
         self._watch = StallWatch()
         self._op_details: dict[tuple[str, int], InFlightOp | None] = {}
         self._lock = threading.Lock()
@@ -180,10 +183,13 @@ class HangDumper:
                 path = dump_path(self.out_dir, self.rank, fmt)
                 write_atomic(path, data)
                 files.append(path.name)
+            job = self._identity()
             record = DumpRecord(rank=self.rank, host=self.host, local_rank=self.local_rank,
                                 pid=os.getpid(), dumped_at=dumped_at, trigger=trigger,
                                 reason=reason, files=files,
-                                dump_seconds=round(self._clock() - started, 6))
+                                dump_seconds=round(self._clock() - started, 6),
+                                world_size=job.world_size, process_groups=job.process_groups,
+                                gpu_uuid=job.gpu_uuid, gpu_pci_bus_id=job.gpu_pci_bus_id)
             write_atomic(record_path(self.out_dir, self.rank), record.model_dump_json(indent=1).encode())
             self._record = record
             self._dumped.set()

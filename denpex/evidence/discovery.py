@@ -49,6 +49,9 @@ class Inventory:
 
     dumps: dict[int, DumpRef] = field(default_factory=dict)
     skipped: list[SkippedFile] = field(default_factory=list)
+    # The JSON twin of a rank's pickle (same file stem): meant to be the same dump, which the
+    # analysis checks rather than assumes.
+    twins: dict[int, DumpRef] = field(default_factory=dict)
 
 
 def is_candidate_name(name: str) -> bool:
@@ -99,6 +102,9 @@ def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobMan
         chosen = _one_dump_per_rank(rank, files, inventory.skipped)
         if chosen is not None:
             inventory.dumps[rank] = DumpRef(store_uri, chosen.name, rank, chosen.size, chosen.modified)
+            twin = next((f for f in files if f is not chosen), None)
+            if twin is not None:
+                inventory.twins[rank] = DumpRef(store_uri, twin.name, rank, twin.size, twin.modified)
     return inventory
 
 

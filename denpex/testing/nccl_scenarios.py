@@ -155,6 +155,16 @@ SCENARIOS: dict[str, ScenarioSpec] = {
             fault_step_p2p=P2PMode.BATCHED,
         ),
         ScenarioSpec(
+            "pp_batched_cpu_hang",
+            "Rank 38 (stage 2, dp 1, tp 2) completes its first batched recv_forward, then hangs on "
+            "its CPU before microbatch 0's first tp collective. Its upstream peer 22 blocks in the "
+            "next batched send to it. Rank 38's batches all completed, so it waits on no one: "
+            "not_entered; 22 and 38's tp peers are victims. Timing off, as in production.",
+            Verdict.LOCALIZED, {38: _NE}, NamingStyle.MEGATRON, timing=False,
+            faults=(Fault(FaultKind.WITHHOLD, (38,), "fwd0.tp0"),),
+            fault_step_p2p=P2PMode.BATCHED, ring_size=20,
+        ),
+        ScenarioSpec(
             "dead_host",
             "gpu-node-003 (ranks 16-23: stage 1, dp 0 and 1) dies between microbatches: no dumps. "
             "Stage-0 peers block sending to it, stage-2 peers block receiving from it, and the dp "

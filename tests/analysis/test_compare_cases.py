@@ -56,7 +56,10 @@ CASES: dict[str, tuple[dict[int, list[dict[str, Any]]], dict[str, Any], V, dict[
                      {2: K.STOPPED_REPORTING}),
     "missing-rank-no-hang-visible": ({0: world(5), 1: world(5), 3: world(5)}, WORLD, V.INCOMPLETE,
                                      {2: K.STOPPED_REPORTING}),
-    "retire-race-is-not-a-hang": ({r: world(5, 1) for r in range(4)}, WORLD, V.NO_HANG, {}),
+    # Every member holds the op and nothing says how long (no dump time, no --as-of): a slow
+    # collective and a hung one look the same, so it is a weak lead, never no_hang (issue 9).
+    "all-in-of-unknown-age": ({r: world(5, 1) for r in range(4)}, WORLD, V.AMBIGUOUS,
+                              {r: K.STALLED for r in range(4)}),
     "victim-blocked-in-other-group": (
         # World waits on rank 2; rank 2 waits in group "2" on rank 3, who waits on no one.
         {0: world(3, 1), 1: world(3, 1), 2: world(3) + sub("2", 2, 1), 3: world(3) + sub("2", 2)},
@@ -78,6 +81,35 @@ def test_case(tmp_path: Path, case: str, fmt: str) -> None:
     assert {c.rank: c.kind for c in result.candidates} == culprits
     for c in result.candidates:
         assert c.host == f"gpu-node-00{c.rank + 1}" and c.reasons
+
+
+def test_retire_race_is_not_a_hang_once_its_age_is_known(tmp_path: Path) -> None:
+    """Gloo's retire race leaves a finished op unretired. A dump time or the incident time that
+    shows it younger than half its timeout (5 s here) makes it progress: no_hang."""
+    dumped = datetime.fromtimestamp(T0 / 1e9, UTC) + timedelta(seconds=1)
+    ranks = {str(r): {"dumped_at": dumped.isoformat()} for r in range(4)}
+    write(tmp_path, {r: dump(world(5, 1)) for r in range(4)},
+          manifest={"world_size": 4, "process_groups": WORLD, "ranks": ranks})
+    assert triage_path(tmp_path).verdict is V.NO_HANG
+    (tmp_path / "manifest.json").unlink()
+    assert triage_path(tmp_path, as_of=dumped).verdict is V.NO_HANG
+    late = triage_path(tmp_path, as_of=dumped + timedelta(seconds=4))
+    assert late.verdict is V.AMBIGUOUS and late.candidates[0].kind is K.STALLED
+
+
+def test_unknown_age_lowers_confidence_and_asks_for_the_alert_time(tmp_path: Path) -> None:
+    per_rank = {0: world(5, 1), 1: world(5, 1), 2: world(5), 3: world(5, 1)}
+    write(tmp_path, {r: dump(e) for r, e in per_rank.items()}, manifest=_manifest(WORLD))
+    unknown = triage_path(tmp_path)
+    [candidate] = unknown.candidates
+    assert unknown.verdict is V.LOCALIZED and candidate.confidence == 0.45
+    assert any("--as-of" in n for n in unknown.notes)
+    as_of = datetime.fromtimestamp(T0 / 1e9, UTC) + timedelta(seconds=30)
+    known = triage_path(tmp_path, as_of=as_of)
+    assert known.candidates[0].confidence == 0.9 and not any("--as-of" in n for n in known.notes)
+    # Young against the incident time: a slow rank, not a hang.
+    young = triage_path(tmp_path, as_of=as_of - timedelta(seconds=29))
+    assert young.verdict is V.NO_HANG and any("still in progress" in n for n in young.notes)
 
 
 def test_stale_dump_by_collector_time(tmp_path: Path) -> None:

@@ -34,12 +34,11 @@ FIRST_OP = {
     "first-subgroup-collective": ({0: history("0", 3), 1: history("0", 3),
                                    2: history("0", 3) + sub("2", 0, 1), 3: history("0", 3)},
                                   {3: K.NOT_ENTERED}),
-    # Peers completed #4 and #5 without rank 2: impossible unless rank 2's dump is from another
-    # life of the process (a restart resets its counters). It did not enter what peers wait in.
-    "two-collectives-behind": ({0: history("0", 5, pending=1), 1: history("0", 5, pending=1),
-                                2: history("0", 3),
-                                3: history("0", 5, pending=1)}, {2: K.NOT_ENTERED}),
 }
+# Peers completed #4 and #5, which need every member, while rank 2's dump ends at #3: the dump
+# predates the incident (issue 9, family 2). It is stale, never proof of where rank 2 stands.
+TWO_BEHIND = {0: history("0", 5, pending=1), 1: history("0", 5, pending=1), 2: history("0", 3),
+              3: history("0", 5, pending=1)}
 
 
 @pytest.mark.parametrize("fmt", ["pickle", "json"])
@@ -51,9 +50,13 @@ def test_a_rank_behind_is_found_however_far_behind(tmp_path: Path, case: str, fm
     assert {c.rank: c.kind for c in result.candidates} == culprits
 
 
-def test_the_stuck_op_is_the_one_peers_wait_in(tmp_path: Path) -> None:
-    per_rank, _ = FIRST_OP["two-collectives-behind"]
-    [stuck] = triage(tmp_path, per_rank).stuck
+def test_a_dump_its_peers_outran_is_stale(tmp_path: Path) -> None:
+    result = triage(tmp_path, TWO_BEHIND)
+    assert result.verdict is V.INCOMPLETE
+    assert result.stale_ranks == [2] and result.ranks_with_evidence == [0, 1, 3]
+    assert {c.rank: c.kind for c in result.candidates} == {2: K.STOPPED_REPORTING}
+    assert "completed collective #5" in " ".join(result.candidates[0].reasons)
+    [stuck] = result.stuck
     assert (stuck.process_group, stuck.collective_seq_id) == ("0", 6)
     assert stuck.waiting_ranks == (0, 1, 3) and stuck.behind_ranks == (2,)
 
@@ -207,5 +210,78 @@ def test_a_clock_far_ahead_is_pointed_out(tmp_path: Path) -> None:
     result = triage(tmp_path, per_rank, process_groups={"0": PAIRS["0"]})
     assert result.stale_ranks == [0, 1, 2]
     assert "from rank 3" in result.notes[0] and "--as-of" in result.notes[0]
-    rerun = triage_path(tmp_path, as_of=datetime.fromtimestamp(T0 / 1e9 + 1, UTC))
+    # 10 s after the ops began: past half their 5 s timeout, so a hang and not a slow step.
+    rerun = triage_path(tmp_path, as_of=datetime.fromtimestamp(T0 / 1e9 + 10, UTC))
     assert rerun.verdict is V.LOCALIZED and [c.rank for c in rerun.candidates] == [2]
+
+
+def test_a_batch_closer_without_its_members_is_no_collective(tmp_path: Path) -> None:
+    """Issue 9, family 7 (NCCL format): rank 0 completed its batches in the pipeline group (its
+    ring wrapped between the last batch's members and their nccl:coalesced closer), then hung on
+    its CPU; rank 1 blocks in the next batched send to it. The closer must not read as
+    'collective #0' that rank 0 waits in: rank 0 alone is the culprit, and the text says what it
+    did in that p2p-only group."""
+    pp = ("pp", "PIPELINE_MODEL_PARALLEL_GROUP")
+    closer7 = dict(entry("pp", 0, op="nccl:coalesced", sizes=[], state="completed", p2p_seq_id=7,
+                         record_id=50), process_group=pp)
+    send8 = dict(entry("pp", 0, op="nccl:send 1->0", retired=False, p2p_seq_id=8, is_p2p=True,
+                       record_id=60), process_group=pp)
+    closer8 = dict(entry("pp", 0, op="nccl:coalesced", sizes=[], retired=False, p2p_seq_id=8,
+                         record_id=61), process_group=pp)
+    world = history("0", 5, op="nccl:all_reduce", start_record=40)
+    write(tmp_path, {0: dump(world + [closer7]), 1: dump(world + [send8, closer8])},
+          manifest={"world_size": 2, "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1]},
+                                                        "pp": {"desc": pp[1], "ranks": [0, 1]}}})
+    result = triage_path(tmp_path)
+    assert result.verdict is V.LOCALIZED
+    [candidate] = result.candidates
+    assert (candidate.rank, candidate.kind) == (0, K.NOT_ENTERED)
+    assert "p2p_seq_id 7" in " ".join(candidate.reasons)
+    assert all("coalesced" not in s.op for s in result.stuck)
+
+
+def test_rooted_ops_completed_by_some_members_do_not_make_a_dump_stale(tmp_path: Path) -> None:
+    """Gloo retires gather on non-root ranks once their send is done (seen in the real
+    gather_skip dumps), so ranks 1 and 2 finish two gathers that rank 3 never entered. That proves
+    nothing about rank 3: it is behind, not stale."""
+    def gather(seq: int, retired: bool) -> dict[str, Any]:
+        return entry("0", seq, op="gloo:gather", retired=retired, record_id=seq)
+
+    base = history("0", 3)
+    per_rank = {0: base + [gather(4, False)], 1: base + [gather(4, True), gather(5, True)],
+                2: base + [gather(4, True), gather(5, True)], 3: base}
+    result = triage(tmp_path, per_rank, process_groups={"0": PAIRS["0"]})
+    assert result.stale_ranks == [] and result.verdict is V.LOCALIZED
+    assert {c.rank: c.kind for c in result.candidates} == {3: K.NOT_ENTERED}
+
+
+def test_unknown_membership_names_idle_ranks_but_keeps_a_mismatch(tmp_path: Path) -> None:
+    """Without a manifest, a subgroup whose every known member waits in one collective has
+    members nobody can see (issue 9, family 5); a mismatch among the known members stands."""
+    lone = {0: history("0", 3) + sub("1", 2, 1), 1: history("0", 3), 2: history("0", 3, pending=1),
+            3: history("0", 3, pending=1)}
+    write(tmp_path / "lone", {r: dump(e) for r, e in lone.items()}, manifest={"world_size": 4})
+    result = triage_path(tmp_path / "lone")
+    assert result.verdict is V.INCOMPLETE
+    assert {c.rank: c.kind for c in result.candidates} == {1: K.NOT_ENTERED}
+    assert any(s.process_group == "1" and "membership is unknown" in s.detail for s in result.stuck)
+    clash = {0: history("0", 3) + sub("1", 2, 1), 1: history("0", 3) + sub("1", 2, 1, op="gloo:broadcast"),
+             2: history("0", 3), 3: history("0", 3)}
+    write(tmp_path / "clash", {r: dump(e) for r, e in clash.items()}, manifest={"world_size": 4})
+    clashed = triage_path(tmp_path / "clash")
+    assert {c.kind for c in clashed.candidates} == {K.MISMATCH}
+
+
+def test_uneven_nccl_all_to_all_is_no_mismatch(tmp_path: Path) -> None:
+    """NCCL-format (Gloo's alltoall refuses uneven lists): expert-parallel all_to_all with
+    per-rank tensor lists; rank 3 never calls it. Sizes differ by design; rank 3 is the culprit."""
+    def a2a(rank: int) -> dict[str, Any]:
+        e = entry("0", 6, op="nccl:all_to_all", retired=False, record_id=5,
+                  sizes=[[rank + j + 1, 8] for j in range(4)], dtype="BFloat16")
+        return dict(e, output_sizes=[[j + rank + 1, 8] for j in range(4)])
+
+    per_rank = {r: history("0", 5, op="nccl:all_reduce") + [a2a(r)] for r in range(3)}
+    per_rank[3] = history("0", 5, op="nccl:all_reduce")
+    result = triage(tmp_path, per_rank, process_groups={"0": PAIRS["0"]})
+    assert result.verdict is V.LOCALIZED
+    assert {c.rank: c.kind for c in result.candidates} == {3: K.NOT_ENTERED}

@@ -88,3 +88,44 @@ def test_text_output_names_a_host_whose_ranks_all_went_silent(tmp_path: Path) ->
     headline, host_line = result.stdout.splitlines()[:2]
     assert headline.startswith("EVIDENCE INCOMPLETE: rank 2 (stopped_reporting), rank 3")
     assert host_line == "  2 candidates on gpu-node-002: ranks 2, 3 (stopped_reporting)"
+
+
+def _run_with_stderr(folder: Path, stderr_tty: bool) -> tuple[str, bytes]:
+    """``denpex triage --format json`` in a real process; stderr on a pseudo-terminal or a pipe."""
+    import os
+    import pty
+
+    denpex = Path(sys.executable).parent / "denpex"
+    argv = [str(denpex), "triage", str(folder), "--format", "json"]
+    if not stderr_tty:
+        done = subprocess.run(argv, capture_output=True, timeout=300, check=True)
+        return done.stdout.decode(), done.stderr
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower)
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0
+    return out.decode(), drawn
+
+
+def test_progress_goes_to_a_terminal_stderr_only(tmp_path: Path) -> None:
+    """Issue 9, family 10: a long triage shows progress on a terminal; stdout stays pure JSON."""
+    dumps = {r: dump(history("0", 3, pending=0 if r == 5 else 1)) for r in range(70)}
+    write(tmp_path, dumps, manifest={"world_size": 70})
+    out, drawn = _run_with_stderr(tmp_path, stderr_tty=True)
+    assert json.loads(out)["verdict"] == "localized"
+    assert b"reading dumps" in drawn and b"70/70" in drawn
+    out, stderr = _run_with_stderr(tmp_path, stderr_tty=False)
+    assert json.loads(out)["verdict"] == "localized" and stderr == b""
