@@ -26,8 +26,8 @@ from denpex.evidence.errors import EvidenceError, ManifestError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest, parse_manifest_bytes
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
 
-__all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "resolve_manifest", "triage_path",
-           "triage_store", "triage_summaries"]
+__all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "GatheredEvidence", "gather_evidence",
+           "resolve_manifest", "triage_gathered", "triage_path", "triage_store", "triage_summaries"]
 
 MANIFEST_NAME = "manifest.json"
 
@@ -56,10 +56,30 @@ def triage_path(path: str | Path, *, world_size: int | None = None,
                         options=options)
 
 
+class GatheredEvidence(BaseModel):
+    """Every rank's summary and the files set aside: the parse step's output, before comparing."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    summaries: dict[int, RankSummary]
+    skipped: list[SkippedFile]
+    world_size: int
+    manifest: JobManifest | None = None
+    size_note: str | None = None
+
+
 def triage_store(store: EvidenceStore, *, world_size: int | None = None,
                  manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
                  options: TriageOptions | None = None) -> TriageResult:
     """Triage every dump in ``store``."""
+    gathered = gather_evidence(store, world_size=world_size, manifest=manifest, options=options)
+    return triage_gathered(gathered, as_of=as_of, options=options)
+
+
+def gather_evidence(store: EvidenceStore, *, world_size: int | None = None,
+                    manifest: JobManifest | Path | str | None = None,
+                    options: TriageOptions | None = None) -> GatheredEvidence:
+    """Find and summarize every dump in ``store``; raises NoUsableEvidence when none is usable."""
     options = options or TriageOptions()
     objects = store.list()
     job = resolve_manifest(store, manifest, objects)
@@ -76,10 +96,18 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
             summaries[outcome.rank] = outcome
     if not summaries:
         raise NoUsableEvidence(_nothing_usable(store.uri, skipped))
-    result = triage_summaries(summaries, world_size=size, manifest=job, as_of=as_of,
-                              options=options, skipped=skipped)
-    if size_note:
-        result.notes.insert(0, size_note)
+    return GatheredEvidence(summaries=summaries, skipped=skipped, world_size=size, manifest=job,
+                            size_note=size_note)
+
+
+def triage_gathered(gathered: GatheredEvidence, *, as_of: datetime | None = None,
+                    options: TriageOptions | None = None) -> TriageResult:
+    """Compare gathered summaries; the world-size note, if any, comes first."""
+    result = triage_summaries(gathered.summaries, world_size=gathered.world_size,
+                              manifest=gathered.manifest, as_of=as_of, options=options,
+                              skipped=gathered.skipped)
+    if gathered.size_note:
+        result.notes.insert(0, gathered.size_note)
     return result
 
 
