@@ -6,10 +6,11 @@ artifacts) where the summaries themselves should not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from denpex.analysis.models import SkippedFile
 from denpex.analysis.summary import RankSummary
 
 __all__ = ["GroupPosition", "JobProgress", "job_progress"]
@@ -31,10 +32,15 @@ class JobProgress(BaseModel):
     positions: dict[int, dict[str, GroupPosition]] = Field(default_factory=dict)
 
 
-def job_progress(summaries: Mapping[int, RankSummary], world_size: int) -> JobProgress:
-    """Keep only the sequence counters of each rank's groups."""
+def job_progress(summaries: Mapping[int, RankSummary] | Iterable[RankSummary | SkippedFile],
+                 world_size: int) -> JobProgress:
+    """Keep only the sequence counters of each rank's groups.
+
+    Takes the summaries by rank, or the fan-out's outcomes as they come (skipped files ignored).
+    """
+    items = summaries.values() if isinstance(summaries, Mapping) else summaries
     return JobProgress(world_size=world_size, positions={
-        rank: {name: GroupPosition(last_enqueued=g.last_enqueued, last_completed=g.last_completed)
-               for name, g in summary.groups.items()}
-        for rank, summary in summaries.items()
+        summary.rank: {name: GroupPosition(last_enqueued=g.last_enqueued, last_completed=g.last_completed)
+                       for name, g in summary.groups.items()}
+        for summary in items if isinstance(summary, RankSummary)
     })
