@@ -13,7 +13,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.job_progress import JobProgress, job_progress
-from denpex.analysis.triage import TriageOptions, gather_evidence, resolve_manifest, triage_gathered
+from denpex.analysis.triage import (
+    TriageOptions,
+    resolve_manifest,
+    summarize_inventory,
+    take_inventory,
+    triage_outcomes,
+)
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
 from denpex.hardware import correlate, load_telemetry
@@ -44,10 +50,11 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
     store = open_store(path)
     job = resolve_manifest(store, manifest)
-    gathered = gather_evidence(store, world_size=world_size, manifest=job, options=options)
-    result = triage_gathered(gathered, as_of=as_of, options=options)
-    progress = job_progress(gathered.summaries, gathered.world_size) if keep_progress else None
-    del gathered  # the summaries are not needed past this point; keep memory bounded
+    inventory = take_inventory(store, world_size=world_size, manifest=job)
+    outcomes = summarize_inventory(store, inventory, options)
+    result = triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+    progress = job_progress(outcomes, inventory.world_size) if keep_progress else None
+    del outcomes  # the summaries are not needed past this point; keep memory bounded
     if telemetry:
         result = correlate(result, job, load_telemetry(list(telemetry)))
     report = TriageReport(**dict(result))
