@@ -13,8 +13,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.batch import Progress
-from denpex.analysis.collector_records import manifest_from_records
-from denpex.analysis.triage import TriageOptions, resolve_manifest, triage_store
+from denpex.analysis.job_progress import JobProgress, job_progress
+from denpex.analysis.triage import (
+    TriageOptions,
+    resolve_manifest,
+    summarize_inventory,
+    take_inventory,
+    triage_outcomes,
+)
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
 from denpex.hardware import correlate, load_telemetry
@@ -34,6 +40,8 @@ class Investigation(BaseModel):
 
     report: TriageReport
     plan: IsolationPlan | None = None
+    # Every rank's counters, for the charts; kept only when asked (keep_progress).
+    progress: JobProgress | None = None
 
 
 def investigate(path: str | Path, *, world_size: int | None = None,
@@ -41,15 +49,22 @@ def investigate(path: str | Path, *, world_size: int | None = None,
                 telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
                 incident_id: str | None = None, runbook: Path | None = None,
                 options: TriageOptions | None = None, progress: Progress | None = None,
-                cluster: str | None = None, host_domain: str | None = None) -> Investigation:
-    """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
+                cluster: str | None = None, host_domain: str | None = None,
+                keep_progress: bool = False) -> Investigation:
+    """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan.
+
+    ``progress`` is told (dumps read, dumps in all) while dumps are read; ``keep_progress`` keeps
+    where each rank stands (``Investigation.progress``) for the charts.
+    """
     store = open_store(path)
     job = resolve_manifest(store, manifest)
-    result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options,
-                          progress=progress)
-    if job is None:
-        # Hosts and GPUs for correlation and planning: the collector's records serve as a manifest.
-        job = manifest_from_records(store, world_size).manifest
+    inventory = take_inventory(store, world_size=world_size, manifest=job)
+    outcomes = summarize_inventory(store, inventory, options, progress=progress)
+    result = triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+    standing = job_progress(outcomes, inventory.world_size) if keep_progress else None
+    del outcomes  # the summaries are not needed past this point; keep memory bounded
+    # Hosts and GPUs for correlation and planning: the collector's records serve as a manifest.
+    job = job or inventory.manifest
     if telemetry:
         result = correlate(result, job, load_telemetry(list(telemetry)),
                            options=CorrelationOptions(host_domain=host_domain))
@@ -59,4 +74,4 @@ def investigate(path: str | Path, *, world_size: int | None = None,
         plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook,
                                job_id=job.job_id if job else None, cluster=cluster)
         report.plan = PlanView.model_validate(plan.contract_view())
-    return Investigation(report=report, plan=plan)
+    return Investigation(report=report, plan=plan, progress=standing)

@@ -72,6 +72,8 @@ class AuditKind(StrEnum):
     """No command was sent for a node (already done, or a gate blocked it at execution time)."""
     BREAKER = "breaker"
     """The circuit breaker was tripped by this execution."""
+    DECISION = "decision"
+    """A plan was not carried out, and why: rejected, unanswered, refused answer, job recovered."""
 
 
 class Outcome(StrEnum):
