@@ -58,7 +58,7 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=180):
         yield str(PREFECT_API_URL.value())
 
 
@@ -136,7 +136,11 @@ def _wait_for_deployments(api: str, names: set[str], served: subprocess.Popen[by
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             found = {d["name"] for d in json.loads(response.read())}
-        if names <= found:
+        request = urllib.request.Request(f"{api}/automations/filter", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            triggers = {a["name"] for a in json.loads(response.read())}
+        if names <= found and "denpex-alert" in triggers:
             return
         time.sleep(1)
     raise RuntimeError(f"deployments {names} were not served within 120 s:\n{log.read_text()[-3000:]}")
