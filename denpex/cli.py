@@ -18,7 +18,7 @@ from denpex.evidence.errors import EvidenceError
 from denpex.hardware import HardwareError
 from denpex.hardware.collect_command import collect_telemetry_command
 from denpex.investigate import investigate
-from denpex.isolation.commands import approve_command, audit_app, breaker_app, isolate_command
+from denpex.isolation.commands import approve_command, approver_app, audit_app, breaker_app, isolate_command
 from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import save_plan
 from denpex.isolation.policy import Scheduler
@@ -68,7 +68,9 @@ def triage(
     output: Annotated[OutputFormat, typer.Option("--format", help="text for people, json for machines.")] = OutputFormat.TEXT,
     scheduler: Annotated[Scheduler | None, typer.Option("--scheduler", help="Plan an isolation for this scheduler.")] = None,
     incident_id: Annotated[str | None, typer.Option("--incident-id", help="Incident id for the plan (default: from the evidence time); 1-63 of A-Za-z0-9._-, starting and ending with a letter or digit.")] = None,
-    runbook: Annotated[Path | None, typer.Option("--runbook", help="Runbook YAML (default: built-in safe policy).")] = None,
+    runbook: Annotated[Path | None, typer.Option("--runbook", help="Runbook YAML (default: built-in safe policy); `denpex isolate` refuses a plan made under another policy than the operator's.")] = None,
+    host_domain: Annotated[str | None, typer.Option("--host-domain", metavar="DOMAIN", help="Your hosts' DNS domain: NAME.DOMAIN and NAME are one host. Other names match exactly, so a host of another domain never lends a node its signals.")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="The cluster the plan is for (Slurm ClusterName or Kubernetes context); approvals and execution are bound to it.")] = None,
     plan_out: Annotated[Path | None, typer.Option("--plan-out", help="Write the full isolation plan JSON here (for `denpex isolate`).")] = None,
     telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", metavar="FILE", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
 ) -> None:
@@ -76,7 +78,7 @@ def triage(
     try:
         found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
                             telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,
-                            runbook=runbook)
+                            runbook=runbook, cluster=cluster, host_domain=host_domain)
     except (EvidenceError, HardwareError, IsolationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     if plan_out is not None and found.plan is not None:
@@ -92,6 +94,7 @@ app.command("approve")(approve_command)
 app.command("isolate")(isolate_command)
 app.add_typer(audit_app, name="audit")
 app.add_typer(breaker_app, name="breaker")
+app.add_typer(approver_app, name="approver")
 
 
 def _prefect_project() -> None:

@@ -16,6 +16,7 @@ from denpex.analysis.triage import TriageOptions, resolve_manifest, triage_store
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
 from denpex.hardware import correlate, load_telemetry
+from denpex.hardware.correlate import CorrelationOptions
 from denpex.isolation.plan import IsolationPlan
 from denpex.isolation.planner import plan_for_triage
 from denpex.isolation.policy import Scheduler
@@ -37,17 +38,19 @@ def investigate(path: str | Path, *, world_size: int | None = None,
                 manifest: JobManifest | Path | None = None, as_of: datetime | None = None,
                 telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
                 incident_id: str | None = None, runbook: Path | None = None,
-                options: TriageOptions | None = None) -> Investigation:
+                options: TriageOptions | None = None, cluster: str | None = None,
+                host_domain: str | None = None) -> Investigation:
     """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
     store = open_store(path)
     job = resolve_manifest(store, manifest)
     result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options)
     if telemetry:
-        result = correlate(result, job, load_telemetry(list(telemetry)))
+        result = correlate(result, job, load_telemetry(list(telemetry)),
+                           options=CorrelationOptions(host_domain=host_domain))
     report = TriageReport(**dict(result))
     plan = None
     if scheduler is not None:
         plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook,
-                               job_id=job.job_id if job else None)
+                               job_id=job.job_id if job else None, cluster=cluster)
         report.plan = PlanView.model_validate(plan.contract_view())
     return Investigation(report=report, plan=plan)
