@@ -85,6 +85,7 @@ def _demo_runbooks(folder: Path) -> None:
 
     body = yaml.safe_load((ROOT / "runbooks" / "hang-triage.yaml").read_text())
     body["approval"]["max_plan_age"] = "P3650D"
+    body["approval"]["approvers"] = ["demo-operator"]  # the shipped runbook names nobody
     body["workflow"].update(evidence_grace="PT10S", coverage_poll="PT1S", approval_poll="PT1S")
     folder.mkdir(parents=True)
     (folder / "hang-triage.yaml").write_text(yaml.safe_dump(body, sort_keys=False))

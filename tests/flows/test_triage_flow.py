@@ -100,6 +100,8 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab) -> N
     pytest.param({"decision": "approve", "approver": "bob", "nodes": ["gpu-node-009"]},
                  "refused", "gpu-node-009 is not in the plan", id="node-not-in-plan"),
     pytest.param({"decision": "approve", "approver": "  "}, "refused", "approver's name is missing", id="no-approver"),
+    pytest.param({"decision": "approve", "approver": "mallory"}, "refused", "'mallory' may not approve",
+                 id="unlisted-approver"),
 ])
 def test_answers_that_touch_nothing(flow_rig: FlowRig, lab: SlurmLab, answer: dict[str, Any], outcome: str,
                                     why: str, request: pytest.FixtureRequest) -> None:
@@ -127,7 +129,8 @@ def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(fl
         wait_for(run_id, {"PAUSED"})
         with pytest.raises(Exception, match="(?i)input|valid|schema"):
             resume(run_id, {"decision": "maybe", "unknown": 1})
-        wait_for(run_id, {"COMPLETED"}, timeout_s=120)
+        # Prefect fails a run whose pause expired (it can no longer resume); the flow has recorded why.
+        wait_for(run_id, {"COMPLETED", "FAILED"}, timeout_s=120)
     finally:
         register_blocks(lab)
     report = report_of(flow_rig.state_dir, incident, run_id)
