@@ -73,16 +73,22 @@ def triage(
     cluster: Annotated[str | None, typer.Option("--cluster", help="The cluster the plan is for (Slurm ClusterName or Kubernetes context); approvals and execution are bound to it.")] = None,
     plan_out: Annotated[Path | None, typer.Option("--plan-out", help="Write the full isolation plan JSON here (for `denpex isolate`).")] = None,
     telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", metavar="FILE", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
+    chart: Annotated[Path | None, typer.Option("--chart", metavar="PNG", help="Write the job overview PNG here, and one PNG per stuck group beside it (NAME.group-*.png).")] = None,
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
     try:
         found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
                             telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,
-                            runbook=runbook, cluster=cluster, host_domain=host_domain)
+                            runbook=runbook, cluster=cluster, host_domain=host_domain,
+                            keep_progress=chart is not None)
     except (EvidenceError, HardwareError, IsolationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     if plan_out is not None and found.plan is not None:
         save_plan(found.plan, plan_out)
+    if chart is not None and found.progress is not None:
+        from denpex.charts.files import write_charts  # matplotlib loads only when a chart is asked for
+        for written in write_charts(found.report, found.progress, chart):
+            typer.echo(f"chart: {written}", err=True)
     if output is OutputFormat.JSON:
         typer.echo(found.report.model_dump_json(indent=2))
     else:

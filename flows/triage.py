@@ -44,35 +44,37 @@ from flows.approval import (
     state_dir,
     webhook_url,
 )
+from flows.dask_parse import DASK_ADDRESS_ENV, parse_on_dask
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
+from tasks.charts import charts_markdown, publish_charts, render_charts
 from tasks.notify import notify_approvers
 from tasks.parse import summarize_dumps
 from tasks.remediate import execute_plan
 from tasks.report import publish_decision, publish_report
 
-__all__ = ["triage", "chart_markdown"]
+__all__ = ["triage"]
 
 _CPUS = os.cpu_count() or 1
-
-
-def chart_markdown(report: TriageReport) -> str:
-    """THE CHART'S PLACE: the progress chart (a data-URI PNG) beside the report and the approval
-    form. Empty until the chart module lands (issue 10 part B)."""
-    return ""
+# Coarse batches on Dask: each task costs a round trip to the cluster (notes/prefect.md).
+DASK_BATCHES = 64
 
 
 def _summaries(inventory: EvidenceInventory) -> list[Any]:
-    """Fan the dumps out in batches (never one task per rank), each decoded in a worker process."""
+    """Fan the dumps out in batches (never one task per rank), each decoded in a worker process:
+    on the Dask cluster at ``$DENPEX_DASK_ADDRESS`` when one is set, else on this machine."""
     refs = list(inventory.dumps.values())
     if not refs:
         return []
+    address = os.environ.get(DASK_ADDRESS_ENV)
+    if address:
+        return [parse_on_dask(split_batches(refs, DASK_BATCHES), address=address)]
     batches = split_batches(refs, min(len(refs), 2 * _CPUS))
     return [f.result() for f in summarize_dumps.map(batches, unmapped(256 * 1024 * 1024))]
 
 
-def _triage(inventory: EvidenceInventory, as_of: datetime | None) -> TriageResult:
-    result = compare_ranks(inventory, _summaries(inventory), as_of)
+def _triage(inventory: EvidenceInventory, batches: list[Any], as_of: datetime | None) -> TriageResult:
+    result = compare_ranks(inventory, batches, as_of)
     return correlate_telemetry(result, inventory)
 
 
@@ -93,7 +95,10 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     key = artifact_prefix(incident_id)
     inventory = wait_for_evidence(evidence, world_size, timing.evidence_grace, timing.coverage_poll,
                                   f"{key}-coverage")
-    result = _triage(inventory, alert_time)
+    batches = _summaries(inventory)
+    result = _triage(inventory, batches, alert_time)
+    charts = render_charts(result, batches, inventory.world_size)
+    del batches  # only the compact counters live on, inside the charts' data
     report = TriageReport(**dict(result))
     target = find_target(cluster, runbook_file, evidence)
     plan = None
@@ -102,8 +107,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                                    tenant=tenant, cluster=target.cluster_name, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
-                               chart=chart_markdown(report))
+                               chart=charts_markdown(charts))
     publish_report(report, plan, markdown, key)
+    publish_charts(charts, key)
     if plan is None or not plan.actions:
         why = (f"no isolation proposed for incident {incident_id}" if target is not None
                else f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}; triage only")
@@ -126,7 +132,8 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         record_not_done(plan, operation=Operation.ISOLATE, outcome=stage.value, reason=answer.reason,
                         approver=answer.approver, cluster=cluster)
         return _finish(ref, report, stage, answer.reason, plan, key)
-    recovery = check_recovery(result, _triage(reread_inventory(evidence, world_size), None))
+    fresh = reread_inventory(evidence, world_size)
+    recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None))
     if recovery.recovered:
         record_not_done(plan, operation=Operation.ISOLATE, outcome="withdrawn", reason=recovery.reason,
                         approver=answer.approver, cluster=cluster)

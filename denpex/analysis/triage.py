@@ -28,7 +28,7 @@ from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest,
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
 
 __all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "EvidenceInventory", "resolve_manifest",
-           "take_inventory", "triage_path", "triage_store", "triage_outcomes", "triage_summaries"]
+           "summarize_inventory", "take_inventory", "triage_path", "triage_store", "triage_outcomes", "triage_summaries"]
 
 MANIFEST_NAME = "manifest.json"
 
@@ -89,12 +89,18 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
                  manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
                  options: TriageOptions | None = None) -> TriageResult:
     """Triage every dump in ``store``."""
-    options = options or TriageOptions()
     inventory = take_inventory(store, world_size=world_size, manifest=manifest)
-    refs = list(inventory.dumps.values())
-    outcomes = summarize_all(refs, max_bytes=options.max_dump_bytes, workers=options.workers,
-                             store=store if len(refs) < 64 else None)
+    outcomes = summarize_inventory(store, inventory, options)
     return triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+
+
+def summarize_inventory(store: EvidenceStore, inventory: EvidenceInventory,
+                        options: TriageOptions | None = None) -> list[RankSummary | SkippedFile]:
+    """Summarize every dump of the inventory on this machine (a process pool once there are many)."""
+    options = options or TriageOptions()
+    refs = list(inventory.dumps.values())
+    return summarize_all(refs, max_bytes=options.max_dump_bytes, workers=options.workers,
+                         store=store if len(refs) < 64 else None)
 
 
 def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary | SkippedFile], *,
