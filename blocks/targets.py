@@ -25,10 +25,12 @@ def block_name_for(cluster: str) -> str:
     return slug or "default"
 
 
-def _state_settings(state_dir: Path, evidence_store: str | None, **fields: object) -> IsolationSettings:
+def _state_settings(state_dir: Path, runbook: Path, evidence_store: str | None, cluster: str,
+                    **fields: object) -> IsolationSettings:
+    """The operator's settings: the machine-wide state directory and the runbook file (policy)."""
     return IsolationSettings.model_validate({
-        "audit_log": state_dir / "audit.jsonl", "breaker_state": state_dir / "breaker.json",
-        "evidence_store": evidence_store, **fields,
+        "state_dir": state_dir, "runbook": runbook, "evidence_store": evidence_store, "cluster": cluster,
+        **fields,
     })
 
 
@@ -45,13 +47,13 @@ class DenpexSlurmTarget(Block):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     command_timeout_s: float = Field(default=60.0, gt=0)
 
-    def settings(self, state_dir: Path, *, evidence_store: str | None = None) -> IsolationSettings:
+    def settings(self, state_dir: Path, runbook: Path, *, evidence_store: str | None = None) -> IsolationSettings:
         """The executor's settings; key files are written under the state directory."""
         key, known = self.credentials.write_files(state_dir / "keys", f"slurm-{block_name_for(self.cluster_name)}")
         ssh = SshSettings(host=self.host, port=self.port, username=self.credentials.username, key_path=key,
                           key_passphrase=self.credentials.passphrase, known_hosts=known,
                           connect_timeout_s=self.connect_timeout_s, command_timeout_s=self.command_timeout_s)
-        return _state_settings(state_dir, evidence_store, ssh=ssh)
+        return _state_settings(state_dir, runbook, evidence_store, self.cluster_name, ssh=ssh)
 
 
 class DenpexKubernetesTarget(Block):
@@ -65,11 +67,11 @@ class DenpexKubernetesTarget(Block):
     token: SecretStr
     ca_cert_pem: str | None = Field(default=None, description="The API server's CA (PEM)")
 
-    def settings(self, state_dir: Path, *, evidence_store: str | None = None) -> IsolationSettings:
+    def settings(self, state_dir: Path, runbook: Path, *, evidence_store: str | None = None) -> IsolationSettings:
         ca = None
         if self.ca_cert_pem:
             ca = state_dir / "keys" / f"kube-{block_name_for(self.cluster_name)}.ca.pem"
             ca.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             ca.write_text(self.ca_cert_pem)
         kube = KubernetesSettings(host=self.host, token=self.token, ca_cert=ca)
-        return _state_settings(state_dir, evidence_store, kubernetes=kube)
+        return _state_settings(state_dir, runbook, evidence_store, self.cluster_name, kubernetes=kube)

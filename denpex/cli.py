@@ -111,6 +111,35 @@ app.add_typer(breaker_app, name="breaker")
 app.add_typer(approver_app, name="approver")
 
 
+def _prefect_project() -> None:
+    """The Prefect project (flows/, tasks/, blocks/) runs from the repository root, as Prefect
+    projects do; import it from the current folder, lazily, so the core never needs Prefect."""
+    root = Path.cwd()
+    if not (root / "flows" / "serve.py").is_file():
+        raise fail(f"{root} is not the Denpex repository root (no flows/serve.py); run this from there")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(ctx: typer.Context) -> None:
+    """Serve the Prefect deployments locally (triage on the alert event, manual triage, return to
+    service, nightly replay); options: --only NAME."""
+    _prefect_project()
+    from flows.serve import main as serve_main
+
+    serve_main(list(ctx.args))
+
+
+@app.command("register-blocks", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def register_blocks(ctx: typer.Context) -> None:
+    """Register Denpex's Prefect block types and the local defaults (--evidence-folder, --overwrite)."""
+    _prefect_project()
+    from blocks.register import main as register_main
+
+    register_main(list(ctx.args))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     app(args=argv, prog_name="denpex")

@@ -23,7 +23,7 @@ from blocks.runbook import DEFAULT_RUNBOOK, runbook_path
 from denpex.isolation.audit import AuditLog
 from denpex.isolation.config import IsolationSettings
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
-from denpex.isolation.policy import Scheduler
+from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import Runbook, load_runbook
 from denpex.state_dir import resolve_state_dir
 from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
@@ -76,15 +76,19 @@ def load_runbook_for_flow() -> tuple[Runbook, Path]:
     return load_runbook(path), path
 
 
-def find_target(cluster: str, evidence_store: str | None) -> Target | None:
-    """The Slurm or Kubernetes target block named after ``cluster``; None when none is registered."""
+def find_target(cluster: str, runbook: Path, evidence_store: str | None) -> Target | None:
+    """The Slurm or Kubernetes target block named after ``cluster``; None when none is registered.
+
+    The executor's settings name the runbook file, so execution enforces the operator's policy.
+    """
     name = block_name_for(cluster)
     slurm = _load(DenpexSlurmTarget, name)
     if slurm is not None:
-        return Target(Scheduler.SLURM, slurm.settings(state_dir(), evidence_store=evidence_store), slurm.cluster_name)
+        return Target(Scheduler.SLURM, slurm.settings(state_dir(), runbook, evidence_store=evidence_store),
+                      slurm.cluster_name)
     kube = _load(DenpexKubernetesTarget, name)
     if kube is not None:
-        return Target(Scheduler.KUBERNETES, kube.settings(state_dir(), evidence_store=evidence_store),
+        return Target(Scheduler.KUBERNETES, kube.settings(state_dir(), runbook, evidence_store=evidence_store),
                       kube.cluster_name)
     return None
 
@@ -94,7 +98,7 @@ def webhook_url() -> str | None:
     return block.url.get_secret_value() if block else os.environ.get("DENPEX_APPROVAL_WEBHOOK_URL") or None
 
 
-def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation, cluster: str,
+def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation, policy: IsolationPolicy,
                  timeout: timedelta, poll: timedelta) -> ReviewedAnswer | None:
     """Pause until a person answers; None when nobody did within ``timeout``."""
     form = ApprovalInput.with_initial_data(
@@ -107,7 +111,7 @@ def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation,
     except FlowPauseTimeout:
         return None
     core = ApprovalAnswer.model_validate(answer.model_dump(include=set(ApprovalAnswer.model_fields)))
-    return review_answer(core, plan, operation=operation, cluster=cluster, flow_run_id=run_id())
+    return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now())
 
 
 def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) -> None:

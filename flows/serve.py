@@ -1,19 +1,19 @@
 """Serve the deployments locally with ``serve()`` (no work pool): ``denpex serve``.
 
 The same four deployments as ``prefect.yaml``: triage on the alert event, the nightly replay,
-manual triage, and return to service. The replay is served once ``flows/replay.py`` exists.
+manual triage, and return to service.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from typing import Any
 
 from prefect import serve
 from prefect.events import DeploymentEventTrigger
 
 from denpex.workflow.alert_event import ALERT_EVENT
+from flows.replay import replay
 from flows.return_to_service import return_to_service
 from flows.triage import triage
 
@@ -40,11 +40,9 @@ def deployments(only: set[str] | None = None) -> list[Any]:
         triage.to_deployment(name="manual", tags=["denpex", "manual"], enforce_parameter_schema=True),
         return_to_service.to_deployment(name="return-to-service", tags=["denpex"],
                                         enforce_parameter_schema=True),
+        replay.to_deployment(name="nightly-replay", cron="0 3 * * *", tags=["denpex", "replay"],
+                             parameters={"catalog": "incidents/catalog.json"}),
     ]
-    if importlib.util.find_spec("flows.replay") is not None:
-        from flows.replay import replay  # Part B's flow; served when present
-
-        made.append(replay.to_deployment(name="nightly-replay", cron="0 3 * * *", tags=["denpex"]))
     return [d for d in made if only is None or getattr(d, "name", None) in only]
 
 

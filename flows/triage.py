@@ -23,9 +23,9 @@ from denpex.analysis.batch import split_batches
 from denpex.analysis.models import TriageResult
 from denpex.analysis.triage import EvidenceInventory
 from denpex.evidence.files import write_atomic
-from denpex.isolation.plan import IsolationPlan, Operation, save_plan, utc_now
+from denpex.isolation.plan import IsolationPlan, Operation, save_plan
 from denpex.report import PlanView, TriageReport
-from denpex.workflow.approval_answer import AnswerVerdict, executable_approval
+from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
@@ -100,10 +100,11 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     charts = render_charts(result, batches, inventory.world_size)
     del batches  # only the compact counters live on, inside the charts' data
     report = TriageReport(**dict(result))
-    target = find_target(cluster, evidence)
+    target = find_target(cluster, runbook_file, evidence)
     plan = None
     if target is not None:
-        plan = plan_isolation_task(result, target.scheduler, incident_id, runbook_file, job_id)
+        plan = plan_isolation_task(result, inventory, target.scheduler, runbook_file, incident_id=incident_id,
+                                   tenant=tenant, cluster=target.cluster_name, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
                                chart=charts_markdown(charts))
@@ -119,14 +120,14 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         notify_approvers(url, approval_notice(report, incident_id=incident_id, cluster=cluster,
                                               run_url=flow_run.ui_url, plan_hash=plan.content_hash()))
     log.info("waiting for approval of plan %s: %s", plan.content_hash()[:12], flow_run.ui_url)
-    answer = ask_approval(plan, markdown, operation=Operation.ISOLATE, cluster=cluster,
+    answer = ask_approval(plan, markdown, operation=Operation.ISOLATE, policy=runbook.policy(),
                           timeout=timing.approval_timeout, poll=timing.approval_poll)
     if answer is None:
         why = f"nobody answered within {timing.approval_timeout}; nothing was done"
         record_not_done(plan, operation=Operation.ISOLATE, outcome="timed_out", reason=why, approver=None,
                         cluster=cluster)
         return _finish(ref, report, IncidentStage.TIMED_OUT, why, plan, key)
-    if answer.verdict is not AnswerVerdict.APPROVED or answer.record is None:
+    if answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
         stage = IncidentStage.REJECTED if answer.verdict is AnswerVerdict.REJECTED else IncidentStage.REFUSED
         record_not_done(plan, operation=Operation.ISOLATE, outcome=stage.value, reason=answer.reason,
                         approver=answer.approver, cluster=cluster)
@@ -137,28 +138,30 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         record_not_done(plan, operation=Operation.ISOLATE, outcome="withdrawn", reason=recovery.reason,
                         approver=answer.approver, cluster=cluster)
         return _finish(ref, report, IncidentStage.WITHDRAWN, recovery.reason, plan, key,
-                       approval=answer.record)
+                       approval=answer.approval)
     if target is None:  # a plan is made only with a target; this keeps the type checker honest
         raise RuntimeError("a plan without a target")
     return _remediate(ref, report, plan, target, answer, key, timing.remediation_retries)
 
 
-def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, target: Target, answer: Any,
-               key: str, retries: int) -> dict[str, Any]:
-    narrowed, approval = executable_approval(answer.record, plan, at=utc_now())
+def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, target: Target,
+               answer: ReviewedAnswer, key: str, retries: int) -> dict[str, Any]:
+    approval = answer.approval
+    if approval is None:
+        raise RuntimeError("remediation without an approval")
     limit = remediation_limit(ref.cluster)
     ensure_limit(limit)
     with concurrency(limit, occupy=1, strict=True):
-        for action in narrowed.actions:
-            emit("denpex.remediation.intent", ref.incident_id, ref.cluster,
-                 {"node": action.node, "action": action.action.value, "plan_hash": plan.content_hash(),
-                  "approver": approval.approver})
-        state = execute_plan.with_options(retries=retries)(narrowed, approval, target.settings,
-                                                           return_state=True)
+        for action in plan.actions:
+            if action.node in approval.nodes:
+                emit("denpex.remediation.intent", ref.incident_id, ref.cluster,
+                     {"node": action.node, "action": action.action.value, "plan_hash": plan.content_hash(),
+                      "approver": approval.approver})
+        state = execute_plan.with_options(retries=retries)(plan, approval, target.settings, return_state=True)
     if state.is_failed():
         why = f"execution refused or failed: {state.message or 'see the task run'}"
         emit("denpex.remediation.failed", ref.incident_id, ref.cluster, {"reason": why})
-        return _finish(ref, report, IncidentStage.FAILED, why, plan, key, approval=answer.record)
+        return _finish(ref, report, IncidentStage.FAILED, why, plan, key, approval=approval)
     execution = state.result()
     for node in execution.nodes:
         emit("denpex.remediation.result", ref.incident_id, ref.cluster,
@@ -166,7 +169,7 @@ def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, targ
               "outcome": node.outcome.value if node.outcome else None, "state": node.state_after})
     stage = IncidentStage.FAILED if execution.failed or execution.unfinished else IncidentStage.EXECUTED
     why = answer.reason + (f"; unfinished: {', '.join(execution.unfinished)}" if execution.unfinished else "")
-    return _finish(ref, report, stage, why, plan, key, approval=answer.record, execution=execution)
+    return _finish(ref, report, stage, why, plan, key, approval=approval, execution=execution)
 
 
 def _save_plan(plan: IsolationPlan) -> None:

@@ -13,8 +13,9 @@ from denpex.analysis.triage import EvidenceInventory, triage_outcomes
 from denpex.evidence.store import open_store
 from denpex.hardware import correlate
 from denpex.isolation.plan import IsolationPlan
-from denpex.isolation.planner import plan_for_triage
+from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import Scheduler
+from denpex.isolation.runbook import load_runbook
 from denpex.workflow.telemetry_files import telemetry_in_store
 
 __all__ = ["compare_ranks", "correlate_telemetry", "plan_isolation_task"]
@@ -37,7 +38,10 @@ def correlate_telemetry(result: TriageResult, inventory: EvidenceInventory) -> T
 
 
 @task(name="plan-isolation")
-def plan_isolation_task(result: TriageResult, scheduler: Scheduler, incident_id: str, runbook: Path,
-                        job_id: str | None) -> IsolationPlan:
-    """The isolation plan under the runbook's policy (the executor re-checks it on live facts)."""
-    return plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook, job_id=job_id)
+def plan_isolation_task(result: TriageResult, inventory: EvidenceInventory, scheduler: Scheduler, runbook: Path, *,
+                        incident_id: str, tenant: str, cluster: str, as_of: datetime) -> IsolationPlan:
+    """The isolation plan under the runbook's policy, bound to the tenant and cluster (the executor
+    re-checks it all on live facts)."""
+    job_id = inventory.manifest.job_id if inventory.manifest else None
+    return plan_isolation(result, inventory.manifest, load_runbook(runbook).policy(), None, scheduler, incident_id,
+                          result.as_of or as_of, cluster=cluster, tenant=tenant, job_id=job_id)

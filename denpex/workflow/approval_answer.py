@@ -4,30 +4,29 @@ The paused run shows the plan and a form (``flows/``: a Prefect ``RunInput`` bui
 ``ApprovalAnswer``). Whatever comes back is checked here, in the core, before anything runs:
 
     ApprovalAnswer(decision=approve, plan_hash=<shown plan>, nodes=["gpu-node-003"], approver="alice")
-      -> ReviewedAnswer(verdict=APPROVED, record=ApprovalRecord(channel="prefect-ui", ...))
+      -> ReviewedAnswer(verdict=APPROVED, approval=Approval(channel="prefect-ui", nodes=(...), ...))
     ... plan_hash of another plan        -> REFUSED, "the answer approves plan 1a2b..., not 3c4d..."
     ... nodes not in the plan            -> REFUSED, "gpu-node-009 is not in the plan ..."
     ApprovalAnswer(decision=reject, ...) -> REJECTED, with the approver's comment as the reason
 
-The record has the fields of ARCHITECTURE.md "Approvals" (channel ``prefect-ui``, the flow run's
-id). Who may approve is read from the operator's runbook, never from the form.
+The approval is the one model of ARCHITECTURE.md "Approvals" (``denpex.isolation.approval``,
+channel ``prefect-ui``, the flow run's id), built with ``ui_approval``. Who may approve is read
+from the operator's runbook (``approvers_for(tenant, cluster)``), never from the form, and
+``execute_approved`` checks it all again before acting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from denpex.isolation.approval import Approval, approve_plan
-from denpex.isolation.errors import ApprovalError
+from denpex.isolation.approval import Approval, ui_approval
 from denpex.isolation.plan import IsolationPlan, Operation
+from denpex.isolation.policy import ApprovalChannel, IsolationPolicy
 
-__all__ = ["Decision", "ApprovalAnswer", "ApprovalRecord", "AnswerVerdict", "ReviewedAnswer",
-           "review_answer", "executable_approval"]
+__all__ = ["Decision", "ApprovalAnswer", "AnswerVerdict", "ReviewedAnswer", "review_answer"]
 
 
 class Decision(StrEnum):
@@ -51,22 +50,6 @@ class ApprovalAnswer(BaseModel):
     comment: str = Field(default="", description="why; written to the audit log")
 
 
-class ApprovalRecord(BaseModel):
-    """One approval, bound to what it approves (ARCHITECTURE.md "Approvals", channel prefect-ui)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    plan_hash: str
-    operation: Operation
-    incident_id: str
-    cluster: str
-    nodes: tuple[str, ...]
-    approver: str
-    comment: str = ""
-    channel: Literal["prefect-ui"] = "prefect-ui"
-    flow_run_id: str
-
-
 class AnswerVerdict(StrEnum):
     """How an answer was taken."""
 
@@ -85,32 +68,30 @@ class ReviewedAnswer(BaseModel):
 
     verdict: AnswerVerdict
     reason: str
-    record: ApprovalRecord | None = None
+    approval: Approval | None = None
     approver: str = ""
 
 
-def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, operation: Operation, cluster: str,
-                  flow_run_id: str) -> ReviewedAnswer:
-    """Check ``answer`` against ``plan`` and the plan's policy; every problem in one reason."""
+def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: IsolationPolicy, operation: Operation,
+                  flow_run_id: str, at: datetime) -> ReviewedAnswer:
+    """Check ``answer`` against ``plan`` and the operator's ``policy``; every problem in one reason."""
     approver = answer.approver.strip()
     if answer.decision is Decision.REJECT:
         why = answer.comment.strip() or "no reason given"
         return ReviewedAnswer(verdict=AnswerVerdict.REJECTED, approver=approver,
                               reason=f"rejected by {approver or 'an unnamed person'}: {why}")
-    problems = _problems(answer, plan, approver)
+    problems = _problems(answer, plan, policy, approver)
     if problems:
         return ReviewedAnswer(verdict=AnswerVerdict.REFUSED, approver=approver,
                               reason="approval refused, nothing was done: " + "; ".join(problems))
-    record = ApprovalRecord(
-        plan_hash=answer.plan_hash, operation=operation, incident_id=plan.incident_id, cluster=cluster,
-        nodes=tuple(dict.fromkeys(answer.nodes)), approver=approver, comment=answer.comment,
-        flow_run_id=flow_run_id,
-    )
-    return ReviewedAnswer(verdict=AnswerVerdict.APPROVED, approver=approver, record=record,
-                          reason=f"approved by {approver} for {', '.join(record.nodes)}")
+    nodes = tuple(dict.fromkeys(answer.nodes))
+    approval = ui_approval(plan, approver, flow_run_id=flow_run_id, at=at, ttl=policy.approval.ttl,
+                           cluster=plan.cluster, operation=operation, nodes=nodes, comment=answer.comment)
+    return ReviewedAnswer(verdict=AnswerVerdict.APPROVED, approver=approver, approval=approval,
+                          reason=f"approved by {approver} for {', '.join(nodes)}")
 
 
-def _problems(answer: ApprovalAnswer, plan: IsolationPlan, approver: str) -> list[str]:
+def _problems(answer: ApprovalAnswer, plan: IsolationPlan, policy: IsolationPolicy, approver: str) -> list[str]:
     problems = []
     digest = plan.content_hash()
     if answer.plan_hash != digest:
@@ -125,28 +106,12 @@ def _problems(answer: ApprovalAnswer, plan: IsolationPlan, approver: str) -> lis
         problems.append("no node was approved")
     if not approver:
         problems.append("the approver's name is missing")
-    allowed = plan.policy.approval.approvers
-    if approver and allowed and approver not in allowed:
-        problems.append(f"{approver!r} is not an allowed approver ({', '.join(sorted(allowed))})")
+    rule = policy.approval
+    if ApprovalChannel.PREFECT_UI not in rule.channels:
+        problems.append("the runbook does not accept approvals through the Prefect UI (approval.channels)")
+    allowed = rule.approvers_for(plan.tenant, plan.cluster)
+    if approver and approver not in allowed:
+        names = ", ".join(sorted(allowed)) or "nobody is listed"
+        problems.append(f"{approver!r} may not approve for tenant {plan.tenant or '?'} on cluster "
+                        f"{plan.cluster or '?'} through the Prefect UI ({names}; runbook approval.approvers/scoped)")
     return problems
-
-
-def executable_approval(record: ApprovalRecord, plan: IsolationPlan, *,
-                        at: datetime) -> tuple[IsolationPlan, Approval]:
-    """The plan narrowed to the approved nodes, and the executor's approval of exactly that.
-
-    The executor still re-checks the approval (hash, expiry, approver, plan age) itself.
-    """
-    if record.plan_hash != plan.content_hash():
-        raise ApprovalError(f"the approval is for plan {record.plan_hash[:12]}, not "
-                            f"{plan.content_hash()[:12]}; nothing was done")
-    narrowed = _narrowed(plan, record.nodes)
-    approval = approve_plan(narrowed, record.approver, at=at, comment=record.comment,
-                            operation=record.operation)
-    return narrowed, approval
-
-
-def _narrowed(plan: IsolationPlan, nodes: Sequence[str]) -> IsolationPlan:
-    if set(nodes) == {a.node for a in plan.actions}:
-        return plan
-    return plan.model_copy(update={"actions": tuple(a for a in plan.actions if a.node in nodes)})

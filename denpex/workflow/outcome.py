@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from denpex.isolation.approval import Approval
 from denpex.isolation.executor import ExecutionReport
 from denpex.report import TriageReport
-from denpex.workflow.approval_answer import ApprovalRecord
 
 __all__ = ["IncidentStage", "IncidentRef", "IncidentOutcome"]
 
@@ -64,7 +64,7 @@ class IncidentOutcome(BaseModel):
     outcome: IncidentStage
     reason: str
     plan_hash: str | None = None
-    approval: ApprovalRecord | None = None
+    approval: Approval | None = None
     execution: ExecutionReport | None = None
 
     def contract_json(self) -> dict[str, Any]:

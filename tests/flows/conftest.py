@@ -38,13 +38,16 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "
 
 
 def write_runbooks(folder: Path) -> None:
-    """The shipped hang-triage runbook with test timings, and a variant that times out fast.
+    """The shipped hang-triage runbook with test timings and named approvers (the shipped one lists
+    nobody, so no Prefect UI approval passes until an operator names people), and a variant that
+    times out fast.
 
     The bundled dumps were recorded on 2026-11-29, so the plan's evidence is older than the
     shipped six-hour ``max_plan_age``: the test runbook allows replaying a recorded incident.
     """
     body = yaml.safe_load((ROOT / "runbooks" / "hang-triage.yaml").read_text())
     body["approval"]["max_plan_age"] = "P3650D"
+    body["approval"]["approvers"] = ["alice", "bob", "carol"]
     body["workflow"] = {"evidence_grace": "PT6S", "coverage_poll": "PT1S", "approval_timeout": "PT240S",
                         "approval_poll": "PT1S", "remediation_retries": 2}
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,8 +61,11 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
-        yield str(PREFECT_API_URL.value())
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            yield str(PREFECT_API_URL.value())
+    finally:
+        shutil.rmtree(_SESSION, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -136,7 +142,11 @@ def _wait_for_deployments(api: str, names: set[str], served: subprocess.Popen[by
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             found = {d["name"] for d in json.loads(response.read())}
-        if names <= found:
+        request = urllib.request.Request(f"{api}/automations/filter", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            triggers = {a["name"] for a in json.loads(response.read())}
+        if names <= found and "denpex-alert" in triggers:
             return
         time.sleep(1)
     raise RuntimeError(f"deployments {names} were not served within 120 s:\n{log.read_text()[-3000:]}")

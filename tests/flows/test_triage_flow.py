@@ -7,7 +7,11 @@ untouched, with the reason in the report, the audit log and the event feed.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -62,11 +66,57 @@ def _decisions(rig: FlowRig, incident_id: str) -> list[str]:
             if r.incident_id == incident_id and r.kind is AuditKind.DECISION]
 
 
-def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab) -> None:
+class _Receiver(BaseHTTPRequestHandler):
+    """A Slack-compatible incoming webhook on loopback."""
+
+    messages: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        _Receiver.messages.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def approvers_webhook() -> Iterator[list[dict[str, Any]]]:
+    from blocks import DenpexApprovalWebhook
+
+    _Receiver.messages = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    DenpexApprovalWebhook(url=f"http://127.0.0.1:{server.server_address[1]}/hooks/T1/B1/x").save(
+        "approvers", overwrite=True)
+    try:
+        yield _Receiver.messages
+    finally:
+        DenpexApprovalWebhook.delete("approvers")
+        server.shutdown()
+        server.server_close()
+
+
+def _artifact_keys(run_id: Any) -> set[str]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    return {a.key for a in found if a.key}
+
+
+def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
+                                          approvers_webhook: list[dict[str, Any]]) -> None:
     incident = "inc-approve"
     fire(flow_rig.api_url, alert(incident, _evidence(flow_rig, incident)))
     run_id = find_run(incident)
     assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
+    [notice] = approvers_webhook
+    assert "waits for approval: drain gpu-node-003" in notice["text"]
+    assert notice["text"].rstrip().endswith(f"/flow-run/{run_id}")  # Prefect's own link to the run
+    keys = _artifact_keys(run_id)
+    assert {f"denpex-{incident}-coverage", f"denpex-{incident}-report", f"denpex-{incident}-candidates"} <= keys
     plan = saved_plan(flow_rig.state_dir, incident)
     assert [(a.node, a.action.value) for a in plan.actions] == [(CULPRIT_NODE, "drain")]
     assert drained_nodes(lab) == set()
@@ -100,6 +150,8 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab) -> N
     pytest.param({"decision": "approve", "approver": "bob", "nodes": ["gpu-node-009"]},
                  "refused", "gpu-node-009 is not in the plan", id="node-not-in-plan"),
     pytest.param({"decision": "approve", "approver": "  "}, "refused", "approver's name is missing", id="no-approver"),
+    pytest.param({"decision": "approve", "approver": "mallory"}, "refused", "'mallory' may not approve",
+                 id="unlisted-approver"),
 ])
 def test_answers_that_touch_nothing(flow_rig: FlowRig, lab: SlurmLab, answer: dict[str, Any], outcome: str,
                                     why: str, request: pytest.FixtureRequest) -> None:
@@ -127,7 +179,8 @@ def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(fl
         wait_for(run_id, {"PAUSED"})
         with pytest.raises(Exception, match="(?i)input|valid|schema"):
             resume(run_id, {"decision": "maybe", "unknown": 1})
-        wait_for(run_id, {"COMPLETED"}, timeout_s=120)
+        # Prefect fails a run whose pause expired (it can no longer resume); the flow has recorded why.
+        wait_for(run_id, {"COMPLETED", "FAILED"}, timeout_s=120)
     finally:
         register_blocks(lab)
     report = report_of(flow_rig.state_dir, incident, run_id)

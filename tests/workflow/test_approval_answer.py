@@ -1,4 +1,4 @@
-"""The approval form's answer becomes an approval record, or a refusal naming every problem."""
+"""The approval form's answer becomes a prefect-ui approval, or a refusal naming every problem."""
 
 from __future__ import annotations
 
@@ -6,23 +6,20 @@ from datetime import timedelta
 
 import pytest
 
-from denpex.isolation.approval import check_approval
+from denpex.isolation.approval import TrustedApprovers, check_approval
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.planner import plan_isolation
-from denpex.isolation.policy import ApprovalRule, IsolationPolicy, Scheduler
-from denpex.workflow.approval_answer import (
-    AnswerVerdict,
-    ApprovalAnswer,
-    Decision,
-    executable_approval,
-    review_answer,
-)
+from denpex.isolation.policy import ApprovalChannel, ApprovalRule, ApproverScope, IsolationPolicy, Scheduler
+from denpex.workflow.approval_answer import AnswerVerdict, ApprovalAnswer, Decision, ReviewedAnswer, review_answer
 from lab.rig import xid79_on
 
+POLICY = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"})))
 
-def _plan(policy: IsolationPolicy = IsolationPolicy()) -> IsolationPlan:
+
+def _plan(policy: IsolationPolicy = POLICY) -> IsolationPlan:
     result = xid79_on(["gpu-node-002", "gpu-node-003"])
-    return plan_isolation(result, None, policy, None, Scheduler.SLURM, "inc-9", result.as_of or utc_now())
+    return plan_isolation(result, None, policy, None, Scheduler.SLURM, "inc-9", result.as_of or utc_now(),
+                          cluster="lab", tenant="acme")
 
 
 def _answer(plan: IsolationPlan, **changes: object) -> ApprovalAnswer:
@@ -32,19 +29,22 @@ def _answer(plan: IsolationPlan, **changes: object) -> ApprovalAnswer:
     return ApprovalAnswer.model_validate(fields)
 
 
-def _review(plan: IsolationPlan, answer: ApprovalAnswer):  # noqa: ANN202
-    return review_answer(answer, plan, operation=Operation.ISOLATE, cluster="lab", flow_run_id="run-1")
+def _review(plan: IsolationPlan, answer: ApprovalAnswer, policy: IsolationPolicy = POLICY) -> ReviewedAnswer:
+    return review_answer(answer, plan, policy=policy, operation=Operation.ISOLATE, flow_run_id="run-1",
+                         at=utc_now())
 
 
-def test_approval_record_carries_the_architecture_fields() -> None:
+def test_approval_carries_the_architecture_fields_and_passes_the_executors_check() -> None:
     plan = _plan()
     reviewed = _review(plan, _answer(plan))
-    assert reviewed.verdict is AnswerVerdict.APPROVED and reviewed.record is not None
-    assert reviewed.record.model_dump(mode="json") == {
-        "plan_hash": plan.content_hash(), "operation": "isolate", "incident_id": "inc-9", "cluster": "lab",
-        "nodes": ["gpu-node-002", "gpu-node-003"], "approver": "alice", "comment": "ok",
-        "channel": "prefect-ui", "flow_run_id": "run-1",
-    }
+    assert reviewed.verdict is AnswerVerdict.APPROVED and reviewed.approval is not None
+    approval = reviewed.approval
+    assert (approval.plan_hash, approval.operation, approval.incident_id, approval.cluster) == (
+        plan.content_hash(), Operation.ISOLATE, "inc-9", "lab")
+    assert (approval.nodes, approval.approver, approval.comment) == (("gpu-node-002", "gpu-node-003"), "alice", "ok")
+    assert (approval.channel, approval.flow_run_id, approval.signature) == (ApprovalChannel.PREFECT_UI, "run-1", None)
+    assert check_approval(plan, approval, now=utc_now() + timedelta(seconds=1), operation=Operation.ISOLATE,
+                          rule=POLICY.approval, trusted=TrustedApprovers(), cluster="lab", tenant="acme") == approval
 
 
 def test_rejection_keeps_the_reason() -> None:
@@ -56,15 +56,26 @@ def test_rejection_keeps_the_reason() -> None:
 def test_every_problem_is_named_at_once() -> None:
     plan = _plan()
     reviewed = _review(plan, _answer(plan, plan_hash="f" * 64, nodes=["gpu-node-009"], approver=""))
-    assert reviewed.verdict is AnswerVerdict.REFUSED and reviewed.record is None
+    assert reviewed.verdict is AnswerVerdict.REFUSED and reviewed.approval is None
     for part in ("not the plan shown", "gpu-node-009 is not in the plan", "approver's name is missing"):
         assert part in reviewed.reason
 
 
-def test_approvers_come_from_the_policy() -> None:
-    plan = _plan(IsolationPolicy(approval=ApprovalRule(approvers=("carol",))))
-    assert _review(plan, _answer(plan)).verdict is AnswerVerdict.REFUSED
-    assert _review(plan, _answer(plan, approver="carol")).verdict is AnswerVerdict.APPROVED
+def test_approvers_come_from_the_runbook_for_the_tenant_and_cluster() -> None:
+    plan = _plan()
+    assert "'carol' may not approve" in _review(plan, _answer(plan, approver="carol")).reason
+    scoped = IsolationPolicy(approval=ApprovalRule(scoped=(ApproverScope(tenant="acme", cluster="lab",
+                                                                         names=frozenset({"carol"})),)))
+    plan = _plan(scoped)
+    assert _review(plan, _answer(plan, approver="carol"), scoped).verdict is AnswerVerdict.APPROVED
+    assert _review(plan, _answer(plan, approver="alice"), scoped).verdict is AnswerVerdict.REFUSED
+
+
+def test_a_runbook_without_the_ui_channel_refuses() -> None:
+    policy = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"}),
+                                                   channels=frozenset({ApprovalChannel.CLI_SIGNED})))
+    plan = _plan(policy)
+    assert "does not accept approvals through the Prefect UI" in _review(plan, _answer(plan), policy).reason
 
 
 def test_unknown_fields_are_refused() -> None:
@@ -73,10 +84,7 @@ def test_unknown_fields_are_refused() -> None:
         _answer(plan, sneaky=True)
 
 
-def test_a_subset_of_nodes_runs_only_those() -> None:
+def test_a_subset_of_nodes_is_bound_into_the_approval() -> None:
     plan = _plan()
     reviewed = _review(plan, _answer(plan, nodes=["gpu-node-003"]))
-    assert reviewed.record is not None
-    narrowed, approval = executable_approval(reviewed.record, plan, at=utc_now())
-    assert [a.node for a in narrowed.actions] == ["gpu-node-003"]
-    assert check_approval(narrowed, approval, now=utc_now() + timedelta(seconds=1)) == approval
+    assert reviewed.approval is not None and reviewed.approval.nodes == ("gpu-node-003",)

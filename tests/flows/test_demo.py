@@ -1,0 +1,53 @@
+"""`make demo DEMO_APPROVE=1` from a clean clone ends with the culprit's node drained and prints
+`report: PATH` last.
+
+The clone gets its own virtual environment whose third-party packages come from this one (a
+`.pth` line; installing them again from the registry would take many minutes here), with the
+clone itself installed editable: what runs is the clone's code, never this checkout's.
+"""
+
+from __future__ import annotations
+
+import json
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _clone_with_venv(tmp_path: Path) -> Path:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
+    subprocess.run(["python3", "-m", "venv",
+                    str(clone / ".venv")], check=True, timeout=300)
+    packages = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
+    venv_site = next((clone / ".venv" / "lib").glob("python3*/site-packages"))
+    (venv_site / "denpex-test-deps.pth").write_text(packages + "\n")
+    installed = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                                "--no-deps", "-e", str(clone)], capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return clone
+
+
+def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
+    clone = _clone_with_venv(tmp_path)
+    done = subprocess.run(["make", "demo", "DEMO_APPROVE=1"], cwd=clone, capture_output=True, text=True,
+                          timeout=1200)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("report: "), out[-2000:]
+    report = json.loads(Path(last.removeprefix("report: ")).read_text())
+    assert Path(last.removeprefix("report: ")).is_relative_to(clone / "out" / "demo")
+    assert report["verdict"] == "localized" and report["outcome"] == "executed", report["reason"]
+    assert report["plan"]["actions"] == [{"node": "gpu-node-003", "action": "drain"}]
+    [node] = report["execution"]["nodes"]
+    assert node["node"] == "gpu-node-003" and "DRAIN" in node["state_after"]
+    assert "[demo] slurm: gpu-node-003 State=IDLE+DRAIN" in out
+    assert '"kind":"intent"' in out and '"kind":"result"' in out  # the audit log is shown

@@ -1,0 +1,75 @@
+"""The production path: `prefect deploy --all` from prefect.yaml against a process work pool, and
+a `prefect worker start` that runs the manual deployment (here on a folder, triage only)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, ROOT, write_runbooks
+from flow_driver import alert, manifest_with_gpus, report_of, wait_for, xid79_log
+
+pytestmark = pytest.mark.slow
+
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+def _env(api: str, state: Path, runbooks: Path) -> dict[str, str]:
+    return {**os.environ, "PREFECT_API_URL": api, "PWD": str(ROOT), "DENPEX_STATE_DIR": str(state),
+            "DENPEX_RUNBOOKS_DIR": str(runbooks), "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def worker(prefect_api: str, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    state, runbooks = tmp_path / "state", tmp_path / "runbooks"
+    state.mkdir()
+    write_runbooks(runbooks)
+    env = _env(prefect_api, state, runbooks)
+    created = subprocess.run([PREFECT, "work-pool", "create", "denpex", "--type", "process", "--overwrite"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert created.returncode == 0, created.stdout + created.stderr
+    deployed = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    for name in ("denpex-triage/on-alert", "denpex-triage/manual", "denpex-replay/nightly-replay",
+                 "denpex-return-to-service/return-to-service"):
+        assert name in deployed.stdout, deployed.stdout[-3000:]
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", "denpex", "--type", "process"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield env, state
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_prefect_deploy_all_and_a_process_worker_runs_manual_triage(worker: tuple[dict[str, str], Path],
+                                                                    tmp_path: Path) -> None:
+    from prefect.deployments import run_deployment
+
+    env, state = worker
+    evidence = tmp_path / "incident"
+    shutil.copytree(FIXTURES / "withheld_one", evidence, ignore=shutil.ignore_patterns("*.json"))
+    (evidence / "manifest.json").write_bytes(manifest_with_gpus(FIXTURES / "withheld_one"))
+    (evidence / "kernel.log").write_bytes(xid79_log())
+    # No target block for this cluster: the flow triages and reports, and touches nothing.
+    event = alert("inc-deployed", str(evidence), cluster="no-such-cluster")
+    run = run_deployment("denpex-triage/manual", parameters=event.model_dump(mode="json"), timeout=0)
+    started = time.monotonic()
+    assert wait_for(run.id, {"COMPLETED"}, timeout_s=420) == "COMPLETED"
+    report = report_of(state, "inc-deployed", run.id)
+    assert report["verdict"] == "localized" and [c["rank"] for c in report["candidates"]] == [2]
+    assert report["outcome"] == "no_action" and "no-such-cluster" in report["reason"]
+    assert time.monotonic() - started < 420

@@ -1,0 +1,105 @@
+"""Recovery before action, with real Gloo processes: rank 2 of a real 4-rank job is SIGSTOPped,
+the others hang and dump, the run pauses with a plan to drain rank 2's node; the test sends
+SIGCONT, the job completes its collective, every HangDumper dumps again, and the approval that
+follows withdraws the plan: nothing is drained."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from denpex.isolation.audit import AuditKind, AuditLog
+from flow_driver import FlowRig, alert, report_of, resume, saved_plan, start_manual, wait_for
+from lab.rig import drained_nodes
+from lab.slurm_lab import SlurmLab
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).with_name("recovery_job.py")
+STOPPED = 2
+
+
+def _wait(check: object, what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _trigger(evidence: Path, rank: int) -> str | None:
+    path = evidence / "collector" / f"rank_{rank}.record.json"
+    return json.loads(path.read_text())["trigger"] if path.exists() else None
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[tuple[Path, dict[int, subprocess.Popen[bytes]]]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = {r: subprocess.Popen([sys.executable, str(JOB), "--rank", str(r), "--work", str(tmp_path)],
+                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=(tmp_path / f"rank-{r}.log").open("wb"))
+             for r in range(4)}
+    try:
+        yield tmp_path, procs
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            proc.wait(timeout=30)
+
+
+def _manifest(evidence: Path, procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    ranks = {str(r): {"host": f"gpu-node-{r + 1:03d}", "local_rank": 0, "pid": p.pid,
+                      "gpu_pci_bus_id": "0000:3b:00.0"} for r, p in procs.items()}
+    (evidence / "manifest.json").write_text(json.dumps({
+        "job_id": "gloo-recovery", "world_size": 4, "ranks": ranks,
+        "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}}))
+    at = (datetime.now(UTC) - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%S")
+    (evidence / "kernel.log").write_text(f"{at}+0000 gpu-node-{STOPPED + 1:03d} kernel: NVRM: Xid (PCI:0000:3b:00): "
+                                         f"79, pid={procs[STOPPED].pid}, GPU has fallen off the bus.\n")
+
+
+def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
+        flow_rig: FlowRig, lab: SlurmLab, job: tuple[Path, dict[int, subprocess.Popen[bytes]]]) -> None:
+    work, procs = job
+    evidence = work / "evidence"
+    _wait(lambda: all(_trigger(evidence, r) for r in (0, 1, 3)), "ranks 0, 1 and 3 to dump the hang")
+    state = Path(f"/proc/{procs[STOPPED].pid}/status").read_text()
+    assert "\nState:\tT" in state, "rank 2 is not stopped"
+    assert not (evidence / f"rank_{STOPPED}.pkl").exists()
+    _manifest(evidence, procs)
+
+    incident = "inc-recovers"
+    run_id = start_manual(alert(incident, str(evidence), job_id="gloo-recovery", alert_time=datetime.now(UTC)))
+    wait_for(run_id, {"PAUSED"})
+    plan = saved_plan(flow_rig.state_dir, incident)
+    assert [a.node for a in plan.actions] == ["gpu-node-003"]
+
+    os.kill(procs[STOPPED].pid, signal.SIGCONT)
+    _wait(lambda: all((work / f"done-{r}").exists() for r in range(4)), "the all_reduce to complete")
+    _wait(lambda: all(_trigger(evidence, r) == "recovered" for r in (0, 1, 3)), "the dumps after recovery")
+    _wait(lambda: (evidence / f"rank_{STOPPED}.pkl").exists(), "rank 2's dump")
+    time.sleep(1.0)  # rank 2's own re-dump, if its first dump caught the all_reduce in flight
+
+    resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": ["gpu-node-003"],
+                    "approver": "alice", "comment": "drain it"})
+    wait_for(run_id, {"COMPLETED"})
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["outcome"] == "withdrawn", report["reason"]
+    assert "the job recovered" in report["reason"] and report["execution"] is None
+    assert drained_nodes(lab) == set()
+    decisions = [r for r in AuditLog(flow_rig.state_dir / "audit.jsonl").records()
+                 if r.incident_id == incident]
+    assert [(r.kind, r.action) for r in decisions] == [(AuditKind.DECISION, "withdrawn")]
