@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from denpex.analysis.triage import TriageOptions, resolve_manifest, triage_store
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
-from denpex.hardware import correlate, load_telemetry
+from denpex.hardware import TelemetryParseResult, correlate, load_telemetry
+from denpex.hardware.stored_telemetry import load_stored_telemetry, untrusted_notes
 from denpex.isolation.plan import IsolationPlan
 from denpex.isolation.planner import plan_for_triage
 from denpex.isolation.policy import Scheduler
@@ -38,12 +39,23 @@ def investigate(path: str | Path, *, world_size: int | None = None,
                 telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
                 incident_id: str | None = None, runbook: Path | None = None,
                 options: TriageOptions | None = None) -> Investigation:
-    """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan."""
+    """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan.
+
+    Telemetry stored with the incident by the ingest service (``telemetry.json``) is used too:
+    a node agent's telemetry about its own host like a ``--telemetry`` file; anything else only as
+    a note, since it may never support isolation (``denpex.hardware.stored_telemetry``).
+    """
     store = open_store(path)
     job = resolve_manifest(store, manifest)
     result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options)
-    if telemetry:
-        result = correlate(result, job, load_telemetry(list(telemetry)))
+    stored = load_stored_telemetry(store)
+    supporting = load_telemetry(list(telemetry)) if telemetry else TelemetryParseResult()
+    if stored is not None:
+        supporting = supporting.merged(stored.trusted)
+    if telemetry or (stored is not None and stored.trusted.sources):
+        result = correlate(result, job, supporting)
+    if stored is not None and stored.shown_only:
+        result = result.model_copy(update={"notes": [*result.notes, *untrusted_notes(stored.shown_only)]})
     report = TriageReport(**dict(result))
     plan = None
     if scheduler is not None:

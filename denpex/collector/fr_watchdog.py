@@ -77,9 +77,13 @@ class HangDumper:
         signal: DumpSignal | None = None,
         recorder: FlightRecorderSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        after_dump: Callable[[DumpRecord, DumpRequest], None] | None = None,
     ) -> None:
         """``trigger_fraction=None`` turns stall detection off: the rank dumps only on request,
-        on error or by :meth:`dump_now`."""
+        on error or by :meth:`dump_now`.
+
+        ``after_dump`` is called once, with this rank's record and the incident's shared request,
+        after the dump is written and the request is known (e.g. ``EvidenceUploader.submit``)."""
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         if trigger_fraction is not None and not 0.0 < trigger_fraction < 1.0:
@@ -100,6 +104,8 @@ class HangDumper:
         self._signal = signal if signal is not None else FileDumpSignal(request_path(out_dir))
         self._recorder = recorder
         self._clock = clock
+        self._after_dump = after_dump
+        self._handed_over = False
         self._watch = StallWatch()
         self._op_details: dict[tuple[str, int], InFlightOp | None] = {}
         self._lock = threading.Lock()
@@ -194,9 +200,21 @@ class HangDumper:
     def request(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
         """Dump this rank, then ask every other rank to dump too."""
         record = self.dump_now(trigger, reason)
-        self._signal.send(DumpRequest(requested_by=f"rank {self.rank}", reason=reason,
-                                      requested_at=record.dumped_at))
+        own = DumpRequest(requested_by=f"rank {self.rank}", reason=reason, requested_at=record.dumped_at)
+        self._signal.send(own)
+        # Of ranks racing to ask, the first request stands; this rank's dump belongs to it.
+        self._hand_over(record, self._signal.receive() or own)
         return record
+
+    def _hand_over(self, record: DumpRecord, request: DumpRequest) -> None:
+        with self._lock:
+            if self._after_dump is None or self._handed_over:
+                return
+            self._handed_over = True
+        try:
+            self._after_dump(record, request)
+        except Exception:  # noqa: BLE001 - an upload problem must never take the training down
+            _log.exception("rank %d: handing the dump over (after_dump) failed", self.rank)
 
     # -- watchdog -----------------------------------------------------------------------------
 
@@ -206,7 +224,9 @@ class HangDumper:
             return None
         incoming = self._signal.receive()
         if incoming is not None:
-            return self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}")
+            record = self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}")
+            self._hand_over(record, incoming)
+            return record
         progress = self._source().progress()
         if not self._warm and any(p.last_enqueued > 0 for p in progress.values()):
             self.warm_up()
