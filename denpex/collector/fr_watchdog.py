@@ -83,7 +83,7 @@ class HangDumper:
         on error or by :meth:`dump_now`.
 
         ``after_dump`` is called once, with this rank's record and the incident's shared request,
-        after the dump is written and the request is known (e.g. ``EvidenceUploader.submit``)."""
+        after the dump files are written and before the record is (e.g. ``EvidenceUploader.submit``)."""
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         if trigger_fraction is not None and not 0.0 < trigger_fraction < 1.0:
@@ -105,7 +105,6 @@ class HangDumper:
         self._recorder = recorder
         self._clock = clock
         self._after_dump = after_dump
-        self._handed_over = False
         self._watch = StallWatch()
         self._op_details: dict[tuple[str, int], InFlightOp | None] = {}
         self._lock = threading.Lock()
@@ -171,8 +170,11 @@ class HangDumper:
         self._warm = True
         return self._clock() - started
 
-    def dump_now(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
-        """Dump this rank (once; later calls return the first record)."""
+    def dump_now(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None) -> DumpRecord:
+        """Dump this rank (once; later calls return the first record). ``request``: the one answered."""
+        return self._dump(trigger, reason, request, publish=False)
+
+    def _dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None, *, publish: bool) -> DumpRecord:
         with self._lock:
             if self._record is not None:
                 return self._record
@@ -190,6 +192,7 @@ class HangDumper:
                                 pid=os.getpid(), dumped_at=dumped_at, trigger=trigger,
                                 reason=reason, files=files,
                                 dump_seconds=round(self._clock() - started, 6))
+            self._hand_over(record, request, publish=publish)
             write_atomic(record_path(self.out_dir, self.rank), record.model_dump_json(indent=1).encode())
             self._record = record
             self._dumped.set()
@@ -199,20 +202,29 @@ class HangDumper:
 
     def request(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
         """Dump this rank, then ask every other rank to dump too."""
-        record = self.dump_now(trigger, reason)
-        own = DumpRequest(requested_by=f"rank {self.rank}", reason=reason, requested_at=record.dumped_at)
-        self._signal.send(own)
-        # Of ranks racing to ask, the first request stands; this rank's dump belongs to it.
-        self._hand_over(record, self._signal.receive() or own)
+        record = self._dump(trigger, reason, None, publish=True)
+        self._signal.send(DumpRequest(requested_by=f"rank {self.rank}", reason=reason,
+                                      requested_at=record.dumped_at))
         return record
 
-    def _hand_over(self, record: DumpRecord, request: DumpRequest) -> None:
-        with self._lock:
-            if self._after_dump is None or self._handed_over:
-                return
-            self._handed_over = True
+    def _hand_over(self, record: DumpRecord, request: DumpRequest | None, *, publish: bool) -> None:
+        """Give the dump to ``after_dump`` with the incident's request, before the record is written.
+
+        The record tells launchers and operators that this rank has dumped, and they may kill it
+        then (torchrun tears the job down once a rank fails): the hand-over (spooling an upload)
+        must be done by that time. The incident's request is the one this rank answers, else the
+        first one published: a rank that is about to ask publishes its request now, and every rank
+        asking in the same instant (they all fail together when a peer dies) reads the one that
+        stood, so that all of them name one incident.
+        """
+        if self._after_dump is None:
+            return
+        own = DumpRequest(requested_by=f"rank {self.rank}", reason=record.reason, requested_at=record.dumped_at)
+        if request is None and publish:
+            self._signal.send(own)
+        incident = request or self._signal.receive() or own
         try:
-            self._after_dump(record, request)
+            self._after_dump(record, incident)
         except Exception:  # noqa: BLE001 - an upload problem must never take the training down
             _log.exception("rank %d: handing the dump over (after_dump) failed", self.rank)
 
@@ -224,9 +236,7 @@ class HangDumper:
             return None
         incoming = self._signal.receive()
         if incoming is not None:
-            record = self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}")
-            self._hand_over(record, incoming)
-            return record
+            return self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}", incoming)
         progress = self._source().progress()
         if not self._warm and any(p.last_enqueued > 0 for p in progress.values()):
             self.warm_up()

@@ -139,7 +139,8 @@ class EvidenceUploader:
         self._backoff = backoff or Backoff()
         self._attach_nvml = attach_nvml
         self._client = IngestClient(target.url, key_id=target.key_id, secret=target.secret, tenant=target.tenant,
-                                    cluster=target.cluster, http=http)
+                                    cluster=target.cluster, timeout_s=20.0, http=http)
+        self._delivering = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -165,8 +166,14 @@ class EvidenceUploader:
     # -- spooling ----------------------------------------------------------------------------
 
     def submit(self, record: DumpRecord, request: DumpRequest) -> None:
-        """The :class:`HangDumper` hook: spool every file of ``record`` for the incident of ``request``."""
+        """The :class:`HangDumper` hook: spool every file of ``record``, then try to deliver it now.
+
+        Spooled first, so that nothing is lost however the rank ends; delivered at once, because
+        a launcher may tear the job down soon after a rank dumps. What fails here is retried by the
+        delivery thread (or by the next uploader over this spool).
+        """
         self.spool_dump(record, request)
+        self.deliver_once()
 
     def spool_dump(self, record: DumpRecord, request: DumpRequest) -> list[SpoolEntry]:
         """Spool every file of ``record`` and wake the delivery thread; return the entries."""
@@ -191,13 +198,15 @@ class EvidenceUploader:
     # -- delivery ----------------------------------------------------------------------------
 
     def deliver_once(self) -> bool:
-        """Try every pending entry once; True when the spool is empty afterwards."""
-        for entry in self.spool.pending():
-            if self._stop.is_set():
-                return False
-            if not self._deliver(entry):
-                return False
-        return not self.spool.pending()
+        """Try every pending entry once, oldest first; True when the spool is empty afterwards."""
+        # One deliverer at a time: the hook and the thread must not send one entry twice at once.
+        with self._delivering:
+            for entry in self.spool.pending():
+                if self._stop.is_set():
+                    return False
+                if not self._deliver(entry):
+                    return False
+            return not self.spool.pending()
 
     def _deliver(self, entry: SpoolEntry) -> bool:
         """False when the entry must be retried later (the service or the network is down)."""
