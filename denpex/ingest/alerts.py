@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError
+from denpex.ingest.identity import ID_PATTERN
 
 __all__ = ["AlertSource", "AlertStatus", "Alert", "DenpexAlert", "WatchdogTimeout", "parse_alertmanager",
            "parse_denpex_alert", "parse_watchdog_line", "alert_from_watchdog"]
@@ -85,8 +86,8 @@ class DenpexAlert(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job_id: str = Field(pattern=_ID.pattern)
-    incident_id: str | None = Field(default=None, pattern=_ID.pattern)
+    job_id: str = Field(pattern=ID_PATTERN)
+    incident_id: str | None = Field(default=None, pattern=ID_PATTERN)
     status: AlertStatus = AlertStatus.FIRING
     alert_time: datetime | None = None
     rank: int | None = Field(default=None, ge=0)

@@ -4,9 +4,10 @@
       -> safe loader in a worker process (422 when refused)
       -> sha256; the same bytes again for this rank -> {"stored": false} (idempotent)
       -> a new version (a pickle and its JSON of one moment share one), never an overwrite
-      -> objects written: versions/..., rank_<r>.<ext>, telemetry/..., telemetry.json, manifest.json
+      -> objects written: versions/..., rank_<r>.<ext>, telemetry/..., telemetry.json
       -> the database row, last: a store outage (503) leaves no row, and the retry lands in the
          same version's names with the same bytes
+      -> manifest.json, from the identities, by :class:`ManifestWriter` (within its interval)
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pydantic import BaseModel
 
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.fr_dump import DumpEncoding
-from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
 from denpex.evidence.store import EvidenceStore
 from denpex.hardware.stored_telemetry import TELEMETRY_INDEX, TelemetryIndex, TrustedFile
 from denpex.ingest.auth import Caller
@@ -35,6 +35,7 @@ from denpex.ingest.layout import (
     telemetry_name,
     version_name,
 )
+from denpex.ingest.manifest_writer import ManifestWriter
 
 __all__ = ["UploadReceipt", "EvidenceIntake"]
 
@@ -62,10 +63,12 @@ class _Locks:
 class EvidenceIntake:
     """Accepts uploads into one store, with bookkeeping in the state database."""
 
-    def __init__(self, store: EvidenceStore, book: IncidentBook, checker: DumpChecker) -> None:
+    def __init__(self, store: EvidenceStore, book: IncidentBook, checker: DumpChecker,
+                 manifests: ManifestWriter) -> None:
         self.store = store
         self.book = book
         self.checker = checker
+        self.manifests = manifests
         self._locks = _Locks()
 
     def accept(self, caller: Caller, identity: UploadIdentity, dump: bytes, filename: str,
@@ -89,6 +92,7 @@ class EvidenceIntake:
             joins = any(u.version == version for u in earlier)
             self._write(key, identity, upload, dump, telemetry, items, joins_version=joins)
             self.book.record_upload(key, identity.job_id, upload, identity.world_size, items)
+            self.manifests.add(key, identity)
         return UploadReceipt(stored=True, sha256=sha256, version=version)
 
     def _check_job(self, key: IncidentKey, identity: UploadIdentity) -> None:
@@ -105,7 +109,6 @@ class EvidenceIntake:
         index = TelemetryIndex(
             trusted=[TrustedFile(name=name, host=t.host) for name, t in sorted(every.items()) if t.trusted and t.host],
             untrusted=[name for name, t in sorted(every.items()) if not t.trusted])
-        manifest = self._manifest(key, identity, upload)
         try:
             # The immutable version first: whatever fails later, it is never lost or overwritten.
             self.store.write(f"{base}/{upload.object_name}", dump)
@@ -119,26 +122,9 @@ class EvidenceIntake:
                 self.store.delete(f"{base}/{current_dump_name(upload.rank, other)}")
             if items or known:
                 self.store.write(f"{base}/{TELEMETRY_INDEX}", index.model_dump_json(indent=1).encode())
-            self.store.write(f"{base}/manifest.json", manifest.model_dump_json(exclude_none=True, indent=1).encode())
         except EvidenceError as exc:
             raise StoreUnavailableError(f"the evidence store cannot be written ({exc}); nothing was "
                                         "acknowledged, retry the upload") from exc
-
-    def _manifest(self, key: IncidentKey, identity: UploadIdentity, upload: StoredUpload) -> JobManifest:
-        """The incident's manifest from the newest identity of every rank, this upload's included."""
-        newest: dict[int, UploadIdentity] = {}
-        for earlier in self.book.uploads(key):
-            newest[earlier.rank] = UploadIdentity.model_validate_json(earlier.identity)
-        newest[upload.rank] = identity
-        groups: dict[str, ProcessGroupSpec] = {}
-        for ident in newest.values():
-            for name, spec in ident.process_groups.items():
-                groups.setdefault(name, spec)
-        ranks: dict[int, RankIdentity] = {r: ident.rank_identity() for r, ident in sorted(newest.items())}
-        return JobManifest(job_id=identity.job_id, tenant=key.tenant, cluster=key.cluster,
-                           world_size=max(i.world_size for i in newest.values()), ranks=ranks,
-                           process_groups=groups)
-
 
 def _version_for(earlier: list[StoredUpload], encoding: DumpEncoding, identity: UploadIdentity) -> int:
     """The version this upload belongs to.

@@ -17,6 +17,7 @@ from denpex.ingest.dump_check import DumpChecker
 from denpex.ingest.evidence_intake import EvidenceIntake
 from denpex.ingest.flow_trigger import FlowTrigger, NoEngineTrigger, PrefectEventTrigger
 from denpex.ingest.incidents import IncidentBook
+from denpex.ingest.manifest_writer import ManifestWriter
 from denpex.ingest.nonce_cache import NonceCache
 from denpex.ingest.registry import Registry
 
@@ -37,6 +38,7 @@ class ServiceConfig(BaseModel):
     max_telemetry_bytes: int = 64 * 1024 * 1024
     max_alert_bytes: int = 4 * 1024 * 1024
     check_workers: int = 2
+    manifest_interval_s: float = 0.5
 
     @property
     def max_upload_bytes(self) -> int:
@@ -58,9 +60,11 @@ class IngestService:
         self.checker = DumpChecker(config.check_workers)
         self.trigger: FlowTrigger = trigger or (
             PrefectEventTrigger(config.prefect_api_url) if config.prefect_api_url else NoEngineTrigger())
-        self.evidence = EvidenceIntake(store, self.book, self.checker)
+        self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s)
+        self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests)
         self.alerts = AlertIntake(self.book, self.trigger, store.uri)
 
     def close(self) -> None:
-        """Stop the dump-checking workers."""
+        """Write the last manifests and stop the dump-checking workers."""
+        self.manifests.close()
         self.checker.close()

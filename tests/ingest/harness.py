@@ -77,6 +77,20 @@ class MotoS3:
     def read(self, key: str) -> bytes:
         return bytes(self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
+    def manifest(self, incident_prefix: str, ranks: int, timeout_s: float = 20.0) -> dict:  # type: ignore[type-arg]
+        """The incident's manifest once it lists ``ranks`` ranks (the service writes it within a second)."""
+        import json
+
+        deadline = time.monotonic() + timeout_s
+        manifest: dict = {}  # type: ignore[type-arg]
+        while time.monotonic() < deadline:
+            if f"{incident_prefix}/manifest.json" in self.keys(incident_prefix + "/"):
+                manifest = json.loads(self.read(f"{incident_prefix}/manifest.json"))
+                if len(manifest.get("ranks", {})) >= ranks:
+                    return manifest
+            time.sleep(0.1)
+        raise AssertionError(f"{incident_prefix}/manifest.json never listed {ranks} ranks: {manifest}")
+
 
 class ApiServer:
     """``denpex serve-api`` in its own process, stoppable and restartable on the same port."""

@@ -73,7 +73,7 @@ def test_valid_upload_lands_where_triage_reads_it(lab: Lab) -> None:
         assert response.json()["stored"] is True and response.json()["version"] == 1
     base = f"{lab.prefix}/acme/c1/job-1/{incident}"
     assert f"{base}/rank_0.pkl" in objects(lab, incident)
-    manifest = json.loads(lab.s3.read(f"{base}/manifest.json"))
+    manifest = lab.s3.manifest(base, 3)
     assert manifest["world_size"] == 4 and set(manifest["ranks"]) == {"0", "1", "3"}
     assert manifest["ranks"]["3"]["host"] == "gpu-node-004" and manifest["tenant"] == "acme"
     # `denpex triage s3://...` reads the incident folder as is.

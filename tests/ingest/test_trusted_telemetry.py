@@ -55,6 +55,7 @@ def _upload_incident(lab: Lab, telemetry_client: IngestClient) -> str:
         telemetry = [_xid_line()] if rank == 2 else []
         response = client.upload(ident, (FIXTURE / f"rank_{rank}.pkl").read_bytes(), f"rank_{rank}.pkl", telemetry)
         assert response.status_code == 201, response.text
+    lab.s3.manifest(f"{lab.prefix}/acme/c1/job-t/{incident}", 4)  # hosts and GPUs place the Xid
     return incident
 
 
