@@ -34,8 +34,9 @@ def incident_for(alert: Alert, book: IncidentBook, tenant: str, cluster: str) ->
     """The incident an alert belongs to (see the module docstring)."""
     if alert.incident_id is not None:
         return alert.incident_id
+    # At most 63 characters, as isolation's incident ids (Kubernetes label values) must be.
     return book.open_incident(tenant, cluster, alert.job_id) or (
-        f"{alert.job_id}-{alert.alert_time.strftime('%Y%m%dT%H%M%SZ')}")
+        f"{alert.job_id[:46].rstrip('._-')}-{alert.alert_time.strftime('%Y%m%dT%H%M%SZ')}")
 
 
 class AlertIntake:
@@ -65,7 +66,7 @@ class AlertIntake:
             return AlertReceipt(incident_id=key.incident_id, alert_id=record.alert_id if record else None,
                                 status=alert.status, run_started=False)
         event = AlertEvent(tenant=tenant, cluster=cluster, job_id=alert.job_id, incident_id=key.incident_id,
-                           alert_time=when,
+                           alert_time=alert.alert_time,
                            evidence=join_uri(self.store_uri, incident_prefix(tenant, cluster, alert.job_id,
                                                                              key.incident_id)),
                            world_size=self.book.world_size(key), reported_by_rank=alert.rank, alert_id=alert_id)

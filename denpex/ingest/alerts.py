@@ -29,14 +29,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError
-from denpex.ingest.identity import ID_PATTERN
+from denpex.ingest.identity import ID_PATTERN, INCIDENT_ID_PATTERN
 
 __all__ = ["AlertSource", "AlertStatus", "Alert", "DenpexAlert", "WatchdogTimeout", "parse_alertmanager",
            "parse_denpex_alert", "parse_watchdog_line", "alert_from_watchdog"]
 
 # Alertmanager's zero time for "not resolved yet".
 _ZERO_TIME = "0001-01-01T00:00:00Z"
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ID = re.compile(ID_PATTERN)
+_INCIDENT_ID = re.compile(INCIDENT_ID_PATTERN)
 _WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: Work\w*\((?P<work>[^)]*(?:\([^)]*\)[^)]*)*)\)"
                        r"(?: ran for (?P<ran>\d+) milliseconds)?")
 _RANK = re.compile(r"\[(?:PG ID \S+ PG GUID (?P<guid>[^ (\]]+)(?:\((?P<desc>[^)]*)\))? )?Rank (?P<rank>\d+)\]")
@@ -87,7 +88,7 @@ class DenpexAlert(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_id: str = Field(pattern=ID_PATTERN)
-    incident_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    incident_id: str | None = Field(default=None, pattern=INCIDENT_ID_PATTERN)
     status: AlertStatus = AlertStatus.FIRING
     alert_time: datetime | None = None
     rank: int | None = Field(default=None, ge=0)
@@ -138,7 +139,7 @@ def alert_from_watchdog(text: str, *, job_id: str, incident_id: str | None, worl
     """An :class:`Alert` from a watchdog line; the job comes from the request, not the line."""
     _check_id("job_id", job_id)
     if incident_id is not None:
-        _check_id("incident_id", incident_id)
+        _check_id("incident_id", incident_id, _INCIDENT_ID)
     line = parse_watchdog_line(text)
     return Alert(source=AlertSource.WATCHDOG_LINE, status=AlertStatus.FIRING, job_id=job_id,
                  incident_id=incident_id, alert_time=received_at, rank=line.rank, world_size=world_size,
@@ -194,7 +195,7 @@ def _alertmanager_alert(entry: Any, *, tenant: str, cluster: str, received_at: d
         raise InvalidRequestError("no 'job_id' label; add it to the alerting rule")
     _check_id("job_id", labels["job_id"])
     if "incident_id" in labels:
-        _check_id("incident_id", labels["incident_id"])
+        _check_id("incident_id", labels["incident_id"], _INCIDENT_ID)
     status = AlertStatus.RESOLVED if entry.get("status") == "resolved" else AlertStatus.FIRING
     return Alert(source=AlertSource.ALERTMANAGER, status=status, job_id=labels["job_id"],
                  incident_id=labels.get("incident_id"), alert_time=_time(entry.get("startsAt")) or received_at,
@@ -241,10 +242,11 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def _check_id(name: str, value: str) -> None:
-    if not _ID.fullmatch(value):
-        raise InvalidRequestError(f"{name} {value!r} is not a valid id: use 1-128 of A-Za-z0-9._-, "
-                                  "starting with a letter or digit")
+def _check_id(name: str, value: str, pattern: re.Pattern[str] = _ID) -> None:
+    if not pattern.fullmatch(value):
+        raise InvalidRequestError(f"{name} {value!r} is not a valid id: use A-Za-z0-9._- (at most 128, an "
+                                  "incident id at most 63 and ending with a letter or digit), starting with "
+                                  "a letter or digit")
 
 
 def _one_line(exc: ValidationError) -> str:

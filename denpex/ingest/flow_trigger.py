@@ -1,13 +1,13 @@
 """Starting the incident flow: the alert event of ARCHITECTURE.md, behind one small interface.
 
-The ingest service, the ``denpex`` commands and the tests start the flow the same way: a Prefect
-event ``denpex.alert.nccl-timeout`` whose payload is exactly the flow's parameters. The core never
-imports Prefect; :class:`PrefectEventTrigger` speaks Prefect's HTTP API with httpx::
-
-    POST {PREFECT_API_URL}/events   [{"id", "occurred", "event", "resource", "payload"}]
-
-and finds the run a trigger made from it by its ``alert_id`` parameter
-(``POST {PREFECT_API_URL}/flow_runs/filter``). :class:`RecordingTrigger` is the in-memory fake.
+The event is the one the incident flow's trigger expects (branch issue-10a's
+``denpex.workflow.alert_event`` builds the same wire: event ``denpex.alert.nccl-timeout``, id
+uuid5(tenant/cluster/alert_id) so that Prefect drops a re-sent event, resource
+``denpex.alert.{alert_id}``, payload = the flow's parameters). The core never imports Prefect:
+:class:`PrefectEventTrigger` posts it to Prefect's HTTP API (``POST {PREFECT_API_URL}/events``) and
+finds the run the trigger made from it by its ``alert_id`` parameter
+(``POST {PREFECT_API_URL}/flow_runs/filter``). :class:`RecordingTrigger` is the
+in-memory fake; :class:`NoEngineTrigger` refuses alerts (503) when no engine is configured.
 """
 
 from __future__ import annotations
@@ -17,32 +17,45 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from denpex.ingest.errors import StoreUnavailableError
 
 __all__ = ["ALERT_EVENT", "AlertEvent", "FlowRunView", "FlowTrigger", "PrefectEventTrigger", "RecordingTrigger",
            "NoEngineTrigger"]
 
+
 ALERT_EVENT = "denpex.alert.nccl-timeout"
-# A fixed namespace, so that one alert id always gives one event id.
-_EVENT_NAMESPACE = uuid.UUID("6f1c9a52-3b7e-4f0e-9d55-2f8d9c1e4a10")
+# The namespace of the incident flow's own emitter, so both give one event one id.
+_EVENT_NAMESPACE = uuid.UUID("6f1d2d0e-4a4b-4f3b-9a55-0d3e5d1e7a10")
 
 
 class AlertEvent(BaseModel):
     """The event's payload: exactly the incident flow's parameters; ``alert_id`` is the idempotency key."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tenant: str
-    cluster: str
-    job_id: str
-    incident_id: str
-    alert_time: str
-    evidence: str
-    world_size: int | None = None
-    reported_by_rank: int | None = None
-    alert_id: str
+    tenant: str = Field(min_length=1, max_length=200)
+    cluster: str = Field(min_length=1, max_length=200)
+    job_id: str = Field(min_length=1, max_length=200)
+    incident_id: str = Field(min_length=1, max_length=63)
+    alert_time: AwareDatetime
+    evidence: str = Field(min_length=1, description="a folder or s3:// URI")
+    world_size: int | None = Field(default=None, ge=1)
+    reported_by_rank: int | None = Field(default=None, ge=0)
+    alert_id: str = Field(min_length=1, max_length=200)
+
+    def event_body(self, occurred: datetime) -> dict[str, Any]:
+        """The event as ``POST /api/events`` takes it."""
+        return {
+            "id": str(uuid.uuid5(_EVENT_NAMESPACE, f"{self.tenant}/{self.cluster}/{self.alert_id}")),
+            "event": ALERT_EVENT,
+            "occurred": occurred.isoformat(),
+            "resource": {"prefect.resource.id": f"denpex.alert.{self.alert_id}",
+                         "denpex.tenant": self.tenant, "denpex.cluster": self.cluster},
+            "related": [],
+            "payload": self.model_dump(mode="json"),
+        }
 
 
 class FlowRunView(BaseModel):
@@ -68,22 +81,13 @@ class FlowTrigger(Protocol):
 class PrefectEventTrigger:
     """Emits the alert event through Prefect's HTTP API (no Prefect import)."""
 
-    def __init__(self, api_url: str, *, timeout_s: float = 10.0, api_key: str | None = None) -> None:
+    def __init__(self, api_url: str, *, timeout_s: float = 10.0) -> None:
         self.api_url = api_url.rstrip("/")
         self._timeout_s = timeout_s
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def start(self, event: AlertEvent) -> None:
-        body = [{
-            "id": str(uuid.uuid5(_EVENT_NAMESPACE, event.alert_id)),
-            "occurred": datetime.now(UTC).isoformat(),
-            "event": ALERT_EVENT,
-            "resource": {"prefect.resource.id": f"denpex.incident.{event.tenant}.{event.cluster}.{event.incident_id}",
-                         "prefect.resource.name": event.incident_id},
-            "payload": event.model_dump(mode="json"),
-        }]
         try:
-            response = httpx.post(f"{self.api_url}/events", json=body, headers=self._headers,
+            response = httpx.post(f"{self.api_url}/events", json=[event.event_body(datetime.now(UTC))],
                                   timeout=self._timeout_s)
         except httpx.HTTPError as exc:
             raise StoreUnavailableError(f"the flow engine at {self.api_url} cannot be reached ({exc}); "
@@ -96,9 +100,8 @@ class PrefectEventTrigger:
         # The flow-run filter cannot match on parameters, so the newest runs are read and matched
         # here; an incident's run is among the newest while anyone asks about it.
         try:
-            response = httpx.post(f"{self.api_url}/flow_runs/filter", headers=self._headers,
-                                  json={"sort": "EXPECTED_START_TIME_DESC", "limit": 200},
-                                  timeout=self._timeout_s)
+            response = httpx.post(f"{self.api_url}/flow_runs/filter",
+                                  json={"sort": "EXPECTED_START_TIME_DESC", "limit": 200}, timeout=self._timeout_s)
             response.raise_for_status()
         except httpx.HTTPError:
             return None

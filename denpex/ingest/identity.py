@@ -16,10 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from denpex.evidence.manifest import MAX_WORLD_SIZE, ProcessGroupSpec, RankIdentity
 from denpex.ingest.errors import InvalidRequestError
 
-__all__ = ["UploadIdentity", "parse_identity", "ID_PATTERN"]
+__all__ = ["UploadIdentity", "parse_identity", "ID_PATTERN", "INCIDENT_ID_PATTERN"]
 
 # Ids become parts of storage keys: no slashes, no dot-dot, nothing a shell or S3 treats specially.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# An incident id also names the isolation plan and labels Kubernetes nodes: 1-63 characters,
+# starting and ending with a letter or digit.
+INCIDENT_ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 
 
 class UploadIdentity(BaseModel):
@@ -28,7 +31,7 @@ class UploadIdentity(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_id: str = Field(pattern=ID_PATTERN)
-    incident_id: str = Field(pattern=ID_PATTERN)
+    incident_id: str = Field(pattern=INCIDENT_ID_PATTERN)
     rank: int = Field(ge=0)
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     host: str | None = None

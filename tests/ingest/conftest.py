@@ -35,8 +35,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     log = home / "serve.log"
     with log.open("ab") as out:
         served = subprocess.Popen([sys.executable, str(ROOT / "tests" / "ingest" / "probe_flow.py"), PROBE_DEPLOYMENT],
-                                  stdout=out, stderr=subprocess.STDOUT, env=server.env, cwd=ROOT,
-                                  start_new_session=True)
+                                  stdout=out, stderr=subprocess.STDOUT, env={**server.env, "PYTHONPATH": str(ROOT)},
+                                  cwd=ROOT, start_new_session=True)
     try:
         _wait_deployment(server.api_url, served, log)
         yield Engine(api_url=server.api_url, deployment=PROBE_DEPLOYMENT)

@@ -2,9 +2,9 @@
 
     python tests/ingest/probe_flow.py NAME     (PREFECT_API_URL set)
 
-Until the incident flow of issue 10 exists on this branch, this is the flow an alert starts: its
-parameters are exactly the incident flow's, templated one to one from the event's payload, and it
-returns them. It runs on the real Prefect engine through ``serve`` (runs in subprocesses).
+Its trigger is the incident flow's (branch issue-10a, ``flows.serve.alert_trigger``: same event,
+same resource match, same parameter mapping) and its parameters are the incident flow's; it
+returns them instead of triaging. Once issue-10a is merged, swap in its ``on-alert`` deployment.
 """
 
 from __future__ import annotations
@@ -12,10 +12,21 @@ from __future__ import annotations
 import sys
 
 from prefect import flow, serve
-from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+from prefect.events import DeploymentEventTrigger
 
 PARAMETERS = ("tenant", "cluster", "job_id", "incident_id", "alert_time", "evidence", "world_size",
               "reported_by_rank", "alert_id")
+
+
+def alert_trigger() -> DeploymentEventTrigger:
+    """The incident flow's trigger as branch issue-10a declares it (flows/serve.py): one run per event,
+    its payload mapped one to one onto the parameters (a single-expression template keeps types)."""
+    return DeploymentEventTrigger(
+        name="denpex-alert",
+        expect={"denpex.alert.nccl-timeout"},
+        match={"prefect.resource.id": "denpex.alert.*"},
+        parameters={name: f"{{{{ event.payload.{name} }}}}" for name in PARAMETERS},
+    )
 
 
 @flow(name="denpex-incident-probe")
@@ -27,12 +38,7 @@ def incident_probe(tenant: str, cluster: str, job_id: str, incident_id: str, ale
 
 
 def main(name: str) -> None:
-    trigger = DeploymentEventTrigger(
-        expect={"denpex.alert.nccl-timeout"},
-        # A single-expression template keeps the payload value's type (int, None) in Prefect 3.
-        parameters={p: f"{{{{ event.payload.{p} }}}}" for p in PARAMETERS},
-    )
-    serve(incident_probe.to_deployment(name=name, triggers=[trigger]), limit=4)
+    serve(incident_probe.to_deployment(name=name, triggers=[alert_trigger()]), limit=4)
 
 
 if __name__ == "__main__":

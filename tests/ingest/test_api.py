@@ -12,6 +12,7 @@ import json
 import pickle
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +224,11 @@ def test_alert_starts_a_flow_run_on_the_real_prefect_engine(lab: Lab, engine: En
     assert receipt["run_started"] is True
     [run] = _runs_for(engine, receipt["alert_id"])
     assert run["state"]["type"] == "COMPLETED"
+    assert datetime.fromisoformat(run["parameters"].pop("alert_time").replace("Z", "+00:00")) == datetime(
+        2026, 12, 1, 13, 9, 14, tzinfo=UTC)
     assert run["parameters"] == {
         "tenant": "acme", "cluster": "c1", "job_id": "job-1", "incident_id": incident,
-        "alert_time": "2026-12-01T13:09:14+00:00", "evidence": f"s3://{lab.s3.bucket}/{lab.prefix}/acme/c1/job-1/{incident}",
+        "evidence": f"s3://{lab.s3.bucket}/{lab.prefix}/acme/c1/job-1/{incident}",
         "world_size": 4, "reported_by_rank": 3, "alert_id": receipt["alert_id"]}
     view = client(lab, lab.key).incident(incident).json()
     assert view["run_state"] == "started" and view["flow_run"]["flow_run_id"] == run["id"]
