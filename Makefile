@@ -1,10 +1,15 @@
 # The two public commands (README.md):
-#   make demo   set up, then triage the bundled real Flight Recorder dumps
+#   make demo   set up, then run the incident workflow on the bundled incident: a local Prefect
+#               server, moto S3, a local Slurm; the run pauses for approval (Ctrl-C tears down).
+#               DEMO_APPROVE=1 approves unattended and drains the culprit's node; DEMO=folder
+#               runs another incident folder; DEMO_STORE=folder keeps evidence in a folder.
 #   make test   set up (Python venv and the system services the tests start), then run every test
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEMO   ?= tests/fixtures/gloo/withheld_one
+DEMO   ?= examples/incident-xid79
+DEMO_APPROVE ?=
+DEMO_STORE ?= s3
 
 .PHONY: demo test setup system-deps typecheck clean
 
@@ -19,8 +24,8 @@ setup: $(BIN)/denpex
 system-deps:
 	bash scripts/install_system_deps.sh
 
-demo: setup
-	$(BIN)/denpex triage $(DEMO)
+demo: setup system-deps
+	$(BIN)/python scripts/demo.py $(DEMO) --store $(DEMO_STORE) $(if $(filter 1 yes true,$(DEMO_APPROVE)),--approve)
 
 typecheck: setup
 	$(BIN)/mypy

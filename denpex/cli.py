@@ -6,6 +6,7 @@ on stderr (ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -18,7 +19,7 @@ from denpex.hardware import HardwareError
 from denpex.hardware.collect_command import collect_telemetry_command
 from denpex.ingest.commands import keys_app, serve_api_command, tenants_app, tokens_app
 from denpex.investigate import investigate
-from denpex.isolation.commands import approve_command, audit_app, breaker_app, isolate_command
+from denpex.isolation.commands import approve_command, approver_app, audit_app, breaker_app, isolate_command
 from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import save_plan
 from denpex.isolation.policy import Scheduler
@@ -68,19 +69,27 @@ def triage(
     output: Annotated[OutputFormat, typer.Option("--format", help="text for people, json for machines.")] = OutputFormat.TEXT,
     scheduler: Annotated[Scheduler | None, typer.Option("--scheduler", help="Plan an isolation for this scheduler.")] = None,
     incident_id: Annotated[str | None, typer.Option("--incident-id", help="Incident id for the plan (default: from the evidence time); 1-63 of A-Za-z0-9._-, starting and ending with a letter or digit.")] = None,
-    runbook: Annotated[Path | None, typer.Option("--runbook", help="Runbook YAML (default: built-in safe policy).")] = None,
+    runbook: Annotated[Path | None, typer.Option("--runbook", help="Runbook YAML (default: built-in safe policy); `denpex isolate` refuses a plan made under another policy than the operator's.")] = None,
+    host_domain: Annotated[str | None, typer.Option("--host-domain", metavar="DOMAIN", help="Your hosts' DNS domain: NAME.DOMAIN and NAME are one host. Other names match exactly, so a host of another domain never lends a node its signals.")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="The cluster the plan is for (Slurm ClusterName or Kubernetes context); approvals and execution are bound to it.")] = None,
     plan_out: Annotated[Path | None, typer.Option("--plan-out", help="Write the full isolation plan JSON here (for `denpex isolate`).")] = None,
     telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", metavar="FILE", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
+    chart: Annotated[Path | None, typer.Option("--chart", metavar="PNG", help="Write the job overview PNG here, and one PNG per stuck group beside it (NAME.group-*.png).")] = None,
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
     try:
         found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
                             telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,
-                            runbook=runbook)
+                            runbook=runbook, cluster=cluster, host_domain=host_domain,
+                            keep_progress=chart is not None)
     except (EvidenceError, HardwareError, IsolationError, ValueError) as exc:
         raise fail(str(exc)) from exc
     if plan_out is not None and found.plan is not None:
         save_plan(found.plan, plan_out)
+    if chart is not None and found.progress is not None:
+        from denpex.charts.files import write_charts  # matplotlib loads only when a chart is asked for
+        for written in write_charts(found.report, found.progress, chart):
+            typer.echo(f"chart: {written}", err=True)
     if output is OutputFormat.JSON:
         typer.echo(found.report.model_dump_json(indent=2))
     else:
@@ -96,6 +105,36 @@ app.add_typer(tenants_app, name="tenants")
 app.command("serve-api")(serve_api_command)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(approver_app, name="approver")
+
+
+def _prefect_project() -> None:
+    """The Prefect project (flows/, tasks/, blocks/) runs from the repository root, as Prefect
+    projects do; import it from the current folder, lazily, so the core never needs Prefect."""
+    root = Path.cwd()
+    if not (root / "flows" / "serve.py").is_file():
+        raise fail(f"{root} is not the Denpex repository root (no flows/serve.py); run this from there")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(ctx: typer.Context) -> None:
+    """Serve the Prefect deployments locally (triage on the alert event, manual triage, return to
+    service, nightly replay); options: --only NAME."""
+    _prefect_project()
+    from flows.serve import main as serve_main
+
+    serve_main(list(ctx.args))
+
+
+@app.command("register-blocks", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def register_blocks(ctx: typer.Context) -> None:
+    """Register Denpex's Prefect block types and the local defaults (--evidence-folder, --overwrite)."""
+    _prefect_project()
+    from blocks.register import main as register_main
+
+    register_main(list(ctx.args))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,10 +12,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from denpex.analysis.triage import TriageOptions, resolve_manifest, triage_store
+from denpex.analysis.job_progress import JobProgress, job_progress
+from denpex.analysis.triage import (
+    TriageOptions,
+    resolve_manifest,
+    summarize_inventory,
+    take_inventory,
+    triage_outcomes,
+)
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
 from denpex.hardware import TelemetryParseResult, correlate, load_telemetry
+from denpex.hardware.correlate import CorrelationOptions
 from denpex.hardware.stored_telemetry import load_stored_telemetry, untrusted_notes
 from denpex.isolation.plan import IsolationPlan
 from denpex.isolation.planner import plan_for_triage
@@ -32,13 +40,16 @@ class Investigation(BaseModel):
 
     report: TriageReport
     plan: IsolationPlan | None = None
+    # Every rank's counters, for the charts; kept only when asked (keep_progress).
+    progress: JobProgress | None = None
 
 
 def investigate(path: str | Path, *, world_size: int | None = None,
                 manifest: JobManifest | Path | None = None, as_of: datetime | None = None,
                 telemetry: Sequence[Path] = (), scheduler: Scheduler | None = None,
                 incident_id: str | None = None, runbook: Path | None = None,
-                options: TriageOptions | None = None) -> Investigation:
+                options: TriageOptions | None = None, cluster: str | None = None,
+                host_domain: str | None = None, keep_progress: bool = False) -> Investigation:
     """Triage ``path``; with telemetry, line hardware up with the candidates; with a scheduler, plan.
 
     Telemetry stored with the incident by the ingest service (``telemetry.json``) is used too:
@@ -47,19 +58,23 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     """
     store = open_store(path)
     job = resolve_manifest(store, manifest)
-    result = triage_store(store, world_size=world_size, manifest=job, as_of=as_of, options=options)
+    inventory = take_inventory(store, world_size=world_size, manifest=job)
+    outcomes = summarize_inventory(store, inventory, options)
+    result = triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+    progress = job_progress(outcomes, inventory.world_size) if keep_progress else None
+    del outcomes  # the summaries are not needed past this point; keep memory bounded
     stored = load_stored_telemetry(store)
     supporting = load_telemetry(list(telemetry)) if telemetry else TelemetryParseResult()
     if stored is not None:
         supporting = supporting.merged(stored.trusted)
     if telemetry or (stored is not None and stored.trusted.sources):
-        result = correlate(result, job, supporting)
+        result = correlate(result, job, supporting, options=CorrelationOptions(host_domain=host_domain))
     if stored is not None and stored.shown_only:
         result = result.model_copy(update={"notes": [*result.notes, *untrusted_notes(stored.shown_only)]})
     report = TriageReport(**dict(result))
     plan = None
     if scheduler is not None:
         plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook,
-                               job_id=job.job_id if job else None)
+                               job_id=job.job_id if job else None, cluster=cluster)
         report.plan = PlanView.model_validate(plan.contract_view())
-    return Investigation(report=report, plan=plan)
+    return Investigation(report=report, plan=plan, progress=progress)

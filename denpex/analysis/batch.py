@@ -7,6 +7,7 @@ Prefect task or a benchmark can run it anywhere and ship back only the small res
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -19,7 +20,7 @@ from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.store import EvidenceStore, open_store
 
-__all__ = ["RankOutcome", "summarize_batch", "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
+__all__ = ["RankOutcome", "summarize_batch", "summarize_batch_isolated", "split_batches", "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
 
 DEFAULT_MAX_DUMP_BYTES = 256 * 1024 * 1024
 # Below this many dumps, starting worker processes costs more than it saves.
@@ -46,6 +47,13 @@ def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_B
     return outcomes
 
 
+def split_batches(refs: Sequence[DumpRef], n_batches: int) -> list[list[DumpRef]]:
+    """At most ``n_batches`` non-empty interleaved batches: ranks 0, n, 2n, ... share a batch, so
+    workers stay evenly busy even when dump sizes vary by rank."""
+    n = max(1, min(n_batches, len(refs)))
+    return [list(refs[i::n]) for i in range(n)]
+
+
 def _worker_init() -> None:
     """Runs once in each dedicated worker process, never in the caller's.
 
@@ -62,11 +70,22 @@ def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_
     workers = workers if workers is not None else (os.cpu_count() or 1)
     if workers <= 1 or len(refs) < _POOL_THRESHOLD:
         return summarize_batch(refs, max_bytes, store)
-    # Interleaved batches keep both workers busy even when dump sizes vary by rank.
-    n_batches = workers * 8
-    batches = [list(refs[i::n_batches]) for i in range(n_batches)]
+    batches = split_batches(refs, workers * 8)
     outcomes: list[RankOutcome] = []
     with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
         for result in pool.map(summarize_batch, batches, [max_bytes] * len(batches)):
             outcomes.extend(result)
     return outcomes
+
+
+def summarize_batch_isolated(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
+    """``summarize_batch`` in a worker process of its own, never in the caller's.
+
+    For callers that run batches on threads (a Prefect task runner): untrusted bytes are decoded
+    away from the orchestrating process, each batch gets the per-process decode memory budget,
+    and batches use every core instead of queueing on the GIL. The worker comes from a
+    forkserver, so it never inherits the caller's threads or locks.
+    """
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_init) as pool:
+        return pool.submit(summarize_batch, list(refs), max_bytes).result()

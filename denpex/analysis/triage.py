@@ -9,6 +9,7 @@ never to the wall clock, so that replaying an incident months later judges it as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,13 +22,13 @@ from denpex.analysis.models import SkippedFile, TriageResult
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.verdict import decide
 from denpex.analysis.wording import ranks_phrase
-from denpex.evidence.discovery import discover_dumps, is_candidate_name, rank_from_file_name
+from denpex.evidence.discovery import DumpRef, discover_dumps, is_candidate_name, rank_from_file_name
 from denpex.evidence.errors import EvidenceError, ManifestError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest, parse_manifest_bytes
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
 
-__all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "resolve_manifest", "triage_path",
-           "triage_store", "triage_summaries"]
+__all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "EvidenceInventory", "resolve_manifest",
+           "summarize_inventory", "take_inventory", "triage_path", "triage_store", "triage_outcomes", "triage_summaries"]
 
 MANIFEST_NAME = "manifest.json"
 
@@ -56,17 +57,55 @@ def triage_path(path: str | Path, *, world_size: int | None = None,
                         options=options)
 
 
-def triage_store(store: EvidenceStore, *, world_size: int | None = None,
-                 manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
-                 options: TriageOptions | None = None) -> TriageResult:
-    """Triage every dump in ``store``."""
-    options = options or TriageOptions()
+class EvidenceInventory(BaseModel):
+    """What a store holds right now: the manifest, the world size and one dump reference per rank.
+
+    The flow takes one while ranks are still uploading (coverage), then fans the references out.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    store_uri: str
+    manifest: JobManifest | None = None
+    world_size: int
+    size_note: str | None = None
+    """Set when the world size was inferred from file names (no manifest, none given)."""
+    dumps: dict[int, DumpRef] = Field(default_factory=dict)
+    skipped: list[SkippedFile] = Field(default_factory=list)
+
+
+def take_inventory(store: EvidenceStore, *, world_size: int | None = None,
+                   manifest: JobManifest | Path | str | None = None) -> EvidenceInventory:
+    """List ``store`` once: the manifest, the world size and which rank each dump belongs to."""
     objects = store.list()
     job = resolve_manifest(store, manifest, objects)
     size, size_note = _world_size(world_size, job, objects)
     inventory = discover_dumps(store.uri, objects, job, size)
-    outcomes = summarize_all(list(inventory.dumps.values()), max_bytes=options.max_dump_bytes,
-                             workers=options.workers, store=store if len(inventory.dumps) < 64 else None)
+    return EvidenceInventory(store_uri=store.uri, manifest=job, world_size=size, size_note=size_note,
+                             dumps=inventory.dumps, skipped=inventory.skipped)
+
+
+def triage_store(store: EvidenceStore, *, world_size: int | None = None,
+                 manifest: JobManifest | Path | str | None = None, as_of: datetime | None = None,
+                 options: TriageOptions | None = None) -> TriageResult:
+    """Triage every dump in ``store``."""
+    inventory = take_inventory(store, world_size=world_size, manifest=manifest)
+    outcomes = summarize_inventory(store, inventory, options)
+    return triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+
+
+def summarize_inventory(store: EvidenceStore, inventory: EvidenceInventory,
+                        options: TriageOptions | None = None) -> list[RankSummary | SkippedFile]:
+    """Summarize every dump of the inventory on this machine (a process pool once there are many)."""
+    options = options or TriageOptions()
+    refs = list(inventory.dumps.values())
+    return summarize_all(refs, max_bytes=options.max_dump_bytes, workers=options.workers,
+                         store=store if len(refs) < 64 else None)
+
+
+def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary | SkippedFile], *,
+                    as_of: datetime | None = None, options: TriageOptions | None = None) -> TriageResult:
+    """Compare the summaries of an inventory's dumps (however they were fanned out)."""
     skipped = list(inventory.skipped)
     summaries: dict[int, RankSummary] = {}
     for outcome in outcomes:
@@ -75,11 +114,11 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
         else:
             summaries[outcome.rank] = outcome
     if not summaries:
-        raise NoUsableEvidence(_nothing_usable(store.uri, skipped))
-    result = triage_summaries(summaries, world_size=size, manifest=job, as_of=as_of,
-                              options=options, skipped=skipped)
-    if size_note:
-        result.notes.insert(0, size_note)
+        raise NoUsableEvidence(_nothing_usable(inventory.store_uri, skipped))
+    result = triage_summaries(summaries, world_size=inventory.world_size, manifest=inventory.manifest,
+                              as_of=as_of, options=options, skipped=skipped)
+    if inventory.size_note:
+        result.notes.insert(0, inventory.size_note)
     return result
 
 

@@ -29,6 +29,9 @@ class DumpTrigger(StrEnum):
     """Code run under the dumper raised (e.g. a collective failed)."""
     MANUAL = "manual"
     """The job called :meth:`HangDumper.dump_now` itself."""
+    RECOVERED = "recovered"
+    """Every op this rank had in flight at its first dump completed: the job moved on. The dump
+    replaces the first one, so a triage waiting for approval sees the recovery."""
 
 
 class DumpRecord(BaseModel):

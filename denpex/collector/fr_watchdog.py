@@ -10,7 +10,10 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
 - every other live rank sees the request on its next poll and dumps too, while its own collective
   still blocks (a dump taken after a collective raised is unreliable on Gloo: whether the failed
   op reads ``retired`` is a race);
-- used as a context manager it also dumps (and signals) when the body raises.
+- used as a context manager it also dumps (and signals) when the body raises;
+- after its dump it keeps watching the ops it had in flight then; once all of them completed
+  (the job recovered, e.g. a stopped rank was continued) it dumps once more, trigger
+  ``recovered``, over the first dump, so that a flow waiting for approval sees the recovery.
 
 Files (see :mod:`denpex.collector.layout`): ``<out>/rank_<global rank>.pkl`` and ``.json``,
 and a :class:`~denpex.collector.dump_record.DumpRecord` per rank under ``<out>/collector/``, which
@@ -58,7 +61,8 @@ _log = logging.getLogger(__name__)
 class HangDumper:
     """Per-rank watchdog: dumps FR on a stall, on a request from any rank, or on an error.
 
-    It dumps at most once. Nothing here is process-global: create one per rank and pass in the
+    It dumps once, and once more if the ops in flight at that dump all complete. Nothing here is
+    process-global: create one per rank and pass in the
     signal and recorder to use (defaults: a :class:`FileDumpSignal` in ``out_dir`` and the real
     :class:`TorchFlightRecorder`).
     """
@@ -105,10 +109,13 @@ class HangDumper:
         self._recorder = recorder
         self._clock = clock
         self._after_dump = after_dump
+        self._incident: DumpRequest | None = None
         self._watch = StallWatch()
         self._op_details: dict[tuple[str, int], InFlightOp | None] = {}
         self._lock = threading.Lock()
         self._record: DumpRecord | None = None
+        self._in_flight_at_dump: dict[str, int] = {}
+        """pg_id -> collective_seq_id in flight when this rank dumped; emptied by the re-dump."""
         self._warm = False
         self._dumped = threading.Event()
         self._stop = threading.Event()
@@ -178,27 +185,35 @@ class HangDumper:
         with self._lock:
             if self._record is not None:
                 return self._record
-            started = self._clock()
-            dumped_at = datetime.now(UTC)
             recorder = self._source()
-            # Take every encoding before writing any, so they describe the same moment.
-            blobs = {fmt: recorder.dump(fmt) for fmt in self.formats}
-            files = []
-            for fmt, data in blobs.items():
-                path = dump_path(self.out_dir, self.rank, fmt)
-                write_atomic(path, data)
-                files.append(path.name)
-            record = DumpRecord(rank=self.rank, host=self.host, local_rank=self.local_rank,
-                                pid=os.getpid(), dumped_at=dumped_at, trigger=trigger,
-                                reason=reason, files=files,
-                                dump_seconds=round(self._clock() - started, 6))
-            self._hand_over(record, request, publish=publish)
-            write_atomic(record_path(self.out_dir, self.rank), record.model_dump_json(indent=1).encode())
-            self._record = record
-            self._dumped.set()
-            _log.warning("rank %d dumped Flight Recorder (%s: %s) to %s", self.rank, trigger.value,
-                         reason, ", ".join(files))
-            return record
+            self._in_flight_at_dump = {pg: p.in_flight for pg, p in recorder.progress().items()
+                                       if p.in_flight is not None}
+            return self._write_dump(trigger, reason, request, publish=publish)
+
+    def _write_dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None, *,
+                    publish: bool = False) -> DumpRecord:
+        """Take and write every format, hand them over, then write the record (the caller holds the lock)."""
+        started = self._clock()
+        dumped_at = datetime.now(UTC)
+        recorder = self._source()
+        # Take every encoding before writing any, so they describe the same moment.
+        blobs = {fmt: recorder.dump(fmt) for fmt in self.formats}
+        files = []
+        for fmt, data in blobs.items():
+            path = dump_path(self.out_dir, self.rank, fmt)
+            write_atomic(path, data)
+            files.append(path.name)
+        record = DumpRecord(rank=self.rank, host=self.host, local_rank=self.local_rank,
+                            pid=os.getpid(), dumped_at=dumped_at, trigger=trigger,
+                            reason=reason, files=files,
+                            dump_seconds=round(self._clock() - started, 6))
+        self._hand_over(record, request, publish=publish)
+        write_atomic(record_path(self.out_dir, self.rank), record.model_dump_json(indent=1).encode())
+        self._record = record
+        self._dumped.set()
+        _log.warning("rank %d dumped Flight Recorder (%s: %s) to %s", self.rank, trigger.value,
+                     reason, ", ".join(files))
+        return record
 
     def request(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
         """Dump this rank, then ask every other rank to dump too."""
@@ -222,7 +237,9 @@ class HangDumper:
         own = DumpRequest(requested_by=f"rank {self.rank}", reason=record.reason, requested_at=record.dumped_at)
         if request is None and publish:
             self._signal.send(own)
-        incident = request or self._signal.receive() or own
+        # A re-dump (trigger recovered) belongs to the incident of the first dump: a new version there.
+        incident = request or self._incident or self._signal.receive() or own
+        self._incident = incident
         try:
             self._after_dump(record, incident)
         except Exception:  # noqa: BLE001 - an upload problem must never take the training down
@@ -231,9 +248,10 @@ class HangDumper:
     # -- watchdog -----------------------------------------------------------------------------
 
     def poll_once(self) -> DumpRecord | None:
-        """One watchdog step: answer a pending request, else look for a stall. Returns a new dump."""
+        """One watchdog step: answer a pending request, else look for a stall; after the dump,
+        look for the recovery. Returns a new dump."""
         if self._record is not None:
-            return None
+            return self._redump_if_recovered()
         incoming = self._signal.receive()
         if incoming is not None:
             return self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}", incoming)
@@ -243,6 +261,19 @@ class HangDumper:
         blocked = self._watch.observe(progress, self._clock())
         reason = self._stall_reason(blocked)
         return self.request(DumpTrigger.STALL, reason) if reason is not None else None
+
+    def _redump_if_recovered(self) -> DumpRecord | None:
+        if not self._in_flight_at_dump:
+            return None
+        progress = self._source().progress()
+        done = all(pg in progress and progress[pg].last_completed >= seq
+                   for pg, seq in self._in_flight_at_dump.items())
+        if not done:
+            return None
+        with self._lock:
+            ops = ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(self._in_flight_at_dump.items()))
+            self._in_flight_at_dump = {}
+            return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {ops}")
 
     def _stall_reason(self, blocked: list[BlockedOp]) -> str | None:
         if self._fraction is None:
@@ -278,7 +309,7 @@ class HangDumper:
         return self._recorder
 
     def _run(self) -> None:
-        while not self._stop.is_set() and self._record is None:
+        while not self._stop.is_set() and (self._record is None or self._in_flight_at_dump):
             try:
                 self.poll_once()
             except Exception:  # noqa: BLE001 - the watchdog must never take the training down

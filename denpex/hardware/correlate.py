@@ -70,6 +70,9 @@ class CorrelationOptions(BaseModel):
     # Process names a training rank has in OOM lines, used only when the manifest has no pid.
     training_comms: frozenset[str] = frozenset({"python", "python3", "pt_main_thread", "torchrun", "pt_elastic"})
     catalog: XidCatalog | None = None
+    host_domain: str | None = None
+    """The operator's DNS domain: ``gpu-node-002.<domain>`` and ``gpu-node-002`` are one host.
+    Other names match exactly, so a host of another domain never lends a node its signals."""
 
 
 class HangWindow(BaseModel):
@@ -140,23 +143,24 @@ def correlate(
         telemetry = TelemetryParseResult(events=events, hosts=sorted({e.host for e in events if e.host}))
     window = hang_window(result, options)
     in_window = [e for e in telemetry.events if window.holds(e)]
-    directory = GpuDirectory(telemetry.gpus)
+    domain = options.host_domain
+    directory = GpuDirectory(telemetry.gpus, domain=domain)
     placements = {
         c.rank: place_rank(c.rank, manifest, directory, fallback_host=c.host) for c in result.candidates
     }
     by_host: dict[str | None, list[HardwareEvent]] = defaultdict(list)
     for event in in_window:
-        by_host[host_key(event.host)].append(_completed(event, directory))
-    covered = {host_key(h) for h in telemetry.hosts}
+        by_host[host_key(event.host, domain)].append(_completed(event, directory))
+    covered = {host_key(h, domain) for h in telemetry.hosts}
     candidate_ranks = {c.rank for c in result.candidates}
-    job = _JobMap(manifest, directory)
+    job = _JobMap(manifest, directory, domain)
 
     candidates: list[Candidate] = []
     elsewhere_in_job: list[str] = []
     for candidate in result.candidates:
         place = placements[candidate.rank]
         readings: list[tuple[HardwareEvent, Reading]] = []
-        for event in by_host.get(host_key(place.host), []) if place.host else []:
+        for event in by_host.get(host_key(place.host, domain), []) if place.host else []:
             reading = read_for_candidate(
                 event, place, candidate.kind, catalog=catalog, training_comms=options.training_comms
             )
@@ -166,14 +170,14 @@ def correlate(
                 elsewhere_in_job.append(f"{event.kind.value} on rank {owner}'s GPU on {event.host}")
             readings.append((event, reading))
         hardware = _aggregate(readings, host=place.host)
-        reasons = list(candidate.reasons) + _reasons(hardware, place, telemetry, covered)
+        reasons = list(candidate.reasons) + _reasons(hardware, place, telemetry, covered, domain)
         candidates.append(
             candidate.model_copy(
                 update={"hardware": hardware, "reasons": reasons, "host": candidate.host or place.host}
             )
         )
 
-    candidate_hosts = {host_key(p.host) for p in placements.values() if p.host}
+    candidate_hosts = {host_key(p.host, domain) for p in placements.values() if p.host}
     hosts_unknown = any(p.host is None for p in placements.values())
     other_readings: list[tuple[HardwareEvent, Reading]] = []
     elsewhere_outside: list[str] = []
@@ -229,21 +233,22 @@ def correlate(
 class _JobMap:
     """Which ranks of the job run on a host or GPU, from the manifest."""
 
-    def __init__(self, manifest: JobManifest | None, directory: GpuDirectory) -> None:
+    def __init__(self, manifest: JobManifest | None, directory: GpuDirectory, domain: str | None) -> None:
+        self._domain = domain
         self._by_host: dict[str, list[RankPlacement]] = defaultdict(list)
         for rank in sorted(manifest.ranks) if manifest else []:
             place = place_rank(rank, manifest, directory)
-            key = host_key(place.host)
+            key = host_key(place.host, domain)
             if key is not None:
                 self._by_host[key].append(place)
 
     def ranks_on(self, host: str | None) -> list[int]:
-        key = host_key(host)
+        key = host_key(host, self._domain)
         return [p.rank for p in self._by_host.get(key, [])] if key else []
 
     def rank_of(self, event: HardwareEvent) -> int | None:
         """The rank whose GPU the event names: by GPU identity, or an AER line's device address."""
-        key = host_key(event.host)
+        key = host_key(event.host, self._domain)
         for place in self._by_host.get(key, []) if key else []:
             if same_gpu(event.gpu, place.gpu) is True:
                 return place.rank
@@ -305,12 +310,13 @@ def _aggregate(readings: list[tuple[HardwareEvent, Reading]], *, host: str | Non
 
 
 def _reasons(
-    hardware: list[CandidateHardware], place: RankPlacement, telemetry: TelemetryParseResult, covered: set[str | None]
+    hardware: list[CandidateHardware], place: RankPlacement, telemetry: TelemetryParseResult, covered: set[str | None],
+    domain: str | None,
 ) -> list[str]:
     reasons = [h.summary for h in hardware if h.bearing is not HardwareBearing.UNRELATED]
     if place.host is None:
         reasons.append("This rank's host is not known (no host in the manifest): no hardware signal can be tied to it.")
-    elif host_key(place.host) not in covered:
+    elif host_key(place.host, domain) not in covered:
         reasons.append(
             f"No telemetry covers {place.host}: the absence of hardware signals says nothing about its health."
         )
@@ -319,7 +325,7 @@ def _reasons(
             "This rank's GPU was taken as index = local_rank (no GPU named in the manifest); an assumption."
         )
     for gap in telemetry.unavailable:
-        if host_key(gap.host) == host_key(place.host) and (gap.gpu is None or same_gpu(gap.gpu, place.gpu) is not False):
+        if host_key(gap.host, domain) == host_key(place.host, domain) and (gap.gpu is None or same_gpu(gap.gpu, place.gpu) is not False):
             link = f" link {gap.link}" if gap.link is not None else ""
             reasons.append(f"{gap.what}{link} was not available on {place.host} ({gap.detail}): not available, not healthy.")
     if hardware:

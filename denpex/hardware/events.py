@@ -185,6 +185,9 @@ class RejectReason(StrEnum):
     """Not in ``TIME HOST IDENT: message`` form (syslog dates, raw dmesg, journal banners)."""
     BAD_TIME = "bad_time"
     """The timestamp does not parse or has no UTC offset, so it cannot be placed in the window."""
+    NOT_KERNEL = "not_kernel"
+    """Written by a user-space program (its identifier is not ``kernel``): any program can log a
+    line shaped like an Xid, so only the kernel's own lines carry hardware signals."""
     UNKNOWN_LINE = "unknown_line"
     """A well-formed kernel line about something else (most kernel lines)."""
     MALFORMED_SIGNAL = "malformed_signal"

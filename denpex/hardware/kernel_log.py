@@ -166,6 +166,11 @@ class KernelLogReader:
         if time is None:
             self._rejects[RejectReason.BAD_TIME] += 1
             return
+        if prefix["ident"] != "kernel":
+            # `logger "NVRM: Xid ... 79"` or `myapp[123]: NVRM: Xid ...` is a program's text, not
+            # the driver's report: it must never support a drain.
+            self._rejects[RejectReason.NOT_KERNEL] += 1
+            return
         host = prefix["host"]
         self._hosts.add(host)
         msg = _PRINTK_TIME.sub("", prefix["msg"], count=1).strip()

@@ -18,19 +18,25 @@ from denpex.hardware.events import GpuIdentity, GpuRef
 __all__ = ["RankPlacement", "GpuDirectory", "host_key", "same_gpu", "place_rank"]
 
 
-def host_key(host: str | None) -> str | None:
-    """A host's comparison key: lower case, short name (``gpu-node-002.dc1`` -> ``gpu-node-002``).
+def host_key(host: str | None, domain: str | None = None) -> str | None:
+    """A host's comparison key: the name in lower case, with the operator's ``domain`` removed.
 
-    Journals print the short host name while schedulers often know the FQDN. An IP address is kept
-    whole: ``10.0.0.1`` and ``10.0.0.2`` are two nodes, not both ``10``.
+    Journals print the short host name while schedulers often know the FQDN, but a name from
+    another domain is another machine: ``gpu-node-002.other-cluster.example`` must never match
+    ``gpu-node-002``. So names match exactly, except that the one domain the operator configures
+    is dropped: with ``domain="dc1.example"``, ``gpu-node-002.dc1.example`` -> ``gpu-node-002``;
+    without it, the FQDN stays whole. An IP address is always kept whole.
     """
     if not host:
         return None
-    text = host.strip().lower()
+    text = host.strip().lower().rstrip(".")
     try:
         ipaddress.ip_address(text)
     except ValueError:
-        return text.split(".", 1)[0] or None
+        suffix = "." + domain.strip().lower().strip(".") if domain and domain.strip(". ") else None
+        if suffix and text.endswith(suffix) and len(text) > len(suffix):
+            return text[: -len(suffix)]
+        return text or None
     return text
 
 
@@ -51,17 +57,18 @@ class RankPlacement(BaseModel):
 class GpuDirectory:
     """GPU identities per host, to complete a partial ``GpuRef`` (PCI id <-> UUID <-> index)."""
 
-    def __init__(self, identities: list[GpuIdentity]) -> None:
+    def __init__(self, identities: list[GpuIdentity], *, domain: str | None = None) -> None:
+        self._domain = domain
         self._by_host: dict[str | None, list[GpuIdentity]] = defaultdict(list)
         for identity in identities:
-            self._by_host[host_key(identity.host)].append(identity)
+            self._by_host[host_key(identity.host, domain)].append(identity)
 
     def complete(self, host: str | None, gpu: GpuRef | None) -> tuple[GpuRef | None, tuple[str, ...] | None]:
         """The fullest known ``GpuRef`` for ``gpu`` on ``host``, and the PCIe path above it if known."""
         if gpu is None:
             return None, None
         merged, path = gpu, None
-        for identity in self._by_host.get(host_key(host), []):
+        for identity in self._by_host.get(host_key(host, self._domain), []):
             if same_gpu(identity.gpu, merged) is True or _same_index_only(merged, identity.gpu):
                 merged = GpuRef(
                     pci_bus_id=merged.pci_bus_id or identity.gpu.pci_bus_id,

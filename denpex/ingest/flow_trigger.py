@@ -1,7 +1,7 @@
 """Starting the incident flow: the alert event of ARCHITECTURE.md, behind one small interface.
 
-The event is the one the incident flow's trigger expects (branch issue-10a's
-``denpex.workflow.alert_event`` builds the same wire: event ``denpex.alert.nccl-timeout``, id
+The event is ``denpex.workflow.alert_event``'s, the one definition the flow's trigger, the
+``denpex`` commands and this service share (event ``denpex.alert.nccl-timeout``, id
 uuid5(tenant/cluster/alert_id) so that Prefect drops a re-sent event, resource
 ``denpex.alert.{alert_id}``, payload = the flow's parameters). The core never imports Prefect:
 :class:`PrefectEventTrigger` posts it to Prefect's HTTP API (``POST {PREFECT_API_URL}/events``) and
@@ -12,50 +12,17 @@ in-memory fake; :class:`NoEngineTrigger` refuses alerts (503) when no engine is 
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from denpex.ingest.errors import StoreUnavailableError
+from denpex.workflow.alert_event import ALERT_EVENT, AlertEvent, AlertEventError, emit_alert
 
 __all__ = ["ALERT_EVENT", "AlertEvent", "FlowRunView", "FlowTrigger", "PrefectEventTrigger", "RecordingTrigger",
            "NoEngineTrigger"]
-
-
-ALERT_EVENT = "denpex.alert.nccl-timeout"
-# The namespace of the incident flow's own emitter, so both give one event one id.
-_EVENT_NAMESPACE = uuid.UUID("6f1d2d0e-4a4b-4f3b-9a55-0d3e5d1e7a10")
-
-
-class AlertEvent(BaseModel):
-    """The event's payload: exactly the incident flow's parameters; ``alert_id`` is the idempotency key."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tenant: str = Field(min_length=1, max_length=200)
-    cluster: str = Field(min_length=1, max_length=200)
-    job_id: str = Field(min_length=1, max_length=200)
-    incident_id: str = Field(min_length=1, max_length=63)
-    alert_time: AwareDatetime
-    evidence: str = Field(min_length=1, description="a folder or s3:// URI")
-    world_size: int | None = Field(default=None, ge=1)
-    reported_by_rank: int | None = Field(default=None, ge=0)
-    alert_id: str = Field(min_length=1, max_length=200)
-
-    def event_body(self, occurred: datetime) -> dict[str, Any]:
-        """The event as ``POST /api/events`` takes it."""
-        return {
-            "id": str(uuid.uuid5(_EVENT_NAMESPACE, f"{self.tenant}/{self.cluster}/{self.alert_id}")),
-            "event": ALERT_EVENT,
-            "occurred": occurred.isoformat(),
-            "resource": {"prefect.resource.id": f"denpex.alert.{self.alert_id}",
-                         "denpex.tenant": self.tenant, "denpex.cluster": self.cluster},
-            "related": [],
-            "payload": self.model_dump(mode="json"),
-        }
 
 
 class FlowRunView(BaseModel):
@@ -87,14 +54,10 @@ class PrefectEventTrigger:
 
     def start(self, event: AlertEvent) -> None:
         try:
-            response = httpx.post(f"{self.api_url}/events", json=[event.event_body(datetime.now(UTC))],
-                                  timeout=self._timeout_s)
-        except httpx.HTTPError as exc:
-            raise StoreUnavailableError(f"the flow engine at {self.api_url} cannot be reached ({exc}); "
-                                        "the alert was not accepted, retry") from exc
-        if response.status_code >= 300:
-            raise StoreUnavailableError(f"the flow engine refused the alert event (HTTP {response.status_code}: "
-                                        f"{response.text[:200]}); the alert was not accepted, retry")
+            emit_alert(self.api_url, event, occurred=datetime.now(UTC), timeout_s=self._timeout_s)
+        except AlertEventError as exc:
+            raise StoreUnavailableError(f"the flow engine did not take the alert ({exc}); the alert was not "
+                                        "accepted, retry") from exc
 
     def find_run(self, alert_id: str) -> FlowRunView | None:
         # The flow-run filter cannot match on parameters, so the newest runs are read and matched

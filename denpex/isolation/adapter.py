@@ -11,7 +11,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from denpex.isolation.facts import ClusterFacts, NodeFacts
-from denpex.isolation.plan import NodeAction, Operation
+from denpex.isolation.plan import HungJob, NodeAction, Operation
 from denpex.isolation.policy import Scheduler
 
 __all__ = ["ActionOutput", "ClusterAdapter"]
@@ -55,4 +55,18 @@ class ClusterAdapter(Protocol):
     def unmet_checks(self, action: NodeAction, operation: Operation, facts: NodeFacts, *,
                      reason_prefix: str, incident_id: str) -> list[str]:
         """Post-checks the node does not (yet) satisfy; empty when the operation is complete."""
+        ...
+
+    def hung_job_command(self, job: HungJob) -> str:
+        """The exact commands or API calls ``restart_hung_job`` may send, for dry-run and the audit log."""
+        ...
+
+    def hung_job_unmet(self, job: HungJob) -> list[str]:
+        """Why the hung job is not yet restarted away from its excluded nodes; empty when it is (or
+        when the scheduler no longer has it)."""
+        ...
+
+    def restart_hung_job(self, job: HungJob) -> ActionOutput:
+        """Requeue it with the nodes excluded (Slurm) or delete its pods there (Kubernetes), sending
+        only the steps its current state still needs."""
         ...

@@ -1,95 +1,217 @@
-"""Approvals: a named person's consent to one operation on one plan, by its content hash, for a
-limited time.
+"""Approvals: a person's consent to one operation on one plan, for named nodes on one cluster.
 
-Execution refuses a plan without an approval whose hash and operation match, that has not expired,
-whose approver the policy allows, and (to isolate) whose evidence is not too old to act on. A
-person who approved draining a node has not thereby approved resuming it: a rollback needs an
-approval of its own.
+One record for every channel (ARCHITECTURE.md "Approvals")::
+
+    {"plan_hash", "operation", "incident_id", "cluster", "nodes", "approver", "comment",
+     "channel": "cli-signed | prefect-ui", "flow_run_id", "approved_at", "expires_at", "signature"}
+
+- ``cli-signed``: ``signature`` is ed25519 over the canonical JSON of every other field, by a key
+  whose public half the operator lists for that approver (``TrustedApprovers``). A name alone is
+  never enough: anyone can type one.
+- ``prefect-ui``: a person resumed the paused flow run; ``flow_run_id`` names it. Accepted only
+  when the operator's runbook lists the channel and the approver is among the runbook's
+  approvers for the tenant and cluster.
+
+``check_approval`` judges a record against the operator's policy (never the plan's) and reports
+every problem at once. A person who approved draining a node has not thereby approved resuming
+it: each operation needs an approval of its own.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import os
+import re
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+import yaml
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from denpex.isolation.errors import ApprovalError, validation_problems
+from denpex.isolation.errors import ApprovalError, ConfigError, validation_problems
 from denpex.isolation.gates import human_duration
-from denpex.isolation.plan import IsolationPlan, Operation
+from denpex.isolation.plan import NODE_NAME_PATTERN, IsolationPlan, Operation, canonical_json
+from denpex.isolation.policy import ApprovalChannel, ApprovalRule
 
-__all__ = ["Approval", "approve_plan", "check_approval", "check_cluster", "save_approval", "load_approval"]
+__all__ = [
+    "Approval",
+    "TrustedApprovers",
+    "approve_plan",
+    "ui_approval",
+    "sign_approval",
+    "check_approval",
+    "save_approval",
+    "load_approval",
+    "generate_key",
+    "public_key_text",
+    "load_private_key",
+    "save_private_key",
+    "load_trusted_approvers",
+]
 
 _CLOCK_SKEW = timedelta(minutes=5)
 
 
 class Approval(BaseModel):
-    """Who approved which plan, when, and until when."""
+    """Who approved which operation on which plan's nodes, on which cluster, when and until when."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     plan_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    operation: Operation
     incident_id: str
+    cluster: str = Field(min_length=1, max_length=200)
+    """Node names repeat across clusters; this keeps a plan reviewed for one off another."""
+    nodes: tuple[str, ...]
+    """The approved nodes, a subset of the plan's; nothing else is acted on."""
     approver: str = Field(min_length=1, max_length=200)
+    comment: str = Field(default="", max_length=2000)
+    channel: ApprovalChannel
+    flow_run_id: str | None = Field(default=None, min_length=1, max_length=200)
     approved_at: AwareDatetime
     expires_at: AwareDatetime
-    comment: str = ""
-    cluster: str | None = Field(default=None, min_length=1, max_length=200)
-    """The cluster it was approved for (Slurm ``ClusterName``, Kubernetes context); None: any.
-    Node names repeat across clusters; this keeps a plan reviewed for one off another."""
-    operation: Operation = Operation.ISOLATE
-    """What it allows: isolating the plan's nodes, or rolling that back. Approval files written
-    before this field existed approve ISOLATE only."""
+    signature: str | None = None
+    """Base64 ed25519 signature over ``signed_bytes()`` (``cli-signed`` only)."""
+
+    @model_validator(mode="after")
+    def _channel_fields(self) -> Approval:
+        problems = []
+        for node in self.nodes:
+            if not _valid_node(node):
+                problems.append(f"node {node!r} is not a plain node name")
+        if self.channel is ApprovalChannel.CLI_SIGNED and self.flow_run_id is not None:
+            problems.append("a cli-signed approval has no flow_run_id")
+        if self.channel is ApprovalChannel.PREFECT_UI and (self.flow_run_id is None or self.signature):
+            problems.append("a prefect-ui approval names its flow_run_id and carries no signature")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def signed_bytes(self) -> bytes:
+        """What the signature covers: the canonical JSON of every field but ``signature``."""
+        return canonical_json(self.model_dump(mode="json", exclude={"signature"})).encode()
 
 
-def approve_plan(plan: IsolationPlan, approver: str, *, at: datetime, comment: str = "",
-                 cluster: str | None = None, operation: Operation = Operation.ISOLATE) -> Approval:
-    """Record ``approver``'s consent to ``operation`` on ``plan``, valid for the policy's approval
-    TTL (and, when ``cluster`` is given, only on that cluster)."""
+def _valid_node(name: str) -> bool:
+    return re.fullmatch(NODE_NAME_PATTERN, name) is not None
+
+
+class TrustedApprovers:
+    """The operator's trusted approver keys: name -> ed25519 public keys. Holds no secret."""
+
+    def __init__(self, keys: Mapping[str, Iterable[Ed25519PublicKey]] | None = None) -> None:
+        self._keys = {name: tuple(found) for name, found in (keys or {}).items()}
+
+    def keys_of(self, approver: str) -> tuple[Ed25519PublicKey, ...]:
+        return self._keys.get(approver, ())
+
+    def names(self) -> list[str]:
+        return sorted(self._keys)
+
+    def verifies(self, approval: Approval) -> bool:
+        """Whether one of the approver's trusted keys made ``approval.signature``."""
+        if approval.signature is None:
+            return False
+        try:
+            signature = base64.b64decode(approval.signature, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        for key in self.keys_of(approval.approver):
+            try:
+                key.verify(signature, approval.signed_bytes())
+                return True
+            except InvalidSignature:
+                continue
+        return False
+
+
+def _draft(plan: IsolationPlan, approver: str, *, at: datetime, ttl: timedelta, cluster: str | None,
+           operation: Operation, nodes: Iterable[str] | None, comment: str, channel: ApprovalChannel,
+           flow_run_id: str | None = None) -> Approval:
     name = approver.strip()
-    allowed = plan.policy.approval.approvers
     if not name:
         raise ApprovalError("an approval needs the approver's name (--approver NAME)")
-    if allowed and name not in allowed:
-        raise ApprovalError(
-            f"{name!r} may not approve plans under this policy; allowed: {', '.join(sorted(allowed))}"
+    where = (cluster or "").strip() or plan.cluster
+    if not where:
+        raise ApprovalError("name the cluster this approval is for (--cluster NAME); the plan does not "
+                            "record one, and an approval valid on every cluster is not accepted")
+    if plan.cluster is not None and where != plan.cluster:
+        raise ApprovalError(f"the plan was made for cluster {plan.cluster!r}, not {where!r}")
+    planned = [a.node for a in plan.actions]
+    chosen = tuple(sorted(set(planned if nodes is None else nodes)))
+    extra = sorted(set(chosen) - set(planned))
+    if extra:
+        raise ApprovalError(f"{', '.join(extra)} not in the plan; approve only nodes it names "
+                            f"({', '.join(planned) or 'none'})")
+    try:
+        return Approval(
+            plan_hash=plan.content_hash(), operation=operation, incident_id=plan.incident_id,
+            cluster=where, nodes=chosen, approver=name, comment=comment, channel=channel,
+            flow_run_id=flow_run_id, approved_at=at, expires_at=at + ttl,
         )
-    return Approval(
-        plan_hash=plan.content_hash(), incident_id=plan.incident_id, approver=name,
-        approved_at=at, expires_at=at + plan.policy.approval.ttl, comment=comment,
-        cluster=cluster.strip() if cluster and cluster.strip() else None, operation=operation,
-    )
+    except ValidationError as exc:
+        raise ApprovalError(f"invalid approval: {validation_problems(exc)}") from exc
 
 
-def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datetime,
-                   operation: Operation = Operation.ISOLATE) -> Approval:
-    """Return the approval when it lets ``operation`` run on ``plan`` now; else one ApprovalError
-    listing every problem.
+def approve_plan(plan: IsolationPlan, approver: str, *, key: Ed25519PrivateKey, at: datetime,
+                 comment: str = "", cluster: str | None = None,
+                 operation: Operation = Operation.ISOLATE, nodes: Iterable[str] | None = None,
+                 ttl: timedelta | None = None) -> Approval:
+    """A ``cli-signed`` approval of ``operation`` on ``plan`` (all its nodes unless ``nodes``), on
+    ``cluster`` (default: the plan's), signed with ``approver``'s private ``key``.
 
-    The plan's age is judged only to isolate: undoing an old isolation must stay possible.
+    ``ttl`` defaults to the plan's policy TTL; execution refuses any approval that lasts longer
+    than the operator's.
+    """
+    draft = _draft(plan, approver, at=at, ttl=ttl or plan.policy.approval.ttl, cluster=cluster,
+                   operation=operation, nodes=nodes, comment=comment, channel=ApprovalChannel.CLI_SIGNED)
+    return sign_approval(draft, key)
+
+
+def ui_approval(plan: IsolationPlan, approver: str, *, flow_run_id: str, at: datetime, ttl: timedelta,
+                cluster: str | None = None, operation: Operation = Operation.ISOLATE,
+                nodes: Iterable[str] | None = None, comment: str = "") -> Approval:
+    """A ``prefect-ui`` approval: ``approver`` resumed flow run ``flow_run_id``. ``ttl`` comes from
+    the operator's runbook (the flow passes ``policy.approval.ttl``)."""
+    return _draft(plan, approver, at=at, ttl=ttl, cluster=cluster, operation=operation, nodes=nodes,
+                  comment=comment, channel=ApprovalChannel.PREFECT_UI, flow_run_id=flow_run_id)
+
+
+def sign_approval(approval: Approval, key: Ed25519PrivateKey) -> Approval:
+    """The approval with its ed25519 signature (cli-signed)."""
+    unsigned = approval.model_copy(update={"signature": None})
+    signature = base64.b64encode(key.sign(unsigned.signed_bytes())).decode()
+    return unsigned.model_copy(update={"signature": signature})
+
+
+def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datetime, operation: Operation,
+                   rule: ApprovalRule, trusted: TrustedApprovers, cluster: str | None,
+                   tenant: str | None = None) -> Approval:
+    """Return ``approval`` when it authenticates and lets ``operation`` run on ``plan`` on
+    ``cluster`` (the one the settings reach) now; else one ApprovalError listing every problem.
+
+    ``rule`` is the operator's approval rule, never the plan's. The plan's age is judged only to
+    isolate: undoing an old isolation must stay possible.
     """
     digest = plan.content_hash()
     if approval is None:
         raise ApprovalError(
             f"plan {digest[:12]} for incident {plan.incident_id} has no approval; a person approves "
-            "it with `denpex approve PLAN --approver NAME`"
+            "it with `denpex approve PLAN --approver NAME --key KEYFILE`"
         )
-    rule = plan.policy.approval
-    problems = []
-    if approval.operation is not operation:
-        problems.append(f"the approval by {approval.approver} is for {approval.operation.value}, not "
-                        f"{operation.value}; a person approves the {operation.value} with "
-                        f"`denpex approve PLAN --approver NAME --operation {operation.value}`")
-    if approval.plan_hash != digest:
-        problems.append(f"the approval is for plan {approval.plan_hash[:12]}, not {digest[:12]} "
-                        "(the plan changed after approval); approve the current plan")
+    problems = _authenticity(approval, rule, trusted, tenant)
+    problems += _binding(plan, approval, digest, operation, cluster)
     if approval.expires_at <= now:
         problems.append(f"the approval by {approval.approver} expired at {approval.expires_at.isoformat()}")
+    if approval.expires_at - approval.approved_at > rule.ttl + _CLOCK_SKEW:
+        problems.append(f"the approval lasts longer than the runbook's {human_duration(rule.ttl)}")
     if approval.approved_at > now + _CLOCK_SKEW:
         problems.append(f"the approval is dated in the future ({approval.approved_at.isoformat()})")
-    if rule.approvers and approval.approver not in rule.approvers:
-        problems.append(f"{approval.approver!r} is not an allowed approver "
-                        f"({', '.join(sorted(rule.approvers))})")
     if operation is Operation.ISOLATE and now - plan.as_of > rule.max_plan_age:
         problems.append(f"the plan's evidence is as of {plan.as_of.isoformat()}, more than "
                         f"{human_duration(rule.max_plan_age)} ago; triage again before acting")
@@ -98,16 +220,51 @@ def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datet
     return approval
 
 
-def check_cluster(approval: Approval, actual: str | None) -> None:
-    """Refuse when the approval names a cluster and the settings reach another (or an unnamed) one."""
-    if approval.cluster is None or approval.cluster == actual:
-        return
-    reached = repr(actual) if actual else "one that does not say its name"
-    raise ApprovalError(
-        f"execution refused: {approval.approver} approved this plan for cluster {approval.cluster!r}, "
-        f"but the settings reach cluster {reached}; nothing was done. Check --config and the "
-        "DENPEX_* variables, or have the plan approved for this cluster"
-    )
+def _authenticity(approval: Approval, rule: ApprovalRule, trusted: TrustedApprovers,
+                  tenant: str | None) -> list[str]:
+    allowed = rule.approvers_for(tenant, approval.cluster)
+    who = approval.approver
+    if approval.channel not in rule.channels:
+        accepted = ", ".join(sorted(c.value for c in rule.channels))
+        return [f"the runbook does not accept {approval.channel.value} approvals (accepted: {accepted})"]
+    problems = []
+    if approval.channel is ApprovalChannel.CLI_SIGNED:
+        if not trusted.keys_of(who):
+            problems.append(f"no trusted key is configured for {who!r}; the operator adds their public "
+                            "key to the trusted approvers file")
+        elif not trusted.verifies(approval):
+            problems.append(f"the signature does not verify with {who!r}'s trusted key (forged, edited "
+                            "after signing, or signed with another key)")
+    elif not allowed:
+        problems.append("the runbook names no approvers for this tenant and cluster, so a prefect-ui "
+                        "approval cannot be accepted")
+    if allowed and who not in allowed:
+        problems.append(f"{who!r} is not an allowed approver here ({', '.join(sorted(allowed))})")
+    return problems
+
+
+def _binding(plan: IsolationPlan, approval: Approval, digest: str, operation: Operation,
+             cluster: str | None) -> list[str]:
+    problems = []
+    if approval.operation is not operation:
+        problems.append(f"the approval by {approval.approver} is for {approval.operation.value}, not "
+                        f"{operation.value}; a person approves the {operation.value} with "
+                        f"`denpex approve PLAN --approver NAME --key KEYFILE --operation {operation.value}`")
+    if approval.plan_hash != digest:
+        problems.append(f"the approval is for plan {approval.plan_hash[:12]}, not {digest[:12]} "
+                        "(the plan changed after approval); approve the current plan")
+    if approval.incident_id != plan.incident_id:
+        problems.append(f"the approval is for incident {approval.incident_id}, not {plan.incident_id}")
+    if plan.cluster is not None and approval.cluster != plan.cluster:
+        problems.append(f"the approval is for cluster {approval.cluster!r}, the plan for {plan.cluster!r}")
+    if approval.cluster != cluster:
+        reached = repr(cluster) if cluster else "one that does not say its name (set `cluster:` in the settings)"
+        problems.append(f"{approval.approver} approved this plan for cluster {approval.cluster!r}, but the "
+                        f"settings reach cluster {reached}")
+    extra = sorted(set(approval.nodes) - {a.node for a in plan.actions})
+    if extra:
+        problems.append(f"the approval names {', '.join(extra)}, which the plan does not")
+    return problems
 
 
 def save_approval(approval: Approval, path: Path) -> None:
@@ -119,9 +276,85 @@ def load_approval(path: Path) -> Approval:
         raw = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ApprovalError(f"{path}: cannot read approval: {exc.strerror or exc}; approve the plan "
-                            "with `denpex approve PLAN --approver NAME`") from exc
+                            "with `denpex approve PLAN --approver NAME --key KEYFILE`") from exc
     try:
         return Approval.model_validate_json(raw)
     except ValidationError as exc:
         raise ApprovalError(f"{path}: not a valid approval: {validation_problems(exc)}; approve the plan "
-                            "again with `denpex approve PLAN --approver NAME`") from exc
+                            "again with `denpex approve PLAN --approver NAME --key KEYFILE`") from exc
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def generate_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def public_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """The raw 32-byte public key in base64: one line for the trusted approvers file."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def save_private_key(key: Ed25519PrivateKey, path: Path) -> None:
+    """PEM (PKCS#8), created readable by its owner only; an existing file is never overwritten."""
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise ConfigError(f"{path} exists; choose another --out or remove it first") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot create key file: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{path}: not an unencrypted PEM private key ({exc}); make one with "
+                          "`denpex approver keygen --out FILE`") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"{path}: an approval key must be ed25519, not {type(key).__name__}")
+    return key
+
+
+def load_trusted_approvers(path: Path) -> TrustedApprovers:
+    """Read the operator's trusted approvers file (YAML)::
+
+        approvers:
+          alice: MCowBQYDK2VwAyEA...   # or a list of keys
+          bob: [key1, key2]
+
+    Every problem is reported in one ConfigError.
+    """
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read trusted approvers: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: trusted approvers are not valid YAML: {exc}") from exc
+    entries = raw.get("approvers") if isinstance(raw, dict) and set(raw) == {"approvers"} else None
+    if not isinstance(entries, dict):
+        raise ConfigError(f"{path}: expected a mapping with one key `approvers: {{NAME: PUBLIC_KEY}}`")
+    keys: dict[str, list[Ed25519PublicKey]] = {}
+    problems = []
+    for name, value in entries.items():
+        for text in value if isinstance(value, list) else [value]:
+            try:
+                key = Ed25519PublicKey.from_public_bytes(base64.b64decode(str(text), validate=True))
+            except (binascii.Error, ValueError):
+                problems.append(f"{name}: {str(text)[:20]!r} is not a base64 ed25519 public key")
+                continue
+            keys.setdefault(str(name), []).append(key)
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    return TrustedApprovers(keys)

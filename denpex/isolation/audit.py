@@ -1,8 +1,15 @@
 """The audit log: append-only JSON lines, each record holding the hash of the one before.
 
-One record per line. ``hash`` is SHA-256 over the canonical JSON of the record without ``hash``;
-``prev_hash`` is the previous record's ``hash`` (64 zeros for the first). Editing, deleting or
-reordering a line breaks the chain, and ``verify_audit_log`` names the line.
+One record per line. ``hash`` is SHA-256 over the canonical JSON of the record without ``hash``
+and ``mac``; ``prev_hash`` is the previous record's ``hash`` (64 zeros for the first). Editing,
+deleting or reordering a line breaks the chain, and ``verify_audit_log`` names the line.
+
+A chain alone can be rebuilt by anyone who can write the file. So each record also carries
+``mac``, HMAC-SHA256 of its ``hash`` under a key kept outside the log (``audit.key`` in the state
+directory, readable by the service user only): a log edited and re-chained by hand fails the
+keyed check. Execution verifies the whole keyed chain before acting, and refuses a log that does
+not extend the copy last stored in the evidence store (a log cut at a record boundary, or
+replaced).
 
 Every action is bracketed: an ``intent`` record is written (and fsynced) before the command is
 sent, a ``result`` record after it with the rc, the output and the verified state. An intent with
@@ -14,8 +21,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import io
 import os
+import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -26,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.store import EvidenceStore
-from denpex.isolation.errors import AuditError, BusyError, StoreError
+from denpex.isolation.errors import AuditChainError, AuditError, BusyError, StoreError
 from denpex.isolation.plan import Operation, canonical_json
 
 __all__ = [
@@ -39,6 +49,9 @@ __all__ = [
     "AuditLog",
     "verify_audit_log",
     "copy_audit_log",
+    "stored_copy_name",
+    "check_extends_stored_copy",
+    "load_or_create_audit_key",
 ]
 
 GENESIS_HASH = "0" * 64
@@ -57,6 +70,8 @@ class AuditKind(StrEnum):
     """No command was sent for a node (already done, or a gate blocked it at execution time)."""
     BREAKER = "breaker"
     """The circuit breaker was tripped by this execution."""
+    DECISION = "decision"
+    """A plan was not carried out, and why: rejected, unanswered, refused answer, job recovered."""
 
 
 class Outcome(StrEnum):
@@ -105,10 +120,15 @@ class AuditRecord(AuditEntry):
     time: datetime
     prev_hash: str
     hash: str
+    mac: str | None = None
+    """HMAC-SHA256 of ``hash`` under the log's key; None in a log written without one."""
 
     def expected_hash(self) -> str:
-        body = self.model_dump(mode="json", exclude={"hash"})
+        body = self.model_dump(mode="json", exclude={"hash", "mac"})
         return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+    def expected_mac(self, key: bytes) -> str:
+        return hmac.new(key, self.hash.encode(), hashlib.sha256).hexdigest()
 
 
 class AuditVerification(BaseModel):
@@ -128,10 +148,25 @@ class AuditVerification(BaseModel):
 
 
 class AuditLog:
-    """The log at ``path``. Appends are serialized with an exclusive lock and fsynced."""
+    """The log at ``path``. Appends are serialized with an exclusive lock and fsynced.
 
-    def __init__(self, path: Path) -> None:
+    With ``key``, every appended record carries its ``mac``, and ``verify`` checks them.
+    """
+
+    def __init__(self, path: Path, key: bytes | None = None) -> None:
         self.path = path
+        self._key = key
+
+    def verify(self) -> None:
+        """Raise AuditChainError naming every problem when the chain (and keys) do not verify."""
+        if not self.path.exists():
+            return
+        verification = verify_audit_log(self.path, key=self._key)
+        if not verification.ok:
+            raise AuditChainError(
+                f"the audit log {self.path} does not verify ({'; '.join(verification.problems[:3])}); "
+                f"nothing was done. Inspect it with `denpex audit verify {self.path}`"
+            )
 
     def append(self, entry: AuditEntry, *, at: datetime) -> AuditRecord:
         """Chain ``entry`` onto the last record and write it durably before returning.
@@ -150,6 +185,8 @@ class AuditLog:
                 hash="",
             )
             record = record.model_copy(update={"hash": record.expected_hash()})
+            if self._key is not None:
+                record = record.model_copy(update={"mac": record.expected_mac(self._key)})
             data = memoryview((canonical_json(record.model_dump(mode="json")) + "\n").encode())
             end = handle.seek(0, os.SEEK_END)
             try:
@@ -311,12 +348,14 @@ def _torn_message(path: Path, intact: int, size: int) -> str:
     )
 
 
-def verify_audit_log(path: Path, *, reference: Path | None = None) -> AuditVerification:
+def verify_audit_log(path: Path, *, reference: Path | None = None,
+                     key: bytes | None = None) -> AuditVerification:
     """Check every line's hash and the chain; report every problem with its line number.
 
     A log cut at a record boundary still chains, so ``last`` names its head, and ``reference``
     (a copy from the evidence store) catches the cut: every record of the copy must be in the
-    log, unchanged.
+    log, unchanged. With ``key``, each record's ``mac`` must verify too: a log re-chained by hand
+    does not.
     """
     raw = _read_log(path)
     lines, intact = _split_lines(raw)
@@ -342,6 +381,9 @@ def verify_audit_log(path: Path, *, reference: Path | None = None) -> AuditVerif
         if record.hash != record.expected_hash():
             problems.append(f"line {number} (seq {record.seq}): content does not match its hash; "
                             "the line was edited")
+        if key is not None and not hmac.compare_digest(record.mac or "", record.expected_mac(key)):
+            problems.append(f"line {number} (seq {record.seq}): its mac does not verify with the log's "
+                            "key; the record was forged or re-chained by hand")
         if previous_hash and record.prev_hash != previous_hash:
             problems.append(f"line {number} (seq {record.seq}): prev_hash does not match the line "
                             "before; a line was removed, inserted or reordered")
@@ -351,13 +393,13 @@ def verify_audit_log(path: Path, *, reference: Path | None = None) -> AuditVerif
         hashes[record.seq] = record.hash
         last = record
     if reference is not None:
-        problems += _compare_with_copy(hashes, reference)
+        problems += _compare_with_copy(hashes, _read_log(reference), str(reference))
     return AuditVerification(path=str(path), records=count, problems=problems, last=last)
 
 
-def _compare_with_copy(hashes: dict[int, str], reference: Path) -> list[str]:
+def _compare_with_copy(hashes: dict[int, str], raw: bytes, reference: str) -> list[str]:
     theirs: dict[int, AuditRecord] = {}
-    for line in _split_lines(_read_log(reference))[0]:
+    for line in _split_lines(raw)[0]:
         try:
             record = AuditRecord.model_validate_json(line)
         except ValidationError:
@@ -378,13 +420,114 @@ def _compare_with_copy(hashes: dict[int, str], reference: Path) -> list[str]:
     return problems
 
 
+_MAX_COPY_BYTES = 1 << 30
+
+
+def stored_copy_name(log: AuditLog, incident_id: str) -> str:
+    """``audit/<incident>/<log file name>``, where the store keeps this incident's copy."""
+    return f"audit/{incident_id}/{log.path.name}"
+
+
+def _stored_copy(store: EvidenceStore, name: str) -> bytes | None:
+    """The stored copy's bytes; None only when the store says it has no such object."""
+    try:
+        return store.read(name, max_bytes=_MAX_COPY_BYTES)
+    except EvidenceError as exc:
+        if _is_missing(exc.__cause__):
+            return None
+        raise StoreError(f"cannot read the stored audit copy {store.uri}/{name}: {exc}; nothing was "
+                         "done (a copy that cannot be read cannot be checked)") from exc
+
+
+def _is_missing(cause: BaseException | None) -> bool:
+    if isinstance(cause, FileNotFoundError):
+        return True
+    response = getattr(cause, "response", None)  # botocore ClientError
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code in ("NoSuchKey", "404")
+
+
+def check_extends_stored_copy(log: AuditLog, store: EvidenceStore, incident_id: str) -> None:
+    """Raise AuditChainError when the stored copy holds a record this log lacks or differs on.
+
+    The copy only ever grows (``copy_audit_log`` refuses to replace it otherwise), so a log that
+    does not extend it was truncated, rolled back or replaced.
+    """
+    name = stored_copy_name(log, incident_id)
+    previous = _stored_copy(store, name)
+    if previous is None:
+        return
+    hashes = _chain_hashes(log.path)
+    problems = _compare_with_copy(hashes, previous, f"{store.uri}/{name}")
+    if problems:
+        raise AuditChainError(
+            f"the audit log {log.path} does not extend its stored copy {store.uri}/{name}: "
+            f"{'; '.join(problems)}; nothing was done"
+        )
+
+
+def _chain_hashes(path: Path) -> dict[int, str]:
+    hashes: dict[int, str] = {}
+    if not path.exists():
+        return hashes
+    for line in _split_lines(_read_log(path))[0]:
+        try:
+            record = AuditRecord.model_validate_json(line)
+        except ValidationError:
+            continue
+        hashes[record.seq] = record.hash
+    return hashes
+
+
+def load_or_create_audit_key(path: Path) -> bytes:
+    """The audit log's HMAC key at ``path``: created (32 random bytes, mode 0600) on first use.
+
+    A key file that others can read or write is refused: whoever reads it can forge the chain.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
+    else:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AuditError(f"{path}: cannot read the audit key: {exc}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AuditChainError(f"{path}: the audit key is accessible to group or others (mode "
+                              f"{stat.S_IMODE(mode):o}); run `chmod 600 {path}` as the service user")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError as exc:
+        raise AuditChainError(f"{path}: the audit key is damaged (not hex)") from exc
+    if len(key) < 16:
+        raise AuditChainError(f"{path}: the audit key is too short ({len(key)} bytes)")
+    return key
+
+
 def copy_audit_log(log: AuditLog, store: EvidenceStore, incident_id: str) -> str:
-    """Copy the whole log into the evidence store under ``audit/<incident>/``; returns its URI."""
-    name = f"audit/{incident_id}/{log.path.name}"
+    """Copy the whole log into the evidence store under ``audit/<incident>/``; returns its URI.
+
+    The stored copy only grows: a log that does not extend it is refused (AuditChainError), so a
+    forged or truncated log never replaces the record of what was done.
+    """
+    name = stored_copy_name(log, incident_id)
     try:
         data = log.path.read_bytes()
     except OSError as exc:
         raise StoreError(f"{log.path}: cannot read audit log to copy: {exc.strerror or exc}") from exc
+    try:
+        check_extends_stored_copy(log, store, incident_id)
+    except StoreError as exc:
+        raise StoreError(f"{exc}; the local copy at {log.path} is intact") from exc
     try:
         store.write(name, data)
     except EvidenceError as exc:

@@ -2,8 +2,13 @@
 
 Once tripped, the breaker stays tripped across runs and processes until a named person resets
 it: an automated workflow that suddenly wants to isolate many nodes is more likely reacting to a
-fabric-wide fault (or a bug) than to many broken GPUs. The state is one small JSON file, written
-atomically under an exclusive lock, so concurrent executors see one truth.
+fabric-wide fault (or a bug) than to many broken GPUs. The state is one small JSON file in the
+machine-wide state directory, written atomically under an exclusive lock, so concurrent
+executors see one truth.
+
+It also remembers each isolation Denpex applied (cluster, node, incident, time) for a day, so
+that the per-cluster rate limit (``SafetyLimits.max_isolations_per_cluster_per_hour``) holds
+across incidents: one bad switch opens many incidents, each within its own limits.
 """
 
 from __future__ import annotations
@@ -13,14 +18,27 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from denpex.isolation.errors import ConfigError
 
-__all__ = ["BreakerState", "CircuitBreaker"]
+__all__ = ["IsolationMark", "BreakerState", "CircuitBreaker"]
+
+_KEEP_MARKS = timedelta(days=1)
+
+
+class IsolationMark(BaseModel):
+    """One isolation Denpex applied, for the per-cluster rate limit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cluster: str
+    node: str
+    incident_id: str
+    at: datetime
 
 
 class BreakerState(BaseModel):
@@ -34,6 +52,11 @@ class BreakerState(BaseModel):
     trip_reason: str | None = None
     reset_by: str | None = None
     reset_at: datetime | None = None
+    isolations: tuple[IsolationMark, ...] = ()
+    """Isolations applied in the last day, oldest first."""
+
+    def isolations_since(self, cluster: str, since: datetime) -> list[IsolationMark]:
+        return [m for m in self.isolations if m.cluster == cluster and m.at >= since]
 
 
 class CircuitBreaker:
@@ -52,10 +75,19 @@ class CircuitBreaker:
             current = self._read()
             if current.tripped:
                 return current
-            new = BreakerState(
-                tripped=True, tripped_at=at, tripped_by_incident=incident_id, trip_reason=reason,
-                reset_by=current.reset_by, reset_at=current.reset_at,
-            )
+            new = current.model_copy(update={
+                "tripped": True, "tripped_at": at, "tripped_by_incident": incident_id, "trip_reason": reason,
+            })
+            self._write(new)
+            return new
+
+    def record_isolation(self, *, cluster: str, node: str, incident_id: str, at: datetime) -> BreakerState:
+        """Remember an applied isolation (marks older than a day are dropped)."""
+        with self._locked():
+            current = self._read()
+            kept = tuple(m for m in current.isolations if m.at >= at - _KEEP_MARKS)
+            mark = IsolationMark(cluster=cluster, node=node, incident_id=incident_id, at=at)
+            new = current.model_copy(update={"isolations": (*kept, mark)})
             self._write(new)
             return new
 

@@ -24,14 +24,22 @@ from typing import Annotated
 
 import typer
 
-from denpex.evidence.store import open_store
 from denpex.isolation.adapter import ClusterAdapter
-from denpex.isolation.approval import approve_plan, load_approval, save_approval
-from denpex.isolation.audit import AuditLog, verify_audit_log
-from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.approval import (
+    approve_plan,
+    generate_key,
+    load_approval,
+    load_private_key,
+    public_key_text,
+    save_approval,
+    save_private_key,
+)
+from denpex.isolation.audit import verify_audit_log
 from denpex.isolation.config import IsolationSettings, load_settings
 from denpex.isolation.errors import ConfigError, IsolationError, RemoteError
-from denpex.isolation.executor import ExecutionReport, Executor, NodeDecision, RunMode
+from denpex.isolation.execute import execute_approved
+from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
+from denpex.isolation.operator import OperatorConfig, load_operator_config
 from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
 from denpex.isolation.policy import Scheduler
 from denpex.isolation.slurm import SlurmAdapter
@@ -46,6 +54,7 @@ __all__ = [
     "isolate_command",
     "audit_app",
     "breaker_app",
+    "approver_app",
     "render_execution",
 ]
 
@@ -56,6 +65,7 @@ EXIT_INCOMPLETE = 4
 
 audit_app = typer.Typer(no_args_is_help=True, help="Inspect the isolation audit log.")
 breaker_app = typer.Typer(no_args_is_help=True, help="Show or reset the blast-radius circuit breaker.")
+approver_app = typer.Typer(no_args_is_help=True, help="Approvers' signing keys.")
 
 ConfigOption = Annotated[
     Path | None,
@@ -75,30 +85,50 @@ def _exit(message: str, code: int) -> typer.Exit:
 
 def approve_command(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan JSON from `denpex triage --plan-out`.")],
-    approver: Annotated[str, typer.Option("--approver", help="Your name, recorded in the audit log.")],
+    approver: Annotated[str, typer.Option("--approver", help="Your name, as the operator's trusted approvers list it.")],
+    key: Annotated[Path, typer.Option("--key", help="Your ed25519 private key (`denpex approver keygen`); "
+                                                    "the approval is signed with it.")],
     out: Annotated[Path | None, typer.Option("--out", help="Approval file (default: PLAN.approval.json).")] = None,
     comment: Annotated[str, typer.Option("--comment", help="Why, for the audit trail.")] = "",
     cluster: Annotated[str | None, typer.Option(
-        "--cluster", help="Only for this cluster (Slurm ClusterName or Kubernetes context); "
+        "--cluster", help="The cluster (Slurm ClusterName or Kubernetes context); default: the plan's. "
                           "`isolate` refuses to act on any other.")] = None,
+    node: Annotated[list[str] | None, typer.Option(
+        "--node", help="Approve only this node of the plan; repeatable (default: every node).")] = None,
     operation: Annotated[Operation, typer.Option(
         "--operation", help="What is approved: isolate (`isolate --execute`) or rollback "
                             "(`isolate --execute --rollback`); one approval never covers both, and at "
                             "the default path a rollback approval replaces the isolate one.")] = Operation.ISOLATE,
 ) -> None:
-    """Approve one operation on one plan, by its content hash, for the runbook's approval TTL."""
+    """Approve one operation on one plan, by its content hash, signed with your key."""
     try:
         plan = load_plan(plan_path)
-        approval = approve_plan(plan, approver, at=utc_now(), comment=comment, cluster=cluster,
-                                operation=operation)
+        approval = approve_plan(plan, approver, key=load_private_key(key), at=utc_now(), comment=comment,
+                                cluster=cluster, operation=operation, nodes=node or None)
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     target = out or _approval_path(plan_path)
     save_approval(approval, target)
-    where = f" on cluster {approval.cluster}" if approval.cluster else ""
-    typer.echo(f"approved {operation.value} of plan {approval.plan_hash[:12]} ({len(plan.actions)} action(s)) "
-               f"for incident {plan.incident_id}{where} as {approval.approver}, until "
-               f"{approval.expires_at.isoformat()}: {target}")
+    typer.echo(f"approved {operation.value} of plan {approval.plan_hash[:12]} ({len(approval.nodes)} node(s)) "
+               f"for incident {plan.incident_id} on cluster {approval.cluster} as {approval.approver} "
+               f"(signed), until {approval.expires_at.isoformat()}: {target}")
+
+
+@approver_app.command("keygen")
+def approver_keygen(
+    out: Annotated[Path, typer.Option("--out", help="Where to write the private key (created mode 0600).")],
+    name: Annotated[str, typer.Option("--name", help="The approver's name, for the printed line.")] = "NAME",
+) -> None:
+    """Make an ed25519 key pair: the private key to OUT, the public key's line on stdout.
+
+    The operator adds that line under `approvers:` in the trusted approvers file.
+    """
+    key = generate_key()
+    try:
+        save_private_key(key, out)
+    except IsolationError as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    typer.echo(f"{name}: {public_key_text(key)}")
 
 
 def isolate_command(
@@ -110,6 +140,10 @@ def isolate_command(
         "--approval", help="Approval file (default: PLAN.approval.json).")] = None,
     rollback: Annotated[bool, typer.Option(
         "--rollback", help="Undo the plan's actions (RESUME / uncordon) where this incident owns them.")] = False,
+    requeue: Annotated[bool, typer.Option(
+        "--requeue-hung-job", help="Restart the plan's hung job away from its isolated nodes (Slurm: requeue "
+                                   "with ExcNodeList; Kubernetes: delete its pods there); approved on its own "
+                                   "with `denpex approve --operation requeue`.")] = False,
     config: ConfigOption = None,
     output: Annotated[ReportFormat, typer.Option("--format", help="text or json.")] = ReportFormat.TEXT,
 ) -> None:
@@ -119,18 +153,20 @@ def isolate_command(
     failed its post-checks; 2 unusable input; 3 the cluster refused or could not be reached;
     4 a node was (would be) blocked by a gate, or the plan isolates no node.
     """
+    if rollback and requeue:
+        raise _exit("--rollback and --requeue-hung-job are two operations; run them one at a time", EXIT_UNUSABLE)
+    operation = Operation.ROLLBACK if rollback else Operation.REQUEUE if requeue else Operation.ISOLATE
     try:
         plan = load_plan(plan_path)
         settings = load_settings(config, os.environ)
+        operator = load_operator_config(settings, os.environ)
         approval = None
         if not dry_run:
             approval = load_approval(approval_path or _approval_path(plan_path))
-        with _adapter(plan, settings) as adapter:
-            report = _executor(adapter, settings).run(
-                plan,
-                mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE,
-                operation=Operation.ROLLBACK if rollback else Operation.ISOLATE,
-                approval=approval,
+        with _adapter(plan, settings, operator) as adapter:
+            report = execute_approved(
+                plan, approval, operator=operator, adapter=adapter,
+                mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE, operation=operation,
             )
     except RemoteError as exc:
         raise _exit(str(exc), EXIT_REMOTE) from exc
@@ -153,10 +189,15 @@ def audit_verify(
         "--against", metavar="COPY",
         help="A copy of the log (e.g. from the evidence store): each of its records must be in FILE, "
              "unchanged. Catches a log cut at a record boundary, which still chains.")] = None,
+    key: Annotated[Path | None, typer.Option(
+        "--key", metavar="KEYFILE",
+        help="The log's HMAC key (the state directory's audit.key): each record's mac must verify, "
+             "which catches a log re-chained by hand.")] = None,
 ) -> None:
     """Check every record's hash and the chain; name each edited, removed or reordered line."""
     try:
-        verification = verify_audit_log(path, reference=against)
+        secret = _read_audit_key(key) if key else None
+        verification = verify_audit_log(path, reference=against, key=secret)
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     if verification.ok:
@@ -164,6 +205,7 @@ def audit_verify(
         head = (f", last seq {last.seq} at {last.time.isoformat()} (hash {last.hash[:12]})"
                 if last else "")
         checked = f"; every record of {against} is in it" if against else ""
+        checked += "; every mac verifies" if key else ""
         typer.echo(f"{path}: {verification.records} records, chain intact{head}{checked}")
         return
     for problem in verification.problems:
@@ -175,7 +217,7 @@ def audit_verify(
 def breaker_status(config: ConfigOption = None) -> None:
     """Show whether automated isolation is allowed."""
     try:
-        state = CircuitBreaker(load_settings(config, os.environ).breaker_state).state()
+        state = _operator(config).breaker().state()
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     typer.echo(json.dumps(state.model_dump(mode="json"), indent=2))
@@ -188,7 +230,7 @@ def breaker_reset(
 ) -> None:
     """Close a tripped breaker after a person has looked at why it tripped."""
     try:
-        state = CircuitBreaker(load_settings(config, os.environ).breaker_state).reset(by=by, at=utc_now())
+        state = _operator(config).breaker().reset(by=by, at=utc_now())
     except IsolationError as exc:
         raise _exit(str(exc), EXIT_UNUSABLE) from exc
     typer.echo(f"breaker reset by {state.reset_by} at {state.reset_at.isoformat() if state.reset_at else '?'}")
@@ -221,6 +263,7 @@ def render_execution(report: ExecutionReport) -> str:
     if report.audit_copy:
         lines.append(f"  audit log copied to {report.audit_copy}")
     lines += [f"  warning: {w}" for w in report.warnings]
+    lines += [f"  note: {n}" for n in report.notes]
     return "\n".join(lines) + "\n"
 
 
@@ -228,10 +271,13 @@ def _unfinished(plan: IsolationPlan, report: ExecutionReport) -> str | None:
     """One line naming what is not in the wanted state after ``report``; None when everything is."""
     if report.operation is Operation.ISOLATE and not plan.actions:
         return "the plan isolates no node: " + ("; ".join(b.message for b in plan.blocked) or "it has no action")
+    if report.operation is Operation.REQUEUE and not report.nodes:
+        return "no hung job was restarted: " + "; ".join(report.blocked)
     if not report.unfinished:
         return None
     verb = "would not" if report.mode is RunMode.DRY_RUN else "did not"
-    what = "isolate" if report.operation is Operation.ISOLATE else "roll back"
+    what = {Operation.ISOLATE: "isolate", Operation.ROLLBACK: "roll back",
+            Operation.REQUEUE: "restart the hung job on"}[report.operation]
     return f"{verb} {what} every planned node: {', '.join(report.unfinished)}"
 
 
@@ -239,30 +285,34 @@ def _approval_path(plan_path: Path) -> Path:
     return plan_path.with_name(plan_path.name.removesuffix(".json") + ".approval.json")
 
 
-def _executor(adapter: ClusterAdapter, settings: IsolationSettings) -> Executor:
-    return Executor(
-        adapter=adapter,
-        audit=AuditLog(settings.audit_log),
-        breaker=CircuitBreaker(settings.breaker_state),
-        store=open_store(settings.evidence_store) if settings.evidence_store else None,
-        verify_timeout_s=settings.verify_timeout_s,
-    )
+def _operator(config: Path | None) -> OperatorConfig:
+    return load_operator_config(load_settings(config, os.environ), os.environ)
+
+
+def _read_audit_key(path: Path) -> bytes:
+    try:
+        return bytes.fromhex(path.read_text(encoding="ascii").strip())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the audit key: {exc}") from exc
 
 
 @contextmanager
-def _adapter(plan: IsolationPlan, settings: IsolationSettings) -> Iterator[ClusterAdapter]:
-    limits = plan.policy.limits
+def _adapter(plan: IsolationPlan, settings: IsolationSettings, operator: OperatorConfig) -> Iterator[ClusterAdapter]:
+    # The operator's limits, never the plan's: an edited plan must not switch off an opt-out.
+    limits = operator.policy.limits
     if plan.scheduler is Scheduler.SLURM:
         if settings.ssh is None:
             raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
         with SshRunner(settings.ssh) as runner:
-            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff)
+            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff,
+                               actor=settings.ssh.username)
         return
     if settings.kubernetes is None:
         raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")
     from denpex.isolation.kubernetes import KubernetesAdapter  # the client is slow to import
 
-    with KubernetesAdapter.connect(settings.kubernetes, opt_out_label=limits.opt_out_label) as adapter:
+    with KubernetesAdapter.connect(settings.kubernetes, opt_out_label=limits.opt_out_label,
+                                   eviction=operator.policy.remediation.eviction) as adapter:
         yield adapter
 
 

@@ -9,13 +9,19 @@ values, so a CI job or a Prefect worker can point at another cluster without a f
       username: denpex
       key_path: /etc/denpex/id_ed25519
       known_hosts: /etc/denpex/known_hosts
-    audit_log: /var/lib/denpex/audit.jsonl
-    breaker_state: /var/lib/denpex/breaker.json
+    state_dir: /var/lib/denpex          # default: $DENPEX_STATE_DIR, else /var/lib/denpex
+    runbook: /etc/denpex/runbooks/gpu-hardware-fault.yaml   # default: the built-in safe policy
+    trusted_approvers: /etc/denpex/approvers.yaml            # approvers' ed25519 public keys
+    cluster: gpu-prod                   # only where the cluster cannot say its own name
     evidence_store: s3://incidents/denpex
+
+The breaker, the run lock, the audit log and its HMAC key live in the one machine-wide state
+directory (``denpex.state_dir``); it must be absolute, so that every operator shares them.
 
 Environment: DENPEX_SSH_HOST, DENPEX_SSH_PORT, DENPEX_SSH_USER, DENPEX_SSH_KEY,
 DENPEX_SSH_KNOWN_HOSTS, DENPEX_KUBECONFIG, DENPEX_KUBE_CONTEXT, DENPEX_KUBE_HOST,
-DENPEX_KUBE_TOKEN, DENPEX_KUBE_CA_CERT, DENPEX_AUDIT_LOG, DENPEX_BREAKER_STATE, DENPEX_EVIDENCE_STORE.
+DENPEX_KUBE_TOKEN, DENPEX_KUBE_CA_CERT, DENPEX_RUNBOOK, DENPEX_TRUSTED_APPROVERS, DENPEX_CLUSTER,
+DENPEX_EVIDENCE_STORE (and DENPEX_STATE_DIR, read by ``resolve_state_dir``).
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ _ENV: dict[str, tuple[str, ...]] = {
     "DENPEX_KUBE_HOST": ("kubernetes", "host"),
     "DENPEX_KUBE_TOKEN": ("kubernetes", "token"),
     "DENPEX_KUBE_CA_CERT": ("kubernetes", "ca_cert"),
-    "DENPEX_AUDIT_LOG": ("audit_log",),
-    "DENPEX_BREAKER_STATE": ("breaker_state",),
+    "DENPEX_RUNBOOK": ("runbook",),
+    "DENPEX_TRUSTED_APPROVERS": ("trusted_approvers",),
+    "DENPEX_CLUSTER": ("cluster",),
     "DENPEX_EVIDENCE_STORE": ("evidence_store",),
 }
 
@@ -73,8 +80,14 @@ class IsolationSettings(BaseModel):
 
     ssh: SshSettings | None = None
     kubernetes: KubernetesSettings | None = None
-    audit_log: Path = Path("denpex-audit.jsonl")
-    breaker_state: Path = Path("denpex-breaker.json")
+    state_dir: Path | None = None
+    """The machine-wide state directory; None: ``$DENPEX_STATE_DIR``, else ``/var/lib/denpex``."""
+    runbook: Path | None = None
+    """The operator's runbook: the policy every execution enforces. None: the built-in safe policy."""
+    trusted_approvers: Path | None = None
+    """The approvers' ed25519 public keys (YAML ``approvers: {NAME: KEY}``)."""
+    cluster: str | None = Field(default=None, min_length=1, max_length=200)
+    """The cluster's name, for a connection that cannot say it (a bare Kubernetes host)."""
     evidence_store: str | None = None
     """A folder or ``s3://bucket/prefix``; the audit log is copied there after each run."""
     verify_timeout_s: float = Field(default=20.0, gt=0)

@@ -6,7 +6,13 @@ world failing::
 
     IsolationError              anything in this package
     ├── PlanError               a plan file is unreadable or invalid
-    ├── ApprovalError           no approval, or one that does not match the plan or has expired
+    ├── RefusedError            a safety check refused execution: never retried, nothing was done
+    │   ├── ApprovalError       no approval, or one that is unauthenticated, foreign, for another
+    │   │                       plan, operation, cluster or node set, or expired
+    │   ├── PolicyMismatchError the plan's policy is not the operator's, or its verdict or
+    │   │                       evidence does not support its actions
+    │   └── AuditChainError     the audit log's chain or keys are broken, or the log does not
+    │                           extend the stored copy
     ├── ConfigError             SSH / cluster / store settings missing or invalid
     ├── RunbookError            a runbook file is unreadable or invalid
     ├── AuditError              the audit log cannot be read or written, or its chain is broken
@@ -28,7 +34,11 @@ __all__ = [
     "validation_problems",
     "IsolationError",
     "PlanError",
+    "RefusedError",
     "ApprovalError",
+    "PolicyMismatchError",
+    "AuditChainError",
+    "is_transient",
     "ConfigError",
     "RunbookError",
     "AuditError",
@@ -51,8 +61,19 @@ class PlanError(IsolationError):
     """A plan file is unreadable or does not validate."""
 
 
-class ApprovalError(IsolationError):
-    """Execution was refused: no approval, a different plan's approval, or an expired one."""
+class RefusedError(IsolationError):
+    """A safety check refused to execute; nothing was done. Retrying cannot help: a person must
+    look (approve the current plan, fix the configuration, inspect the audit log)."""
+
+
+class ApprovalError(RefusedError):
+    """Execution was refused: no approval, an unauthenticated or foreign one, one for a different
+    plan, operation, cluster or node set, or an expired one."""
+
+
+class PolicyMismatchError(RefusedError):
+    """The plan carries a policy other than the operator's, or a verdict or evidence that does
+    not support its actions."""
 
 
 class ConfigError(IsolationError):
@@ -65,6 +86,10 @@ class RunbookError(IsolationError):
 
 class AuditError(IsolationError):
     """The audit log cannot be read or written, or its hash chain is broken."""
+
+
+class AuditChainError(RefusedError, AuditError):
+    """The audit log's chain or keyed MACs are broken, or it does not extend the stored copy."""
 
 
 class BusyError(IsolationError):
@@ -100,6 +125,13 @@ class RemoteAuthError(RemoteError):
 
 class CommandFailedError(RemoteError):
     """The command ran and failed; the message carries its rc and output."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the same call later may succeed: a dropped or refused connection, or another
+    run holding the lock. Refusals, bad input and rejected credentials are never transient.
+    """
+    return isinstance(exc, TransientRemoteError | BusyError)
 
 
 def validation_problems(exc: ValidationError) -> str:

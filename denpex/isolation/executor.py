@@ -23,22 +23,29 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from denpex.evidence.store import EvidenceStore
 from denpex.isolation.adapter import ActionOutput, ClusterAdapter
-from denpex.isolation.approval import Approval, check_approval, check_cluster
-from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome, copy_audit_log
+from denpex.isolation.audit import (
+    AuditEntry,
+    AuditKind,
+    AuditLog,
+    Outcome,
+    check_extends_stored_copy,
+    copy_audit_log,
+)
 from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.errors import OutcomeUnknownError, RemoteError, StoreError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner
 from denpex.isolation.gates import blast_radius_gate, node_gate
 from denpex.isolation.plan import IsolationPlan, NodeAction, Operation, utc_now
+from denpex.isolation.policy import IsolationPolicy
 
 __all__ = ["RunMode", "NodeDecision", "NodeOutcome", "ExecutionReport", "Executor"]
 
@@ -96,6 +103,8 @@ class ExecutionReport(BaseModel):
     breaker_tripped: bool = False
     audit_copy: str | None = None
     warnings: list[str] = []
+    notes: list[str] = []
+    """What a person should know next, e.g. the hung job that keeps a drained node busy."""
 
     @property
     def failed(self) -> bool:
@@ -119,11 +128,19 @@ class _Pending:
 
 @dataclass
 class Executor:
-    """Runs plans against one cluster. Dependencies are passed in; nothing is global."""
+    """Runs plans against one cluster under the operator's ``policy``. Dependencies are passed in;
+    nothing is global.
+
+    It does not judge approvals: ``denpex.isolation.execute.execute_approved`` does, and is the one
+    entry point for the CLI and the flow. ``cluster`` names the cluster for the per-cluster rate
+    limit.
+    """
 
     adapter: ClusterAdapter
     audit: AuditLog
     breaker: CircuitBreaker
+    policy: IsolationPolicy
+    cluster: str
     store: EvidenceStore | None = None
     clock: Callable[[], datetime] = utc_now
     sleep: Callable[[float], None] = time.sleep
@@ -137,19 +154,23 @@ class Executor:
         *,
         mode: RunMode = RunMode.DRY_RUN,
         operation: Operation = Operation.ISOLATE,
-        approval: Approval | None = None,
+        approver: str | None = None,
+        nodes: Collection[str] | None = None,
     ) -> ExecutionReport:
-        """Dry-run or execute ``plan``. EXECUTE raises ApprovalError without a matching approval,
-        and BusyError while another run acts on the same audit log."""
+        """Dry-run or execute ``plan`` on ``nodes`` (default: all of its nodes), already approved by
+        ``approver``. EXECUTE verifies the audit chain (and that it extends the stored copy)
+        before acting: AuditChainError; BusyError while another run holds the lock."""
+        actions = [a for a in plan.actions if nodes is None or a.node in nodes]
+        work = self._requeue if operation is Operation.REQUEUE else self._run
         if mode is RunMode.DRY_RUN:
-            return self._run(plan, mode, operation, None)
-        approved = check_approval(plan, approval, now=self.clock(), operation=operation)
-        if approved.cluster is not None:
-            check_cluster(approved, self.adapter.cluster_name())
+            return work(plan, actions, mode, operation, None)
         with self.audit.run_lock():
-            return self._run(plan, mode, operation, approved.approver)
+            self.audit.verify()
+            if self.store is not None:
+                check_extends_stored_copy(self.audit, self.store, plan.incident_id)
+            return work(plan, actions, mode, operation, approver)
 
-    def _run(self, plan: IsolationPlan, mode: RunMode, operation: Operation,
+    def _run(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,
              approver: str | None) -> ExecutionReport:
         digest = plan.content_hash()
         recovered: list[str] = []
@@ -157,9 +178,9 @@ class Executor:
             recovered = self._recover(plan, digest, approver)
         try:
             if operation is Operation.ISOLATE:
-                pending, blocked, trip = self._decide_isolate(plan)
+                pending, blocked, trip = self._decide_isolate(plan, actions)
             else:
-                pending, blocked, trip = self._decide_rollback(plan), [], None
+                pending, blocked, trip = self._decide_rollback(plan, actions), [], None
         except RemoteError as exc:
             raise type(exc)(f"{exc}. The run stopped while reading the cluster, before changing any "
                             "node") from exc
@@ -167,6 +188,8 @@ class Executor:
             mode=mode, operation=operation, incident_id=plan.incident_id, plan_hash=digest,
             approver=approver, nodes=[], blocked=blocked, recovered=recovered,
         )
+        if operation is Operation.ISOLATE and plan.hung_job is not None:
+            report.notes.append(plan.hung_job.message)
         if mode is RunMode.DRY_RUN:
             report.nodes = [self._outcome(p, operation) for p in pending]
             return report
@@ -196,6 +219,70 @@ class Executor:
                     report.warnings.append(str(exc))
         return report
 
+    def _requeue(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,
+                 approver: str | None) -> ExecutionReport:
+        """Restart the hung job away from the isolated nodes: intent, the steps its state still
+        needs, read until it shows the change, result. A second run finds it done and skips."""
+        digest = plan.content_hash()
+        report = ExecutionReport(mode=mode, operation=operation, incident_id=plan.incident_id,
+                                 plan_hash=digest, approver=approver, nodes=[])
+        job = plan.hung_job
+        if job is None:
+            report.blocked.append("the plan offers no hung-job action (no job id, or no node isolated)")
+            return report
+        job = job.model_copy(update={"exclude_nodes": tuple(n for n in job.exclude_nodes
+                                                             if n in {a.node for a in actions})})
+        if not job.exclude_nodes:
+            report.blocked.append("none of the hung job's nodes is approved")
+            return report
+        command = self.adapter.hung_job_command(job)
+        what = f"job {job.job_id}"
+        unmet = self.adapter.hung_job_unmet(job)
+        decision = NodeDecision.ACT if unmet else NodeDecision.ALREADY_DONE
+        if mode is RunMode.DRY_RUN or not unmet:
+            note = "; ".join(unmet) or f"{what} no longer runs on {', '.join(job.exclude_nodes)} and excludes them"
+            outcome = None if mode is RunMode.DRY_RUN else Outcome.ALREADY_DONE
+            if outcome is not None:
+                self.audit.append(self._job_entry(plan, digest, approver, AuditKind.SKIP, command=command,
+                                                  outcome=outcome, message=note), at=self.clock())
+            report.nodes.append(NodeOutcome(node=what, decision=decision, command=command, outcome=outcome,
+                                            message=note))
+            return report
+        intent = self.audit.append(self._job_entry(plan, digest, approver, AuditKind.INTENT, command=command,
+                                                   message="; ".join(unmet)), at=self.clock())
+        output: ActionOutput | None = None
+        notes: list[str] = []
+        try:
+            output = self.adapter.restart_hung_job(job)
+        except OutcomeUnknownError as exc:
+            notes.append(f"the answer was lost ({exc}); judged from the job's state")
+        deadline = time.monotonic() + self.verify_timeout_s
+        unmet = self.adapter.hung_job_unmet(job)
+        while unmet and time.monotonic() < deadline:
+            self.sleep(self.poll_s)
+            unmet = self.adapter.hung_job_unmet(job)
+        outcome = Outcome.FAILED if unmet else Outcome.APPLIED
+        if unmet:
+            notes.append("post-checks not met: " + "; ".join(unmet))
+        message = " ".join(notes)
+        self.audit.append(self._job_entry(plan, digest, approver, AuditKind.RESULT, command=command,
+                                          rc=output.rc if output else None,
+                                          output=output.output if output else None, outcome=outcome,
+                                          intent_seq=intent.seq, message=message), at=self.clock())
+        report.nodes.append(NodeOutcome(node=what, decision=NodeDecision.ACT, command=command, outcome=outcome,
+                                        rc=output.rc if output else None,
+                                        output=output.output if output else "", message=message))
+        return report
+
+    @staticmethod
+    def _job_entry(plan: IsolationPlan, digest: str, approver: str | None, kind: AuditKind,
+                   **fields: object) -> AuditEntry:
+        return AuditEntry.model_validate({
+            "kind": kind, "incident_id": plan.incident_id, "plan_hash": digest,
+            "operation": Operation.REQUEUE, "approver": approver, "node": None, "action": "requeue",
+            **fields,
+        })
+
     def _interrupted(self, exc: RemoteError, plan: IsolationPlan, digest: str, operation: Operation,
                      report: ExecutionReport, rest: list[_Pending]) -> RemoteError:
         """The same error, saying what the run had already done: "nothing happened" is not safe to assume."""
@@ -215,16 +302,20 @@ class Executor:
         return type(exc)(f"{exc}. {'; '.join(parts)}. Every step is in the audit log {self.audit.path}")
 
     # -- deciding on live facts ----------------------------------------------------------
-    def _decide_isolate(self, plan: IsolationPlan) -> tuple[list[_Pending], list[str], str | None]:
-        policy = plan.policy
+    def _decide_isolate(self, plan: IsolationPlan,
+                        actions: list[NodeAction]) -> tuple[list[_Pending], list[str], str | None]:
+        policy = self.policy
         cluster = self.adapter.cluster_facts()
         pending = [self._decide(plan, Operation.ISOLATE, action, self.adapter.node_facts(action.node))
-                   for action in plan.actions]
+                   for action in actions]
         to_act = [p.action.node for p in pending if p.decision is NodeDecision.ACT]
         current = {**cluster.nodes, **{p.action.node: p.facts for p in pending}}
         ours = [name for name, facts in current.items()
                 if facts.owner(policy.reason_prefix, plan.incident_id) is ReasonOwner.THIS_INCIDENT]
-        radius = blast_radius_gate(to_act, cluster, policy.limits, self.breaker.state(), incident_nodes=ours)
+        breaker = self.breaker.state()
+        recent = breaker.isolations_since(self.cluster, self.clock() - timedelta(hours=1))
+        radius = blast_radius_gate(to_act, cluster, policy.limits, breaker, incident_nodes=ours,
+                                   recent_on_cluster=[m.node for m in recent])
         if not radius.blocked:
             return pending, [], plan.breaker_trip
         message = radius.blocked[0].message
@@ -234,27 +325,38 @@ class Executor:
         ]
         return pending, [message], radius.trip_reason or plan.breaker_trip
 
-    def _decide_rollback(self, plan: IsolationPlan) -> list[_Pending]:
+    def _decide_rollback(self, plan: IsolationPlan, actions: list[NodeAction]) -> list[_Pending]:
         return [self._decide(plan, Operation.ROLLBACK, action, self.adapter.node_facts(action.node))
-                for action in plan.actions]
+                for action in actions]
 
     def _decide(self, plan: IsolationPlan, operation: Operation, action: NodeAction,
                 facts: NodeFacts) -> _Pending:
         """One node's decision on its own facts (the blast radius is judged over all nodes)."""
         if operation is Operation.ISOLATE:
             view = ClusterFacts(nodes={action.node: facts})
-            block = node_gate(action.node, view, plan.policy.limits, plan.policy.reason_prefix, plan.incident_id)
+            block = node_gate(action.node, view, self.policy.limits, self.policy.reason_prefix, plan.incident_id)
             if block is not None:
                 return _Pending(action, facts, NodeDecision.BLOCKED, block.message)
             if not self._unmet(plan, action, operation, facts):
                 return _Pending(action, facts, NodeDecision.ALREADY_DONE,
                                 f"{action.node} already shows {facts.state} under this incident")
             return _Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, operation))
-        owner = facts.owner(plan.policy.reason_prefix, plan.incident_id)
+        owner = facts.owner(self.policy.reason_prefix, plan.incident_id)
         if not facts.exists:
             return _Pending(action, facts, NodeDecision.BLOCKED, f"{action.node} is not known to the scheduler")
+        if owner is ReasonOwner.THIS_INCIDENT and facts.down:
+            # RESUME clears DOWN as well as DRAIN: a node that went down after our drain would be
+            # handed back to the scheduler with a fault Denpex never judged.
+            return _Pending(action, facts, NodeDecision.BLOCKED,
+                            f"{action.node} went down after Denpex isolated it ({facts.state}); resuming it "
+                            "would also clear a DOWN that Denpex never set, so a person must look")
         if owner is ReasonOwner.THIS_INCIDENT:
             return _Pending(action, facts, NodeDecision.ACT, _jobs_note(facts, operation))
+        if owner is ReasonOwner.NONE and self._unmet(plan, action, operation, facts):
+            # A person uncordoned the node; our taint and marks remain and would keep it from
+            # ever being isolated again. Removing only those is the rest of the undo.
+            return _Pending(action, facts, NodeDecision.ACT,
+                            f"{action.node} is schedulable again, but Denpex's marks remain: removing them")
         if owner is ReasonOwner.NONE:
             return _Pending(action, facts, NodeDecision.ALREADY_DONE,
                             f"{action.node} is not isolated ({facts.state}); nothing to undo")
@@ -288,6 +390,9 @@ class Executor:
             final = self.adapter.node_facts(action.node)
             unmet = self._unmet(plan, action, operation, final)
         outcome = Outcome.FAILED if unmet else Outcome.APPLIED
+        if operation is Operation.ISOLATE and not unmet:
+            self.breaker.record_isolation(cluster=self.cluster, node=action.node,
+                                          incident_id=plan.incident_id, at=self.clock())
         if unmet:
             notes.append("post-checks not met: " + "; ".join(unmet))
         if output is not None and output.rc != 0 and not unmet:
@@ -381,7 +486,7 @@ class Executor:
     def _unmet(self, plan: IsolationPlan, action: NodeAction, operation: Operation,
                facts: NodeFacts) -> list[str]:
         return self.adapter.unmet_checks(action, operation, facts,
-                                         reason_prefix=plan.policy.reason_prefix,
+                                         reason_prefix=self.policy.reason_prefix,
                                          incident_id=plan.incident_id)
 
     def _outcome(self, item: _Pending, operation: Operation, outcome: Outcome | None = None) -> NodeOutcome:

@@ -34,8 +34,12 @@ def owned_reason_prefix(prefix: str, incident_id: str) -> str:
     return f"{prefix}:{incident_id}"
 
 
-def reason_owner(isolated: bool, reason: str | None, prefix: str, incident_id: str) -> ReasonOwner:
-    """Classify an isolation by its reason text.
+def reason_owner(isolated: bool, reason: str | None, prefix: str, incident_id: str, *,
+                 set_by_other_user: bool = False) -> ReasonOwner:
+    """Classify an isolation by its reason text, and by who set it where the scheduler says so.
+
+    A reason in our words set by another user (``set_by_other_user``: a person who copied it, or
+    another tool) is not ours: Denpex never undoes it.
 
     >>> reason_owner(True, "denpex:inc-42 rank 1 Xid 79", "denpex", "inc-42")
     <ReasonOwner.THIS_INCIDENT: 'this_incident'>
@@ -46,6 +50,8 @@ def reason_owner(isolated: bool, reason: str | None, prefix: str, incident_id: s
     """
     if not isolated:
         return ReasonOwner.NONE
+    if set_by_other_user:
+        return ReasonOwner.SOMEONE_ELSE
     text = (reason or "").strip()
     ours = owned_reason_prefix(prefix, incident_id)
     # The incident id must end at a space (or the end): "denpex:inc-4" must not own "denpex:inc-42".
@@ -71,6 +77,10 @@ class NodeFacts(BaseModel):
     not_responding: bool = False
     reason: str | None = None
     """Drain reason without Slurm's ``[user@time]`` suffix, or our Kubernetes annotation."""
+    reason_user: str | None = None
+    """Who set the reason (Slurm's ``[user@time]``), where the scheduler says."""
+    reason_set_by_other_user: bool = False
+    """The scheduler names a user other than the one Denpex acts as: the isolation is not ours."""
     partitions: tuple[str, ...] = ()
     running_jobs: tuple[str, ...] = ()
     """Job ids (Slurm) or ``namespace/pod`` (Kubernetes) still running on the node."""
@@ -79,11 +89,16 @@ class NodeFacts(BaseModel):
     overridden_by: str | None = None
     """A person undid an earlier Denpex isolation by hand (Kubernetes: uncordoned a node that
     still carries our annotations). A manual uncordon cancels the automated workflow."""
+    evictable_pods: tuple[str, ...] = ()
+    """Kubernetes: pods the runbook's eviction rules would evict (``namespace/pod``)."""
+    marked_by: str | None = None
+    """Kubernetes: the incident our annotations name, isolated or not (None: no marks of ours)."""
     taints: tuple[str, ...] = ()
     """Kubernetes taints as ``key=value:Effect``."""
 
     def owner(self, prefix: str, incident_id: str) -> ReasonOwner:
-        return reason_owner(self.isolated, self.reason, prefix, incident_id)
+        return reason_owner(self.isolated, self.reason, prefix, incident_id,
+                            set_by_other_user=self.reason_set_by_other_user)
 
 
 class ClusterFacts(BaseModel):

@@ -267,6 +267,7 @@ def blast_radius_gate(
     breaker: BreakerState,
     *,
     incident_nodes: Iterable[str] = (),
+    recent_on_cluster: Sequence[str] = (),
 ) -> RadiusDecision:
     """Block everything when the breaker is open or these isolations would exceed a limit.
 
@@ -274,6 +275,8 @@ def blast_radius_gate(
     drained by a person and a limit of 10%, isolating one more gives 2/16 = 12.5% and trips.
     The per-incident count adds ``incident_nodes``, those this incident already isolates, so a
     re-triaged plan of the same incident cannot take it past the limit one node at a time.
+    ``recent_on_cluster`` lists the isolations Denpex applied on this cluster in the last hour,
+    by any incident: with a limit of 4 and 3 recent ones, isolating 2 more trips the breaker.
     """
     new = sorted(set(new_nodes))
     if not new:
@@ -293,6 +296,11 @@ def blast_radius_gate(
         already = f" ({len(earlier)} already isolated by this incident)" if earlier else ""
         trips.append(f"{len(incident)} nodes ({', '.join(incident)}) is over the limit of "
                      f"{limits.max_nodes_per_incident} per incident{already}")
+    hourly = limits.max_isolations_per_cluster_per_hour
+    if len(recent_on_cluster) + len(new) > hourly:
+        trips.append(f"{len(recent_on_cluster)} isolation(s) on this cluster in the last hour plus "
+                     f"{len(new)} now is over the limit of {hourly} per hour across incidents "
+                     "(a storm of incidents points at a shared fault, not at many broken nodes)")
     if facts is not None and facts.nodes:
         trips.extend(_share_trips(new, facts, limits.max_isolated_fraction))
     if not trips:

@@ -6,12 +6,18 @@ Isolating a node:
    full list is sent) and annotations recording who, why and when. The patch carries the
    ``resourceVersion`` read just before, so a concurrent change makes it fail with 409 and it is
    re-read and retried instead of overwriting someone else's taints;
-2. for ``cordon_taint_evict``, each pod (not DaemonSet-owned, not a mirror pod) is evicted through
-   the Eviction API. A PodDisruptionBudget that allows no disruption answers 429; that eviction
-   is retried with backoff until ``eviction_timeout_s``, then reported as kept, never forced.
+2. for ``cordon_taint_evict``, pods are evicted through the Eviction API by ``kubectl drain``'s
+   rules (``EvictionRule``): DaemonSet and mirror pods are never evicted; pods without a
+   controller (nothing recreates them) and pods with ``emptyDir`` data only where the runbook
+   allows it. Each pod is settled on its own: a PodDisruptionBudget's 429 is retried with backoff
+   until ``eviction_timeout_s``; a failed eviction (5xx, a dropped connection) is noted and the
+   next pod is tried. The post-check then reads the node again: the action is only complete when
+   no evictable pod remains, so a re-run evicts what is left instead of saying "already done".
 
 Rolling back is one JSON-patch (with the same ``resourceVersion`` guard) that clears
-``unschedulable``, removes only our taint and our annotations.
+``unschedulable`` and removes only this incident's taint and annotations. After a person
+uncordoned the node by hand, the rollback still removes them: left behind, the taint keeps pods
+away and the annotations keep Denpex from ever isolating the node again.
 
 A node still carrying our annotations but no longer unschedulable was uncordoned by a person: that
 cancels the automated workflow, and the gates refuse to isolate it again.
@@ -36,8 +42,8 @@ from denpex.isolation.errors import (
     TransientRemoteError,
 )
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner, owned_reason_prefix
-from denpex.isolation.plan import NodeAction, Operation, utc_now
-from denpex.isolation.policy import ActionKind, Scheduler
+from denpex.isolation.plan import HungJob, NodeAction, Operation, utc_now
+from denpex.isolation.policy import ActionKind, EvictionRule, Scheduler
 from denpex.isolation.ssh import Backoff
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "ANNOTATION_AT",
     "ANNOTATION_INCIDENT",
     "POOL_LABELS",
+    "JOB_LABELS",
     "KubernetesAdapter",
 ]
 
@@ -63,8 +70,25 @@ POOL_LABELS = (
     "kubernetes.azure.com/agentpool",
 )
 """Labels naming a node's pool, used as its 'partition' for the blast-radius share."""
+JOB_LABELS = (
+    "batch.kubernetes.io/job-name",
+    "job-name",
+    "training.kubeflow.org/job-name",
+    "denpex.io/job-id",
+)
+"""Pod labels that name the job a pod belongs to (Job, Kubeflow training jobs, our own)."""
 
 _T = TypeVar("_T")
+
+# Pods a drain passes over as a matter of course (kubectl does too, without a word).
+_FINISHED = "finished"
+_TERMINATING = "terminating"
+_MIRROR = "a mirror pod (the kubelet's)"
+_DAEMONSET = "a DaemonSet pod (it would come back on the same node)"
+_NOT_EVICTED = frozenset({_FINISHED, _TERMINATING, _MIRROR, _DAEMONSET})
+# How one eviction settled, besides the reason it failed.
+_EVICTED = "evicted"
+_KEPT = "kept by a PodDisruptionBudget"
 
 
 def _incident_tag(action: NodeAction) -> str:
@@ -93,8 +117,10 @@ class KubernetesAdapter:
         eviction_timeout_s: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
         cluster: str | None = None,
+        eviction: EvictionRule = EvictionRule(),
     ) -> None:
         self.core = core
+        self.eviction = eviction
         self.cluster = cluster
         self.opt_out_label = opt_out_label
         self.actor = actor
@@ -105,7 +131,8 @@ class KubernetesAdapter:
 
     @classmethod
     @contextmanager
-    def connect(cls, settings: KubernetesSettings, *, opt_out_label: str) -> Iterator[KubernetesAdapter]:
+    def connect(cls, settings: KubernetesSettings, *, opt_out_label: str,
+                eviction: EvictionRule = EvictionRule()) -> Iterator[KubernetesAdapter]:
         """An adapter on a fresh ``ApiClient`` (kubeconfig, or host plus bearer token), closed after."""
         from kubernetes import client, config
 
@@ -131,7 +158,7 @@ class KubernetesAdapter:
         try:
             yield cls(client.CoreV1Api(api_client), opt_out_label=opt_out_label,
                       backoff=settings.backoff, request_timeout_s=settings.request_timeout_s,
-                      eviction_timeout_s=settings.eviction_timeout_s, cluster=context)
+                      eviction_timeout_s=settings.eviction_timeout_s, cluster=context, eviction=eviction)
         finally:
             api_client.close()
 
@@ -199,6 +226,9 @@ class KubernetesAdapter:
             ),
             opted_out=labels.get(self.opt_out_label, "").lower() == "true",
             overridden_by=overridden,
+            evictable_pods=tuple(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
+                                 if self._eviction_blocker(p) is None),
+            marked_by=annotations.get(ANNOTATION_INCIDENT),
             taints=taints,
         )
 
@@ -216,7 +246,7 @@ class KubernetesAdapter:
 
     def apply(self, action: NodeAction, operation: Operation) -> ActionOutput:
         if operation is Operation.ROLLBACK:
-            output = self._guarded_patch(action.node, self._uncordon_patch)
+            output = self._guarded_patch(action.node, lambda node: self._uncordon_patch(node, action))
         elif action.action is ActionKind.CORDON_TAINT_EVICT:
             output = self._cordon_before_evicting(action) + "; " + self._evict_all(action.node)
         else:
@@ -239,9 +269,11 @@ class KubernetesAdapter:
 
     def unmet_checks(self, action: NodeAction, operation: Operation, facts: NodeFacts, *,
                      reason_prefix: str, incident_id: str) -> list[str]:
-        ours = [t for t in facts.taints if t.startswith(f"{TAINT_KEY}=")]
+        ours = [t for t in facts.taints if t == f"{TAINT_KEY}={_incident_tag(action)}:NoSchedule"]
         if operation is Operation.ROLLBACK:
             unmet = [f"{facts.name} is still unschedulable"] if facts.isolated else []
+            if facts.overridden_by and facts.marked_by == _incident_tag(action):
+                unmet.append(f"{facts.name} still carries this incident's annotations")
             return unmet + [f"{facts.name} still carries taint {t}" for t in ours]
         unmet = []
         if not facts.exists:
@@ -253,6 +285,9 @@ class KubernetesAdapter:
         if facts.isolated and facts.owner(reason_prefix, incident_id) is not ReasonOwner.THIS_INCIDENT:
             unmet.append(f"{facts.name} annotation {ANNOTATION_REASON} is {facts.reason!r}, not "
                          f"{owned_reason_prefix(reason_prefix, incident_id)}")
+        if action.action is ActionKind.CORDON_TAINT_EVICT and facts.evictable_pods:
+            unmet.append(f"{len(facts.evictable_pods)} evictable pod(s) remain on {facts.name}: "
+                         f"{', '.join(facts.evictable_pods[:5])}")
         return unmet
 
     def _cordon_patch(self, node: Any, action: NodeAction) -> dict[str, Any]:
@@ -274,8 +309,11 @@ class KubernetesAdapter:
             },
         }
 
-    def _uncordon_patch(self, node: Any) -> list[dict[str, Any]]:
+    def _uncordon_patch(self, node: Any, action: NodeAction) -> list[dict[str, Any]]:
+        """Clear ``unschedulable``, and remove this incident's taint and annotations only: another
+        incident's marks stay with it."""
         sanitize = self.core.api_client.sanitize_for_serialization
+        tag = _incident_tag(action)
         taints = list(node.spec.taints or []) if node.spec else []
         ops: list[dict[str, Any]] = [
             {"op": "replace", "path": "/metadata/resourceVersion", "value": node.metadata.resource_version},
@@ -283,10 +321,11 @@ class KubernetesAdapter:
         ]
         if taints:
             ops.append({"op": "add", "path": "/spec/taints",
-                        "value": [sanitize(t) for t in taints if t.key != TAINT_KEY]})
+                        "value": [sanitize(t) for t in taints if not (t.key == TAINT_KEY and t.value == tag)]})
         annotations = node.metadata.annotations or {}
-        ops += [{"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"}
-                for k in _OUR_ANNOTATIONS if k in annotations]
+        if annotations.get(ANNOTATION_INCIDENT) == tag:
+            ops += [{"op": "remove", "path": f"/metadata/annotations/{_escape(k)}"}
+                    for k in _OUR_ANNOTATIONS if k in annotations]
         return ops
 
     def _guarded_patch(self, name: str, build: Callable[[Any], Any]) -> str:
@@ -310,45 +349,128 @@ class KubernetesAdapter:
                 continue
             return f"patched node {name} (resourceVersion {node.metadata.resource_version})"
 
-    def _evict_all(self, node: str) -> str:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException, NotFoundException
+    # -- the hung job ---------------------------------------------------------------------
+    def hung_job_command(self, job: HungJob) -> str:
+        return (f"DELETE /api/v1/namespaces/<ns>/pods/<pod> for each pod labelled with job {job.job_id} "
+                f"({' or '.join(JOB_LABELS)}) on {', '.join(job.exclude_nodes)}")
 
-        evicted, kept = [], []
-        for pod in self._pods_on(node):
+    def hung_job_unmet(self, job: HungJob) -> list[str]:
+        left = [f"{p.metadata.namespace}/{p.metadata.name} on {p.spec.node_name}" for p in self._job_pods(job)
+                if p.metadata.deletion_timestamp is None]
+        return [f"pods of job {job.job_id} remain: {', '.join(left)}"] if left else []
+
+    def restart_hung_job(self, job: HungJob) -> ActionOutput:
+        """Delete the job's pods on the excluded nodes; their controller places new ones (the nodes
+        are cordoned and tainted, so elsewhere)."""
+        from kubernetes.client.exceptions import NotFoundException
+
+        deleted = []
+        for pod in self._job_pods(job):
             meta = pod.metadata
-            owners = meta.owner_references or []
-            if any(o.kind == "DaemonSet" for o in owners) or "kubernetes.io/config.mirror" in (meta.annotations or {}):
-                continue  # DaemonSet pods come back anyway; mirror pods belong to the kubelet
-            if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+            if meta.deletion_timestamp is not None:
                 continue
-            body = client.V1Eviction(metadata=client.V1ObjectMeta(name=meta.name, namespace=meta.namespace))
-            deadline = time.monotonic() + self.eviction_timeout_s
-            delays = iter(self.backoff.delays())
-            while True:
-                try:
-                    self._change(
-                        partial(self.core.create_namespaced_pod_eviction, meta.name, meta.namespace, body,
-                                _request_timeout=self.request_timeout_s),
-                        f"evict {meta.namespace}/{meta.name}", passthrough=(ApiException,),
-                    )
-                    evicted.append(f"{meta.namespace}/{meta.name}")
-                    break
-                except NotFoundException:
-                    break  # already gone
-                except ApiException as exc:
-                    if exc.status != 429:
-                        raise self._translate(exc, f"evict {meta.namespace}/{meta.name}", True) from exc
-                    delay = next(delays, self.backoff.max_s)
-                    if time.monotonic() + delay > deadline:
-                        kept.append(f"{meta.namespace}/{meta.name}")
-                        break
-                    self._sleep(delay)
+            try:
+                self._change(partial(self.core.delete_namespaced_pod, meta.name, meta.namespace,
+                                     _request_timeout=self.request_timeout_s),
+                             f"delete pod {meta.namespace}/{meta.name}", passthrough=(NotFoundException,))
+            except NotFoundException:
+                pass  # already gone
+            deleted.append(f"{meta.namespace}/{meta.name}")
+        return ActionOutput(command=self.hung_job_command(job), rc=0,
+                            output=f"deleted {', '.join(deleted) or 'no pod'}")
+
+    def _job_pods(self, job: HungJob) -> list[Any]:
+        pods = []
+        for node in job.exclude_nodes:
+            for pod in self._pods_on(node):
+                labels = pod.metadata.labels or {}
+                finished = pod.status and pod.status.phase in ("Succeeded", "Failed")
+                if not finished and any(labels.get(key) == job.job_id for key in JOB_LABELS):
+                    pods.append(pod)
+        return pods
+
+    def _eviction_blocker(self, pod: Any) -> str | None:
+        """Why ``pod`` is not to be evicted, kubectl's way; None when it is. Finished, terminating,
+        mirror and DaemonSet pods are ``_NOT_EVICTED`` as a matter of course."""
+        meta, spec = pod.metadata, pod.spec
+        if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+            return _FINISHED
+        if meta.deletion_timestamp is not None:
+            return _TERMINATING
+        if "kubernetes.io/config.mirror" in (meta.annotations or {}):
+            return _MIRROR
+        owners = meta.owner_references or []
+        if any(o.kind == "DaemonSet" for o in owners):
+            return _DAEMONSET
+        if not any(o.controller for o in owners) and not self.eviction.evict_unmanaged:
+            return "not managed by a controller: nothing would recreate it (the runbook's evict_unmanaged)"
+        volumes = (spec.volumes or []) if spec else []
+        if any(v.empty_dir is not None for v in volumes) and not self.eviction.delete_emptydir_data:
+            return "has emptyDir data that eviction deletes (the runbook's delete_emptydir_data)"
+        return None
+
+    def _evict_all(self, node: str) -> str:
+        """Evict every evictable pod, each settled on its own; the summary says what happened to each."""
+        evicted: list[str] = []
+        kept: list[str] = []
+        failed: list[str] = []
+        left: list[str] = []
+        for pod in self._pods_on(node):
+            name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            blocker = self._eviction_blocker(pod)
+            if blocker is not None:
+                if blocker not in _NOT_EVICTED:
+                    left.append(f"{name} ({blocker})")
+                continue
+            outcome = self._evict_one(pod)
+            if outcome == _EVICTED:
+                evicted.append(name)
+            elif outcome == _KEPT:
+                kept.append(name)
+            else:
+                failed.append(f"{name} ({outcome})")
         parts = [f"evicted {', '.join(evicted) or 'no pod'}"]
         if kept:
             parts.append(f"a PodDisruptionBudget kept {', '.join(kept)} (429 for "
-                         f"{self.eviction_timeout_s:.0f} s); they keep running on the cordoned node")
+                         f"{self.eviction_timeout_s:.0f} s); a re-run tries them again")
+        if failed:
+            parts.append(f"eviction failed for {', '.join(failed)}; a re-run tries them again")
+        if left:
+            parts.append(f"left on the node by kubectl's rules: {', '.join(left)}")
         return "; ".join(parts)
+
+    def _evict_one(self, pod: Any) -> str:
+        """``"evicted"`` (or already gone), ``"kept"`` (a PDB still refused at the deadline), or why
+        it failed. Only refused credentials stop the whole drain."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException, NotFoundException
+
+        meta = pod.metadata
+        what = f"evict {meta.namespace}/{meta.name}"
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=meta.name, namespace=meta.namespace))
+        deadline = time.monotonic() + self.eviction_timeout_s
+        delays = iter(self.backoff.delays())
+        while True:
+            try:
+                self._change(partial(self.core.create_namespaced_pod_eviction, meta.name, meta.namespace, body,
+                                     _request_timeout=self.request_timeout_s), what, passthrough=(ApiException,))
+                return _EVICTED
+            except NotFoundException:
+                return _EVICTED  # already gone
+            except ApiException as exc:
+                if exc.status != 429:
+                    mapped = self._translate(exc, what, True)
+                    if isinstance(mapped, RemoteAuthError):
+                        raise mapped from exc
+                    return str(mapped)
+            except RemoteAuthError:
+                raise
+            except RemoteError as exc:
+                return str(exc)
+            delay = next(delays, self.backoff.max_s)
+            if time.monotonic() + delay > deadline:
+                return _KEPT
+            self._sleep(delay)
 
     # -- error handling ------------------------------------------------------------------
     def _read(self, call: Callable[[], _T], what: str, *, passthrough: tuple[type[Exception], ...] = ()) -> _T:

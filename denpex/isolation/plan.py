@@ -38,6 +38,7 @@ __all__ = [
     "Gate",
     "BlockedNode",
     "NodeAction",
+    "HungJob",
     "IsolationPlan",
     "canonical_json",
     "load_plan",
@@ -79,6 +80,9 @@ class Operation(StrEnum):
     """Apply each action (drain / cordon)."""
     ROLLBACK = "rollback"
     """Undo each action (resume / uncordon), only where this incident owns the isolation."""
+    REQUEUE = "requeue"
+    """Restart the hung job away from the isolated nodes (``IsolationPlan.hung_job``): a Slurm
+    requeue with those nodes excluded, or on Kubernetes deleting its pods there."""
 
 
 class Gate(StrEnum):
@@ -138,6 +142,30 @@ class NodeAction(BaseModel):
         return reason
 
 
+class HungJob(BaseModel):
+    """The hung job itself. A drain waits for running jobs to end and a hung job never ends, so
+    training stays down while its node is "draining"; restarting the job elsewhere is its own
+    action, approved (``operation: requeue``), audited and verified like every other."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    """The Slurm job id, or the Kubernetes job name its pods carry as a label."""
+    exclude_nodes: tuple[str, ...] = Field(min_length=1)
+    """The isolated nodes: excluded from the requeued job (Slurm ``ExcNodeList``), or where its
+    pods are deleted (Kubernetes)."""
+    message: str
+    """What a person reads in the plan."""
+
+    @field_validator("exclude_nodes")
+    @classmethod
+    def _plain_names(cls, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [n for n in nodes if not re.fullmatch(NODE_NAME_PATTERN, n)]
+        if bad:
+            raise ValueError(f"not plain node names: {bad}")
+        return nodes
+
+
 class IsolationPlan(BaseModel):
     """The decision for one incident. Stable content hash: ``plan.content_hash()``."""
 
@@ -149,11 +177,18 @@ class IsolationPlan(BaseModel):
     as_of: datetime
     """The time the evidence was judged at (never the wall clock by default)."""
     job_id: str | None = None
+    cluster: str | None = Field(default=None, min_length=1, max_length=200)
+    """The cluster the plan was made for (Slurm ``ClusterName``, Kubernetes context). Approvals
+    are bound to it, and execution refuses settings that reach another."""
+    tenant: str | None = Field(default=None, min_length=1, max_length=200)
+    """The tenant whose job hung; selects the runbook's approvers for prefect-ui approvals."""
     verdict: str
     actions: tuple[NodeAction, ...] = ()
     blocked: tuple[BlockedNode, ...] = ()
     breaker_trip: str | None = None
     """Set when carrying this plan out would trip the circuit breaker; the executor trips it."""
+    hung_job: HungJob | None = None
+    """Offered when the plan isolates nodes of a known job: see ``HungJob``."""
     facts_checked: bool = False
     """Whether cluster facts were read when planning. The executor re-reads them regardless."""
     policy: IsolationPolicy

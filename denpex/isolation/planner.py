@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -11,11 +12,11 @@ from denpex.isolation.breaker import BreakerState
 from denpex.isolation.errors import PlanError
 from denpex.isolation.facts import ClusterFacts, ReasonOwner, owned_reason_prefix
 from denpex.isolation.gates import NodeProposal, blast_radius_gate, evidence_gate, node_gate
-from denpex.isolation.plan import BlockedNode, IsolationPlan, NodeAction, incident_id_problem, utc_now
+from denpex.isolation.plan import BlockedNode, HungJob, IsolationPlan, NodeAction, incident_id_problem, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import load_runbook
 
-__all__ = ["plan_isolation", "plan_for_triage", "default_incident_id", "reason_for"]
+__all__ = ["plan_isolation", "plan_for_triage", "default_incident_id", "reason_for", "hung_job_for"]
 
 _MAX_REASON = 250
 
@@ -44,12 +45,16 @@ def plan_isolation(
     as_of: datetime,
     *,
     breaker: BreakerState | None = None,
+    cluster: str | None = None,
+    tenant: str | None = None,
+    job_id: str | None = None,
 ) -> IsolationPlan:
     """Decide which nodes to isolate for one incident, and why the others are not.
 
     ``cluster_facts`` may be None when planning offline (``denpex triage`` without cluster
     access): the node and blast-radius gates that need live state then run at execution time.
     ``breaker`` is the circuit breaker's current state; a tripped breaker blocks every action.
+    ``cluster`` (and ``tenant``) are recorded: approvals bind to the plan's cluster.
     Raises PlanError for an ``incident_id`` that is not a Kubernetes label value.
     """
     problem = incident_id_problem(incident_id)
@@ -96,11 +101,15 @@ def plan_isolation(
         )
         for p in passed
     )
+    job_id = (manifest.job_id if manifest else None) or job_id
     return IsolationPlan(
+        hung_job=hung_job_for(job_id, [a.node for a in actions], scheduler),
         incident_id=incident_id,
         scheduler=scheduler,
         as_of=as_of,
-        job_id=manifest.job_id if manifest else None,
+        job_id=job_id,
+        cluster=cluster,
+        tenant=tenant,
         verdict=result.verdict.value,
         actions=actions,
         blocked=tuple(blocked),
@@ -108,6 +117,22 @@ def plan_isolation(
         facts_checked=cluster_facts is not None,
         policy=policy,
     )
+
+
+def hung_job_for(job_id: str | None, nodes: list[str], scheduler: Scheduler) -> HungJob | None:
+    """The hung-job action for ``job_id`` once ``nodes`` are isolated; None without either."""
+    if not job_id or not nodes or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", job_id) is None:
+        return None
+    where = ", ".join(nodes)
+    if scheduler is Scheduler.SLURM:
+        message = (f"job {job_id} is hung and never ends, so a DRAIN of {where} waits forever and training "
+                   f"stays down; approve `--operation requeue` to requeue it with {where} excluded "
+                   "(ExcNodeList)")
+    else:
+        message = (f"the pods of job {job_id} on {where} are hung and keep running on the cordoned node; "
+                   "approve `--operation requeue` to delete them there so that their controller "
+                   "reschedules them elsewhere")
+    return HungJob(job_id=job_id, exclude_nodes=tuple(nodes), message=message)
 
 
 def default_incident_id(result: TriageResult, job_id: str | None = None) -> str:
@@ -128,11 +153,13 @@ def plan_for_triage(
     incident_id: str | None = None,
     runbook: Path | None = None,
     job_id: str | None = None,
+    cluster: str | None = None,
 ) -> IsolationPlan:
     """The plan ``denpex triage --scheduler`` prints. Offline: no cluster facts, no breaker state;
     ``denpex isolate`` re-runs those gates on live facts before acting."""
     policy = load_runbook(runbook).policy() if runbook else IsolationPolicy()
     return plan_isolation(
         result, None, policy, None, scheduler,
-        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(),
+        incident_id or default_incident_id(result, job_id), result.as_of or utc_now(), cluster=cluster,
+        job_id=job_id,
     )

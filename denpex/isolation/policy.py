@@ -22,7 +22,10 @@ __all__ = [
     "CheckKind",
     "EvidenceRule",
     "SafetyLimits",
+    "ApprovalChannel",
+    "ApproverScope",
     "ApprovalRule",
+    "EvictionRule",
     "SchedulerSteps",
     "RemediationSteps",
     "IsolationPolicy",
@@ -144,16 +147,70 @@ class SafetyLimits(_Frozen):
     """Kubernetes node label (value ``"true"``) that excludes a node."""
     opt_out_feature: str = "denpex_opt_out"
     """Slurm node feature (``AvailableFeatures``) that excludes a node."""
+    max_isolations_per_cluster_per_hour: int = Field(default=4, ge=1)
+    """Nodes Denpex may isolate on one cluster within any hour, across every incident. One bad
+    switch or rack opens many incidents, each within its own limits; this stops the storm. The
+    breaker enforces it, and trips when a run would exceed it."""
+
+
+class ApprovalChannel(StrEnum):
+    """How a person's consent reached Denpex."""
+
+    CLI_SIGNED = "cli-signed"
+    """``denpex approve --key``: an ed25519 signature checked against the operator's trusted keys."""
+    PREFECT_UI = "prefect-ui"
+    """A person resumed the paused flow run in the Prefect UI; trusted as far as the Prefect API's
+    authentication is, so the runbook decides whether it is accepted at all."""
+
+
+class ApproverScope(_Frozen):
+    """Approvers for one tenant and cluster (``"*"`` matches any)."""
+
+    tenant: str = "*"
+    cluster: str = "*"
+    names: SortedSet[str]
+
+    def covers(self, tenant: str | None, cluster: str | None) -> bool:
+        return self.tenant in ("*", tenant) and self.cluster in ("*", cluster)
 
 
 class ApprovalRule(_Frozen):
-    """Who may approve, for how long an approval holds, and how old a plan may get."""
+    """Who may approve, through which channels, for how long, and how old a plan may get."""
 
     approvers: SortedSet[str] = frozenset()
-    """Allowed approvers; empty means any named person."""
+    """Approvers for every tenant and cluster. With ``scoped`` empty too, any person whose key
+    the operator trusts may approve through ``cli-signed``, and nobody through ``prefect-ui``."""
+    scoped: tuple[ApproverScope, ...] = ()
+    """Approvers for one tenant and/or cluster, added to ``approvers`` there."""
+    channels: Annotated[frozenset[ApprovalChannel], PlainSerializer(lambda items: sorted(items), return_type=list)] \
+        = frozenset(ApprovalChannel)
+    """Channels accepted. ``prefect-ui`` approvals also need a name in ``approvers`` (or ``scoped``)
+    for the tenant and cluster; drop the channel where the Prefect API has no authentication."""
     ttl: timedelta = timedelta(hours=1)
     max_plan_age: timedelta = timedelta(hours=6)
     """A plan whose evidence is older than this (by the wall clock) is not executed."""
+
+    def approvers_for(self, tenant: str | None, cluster: str | None) -> frozenset[str]:
+        """The names that may approve on ``tenant``'s ``cluster``; empty: no list applies."""
+        names = set(self.approvers)
+        for scope in self.scoped:
+            if scope.covers(tenant, cluster):
+                names |= scope.names
+        return frozenset(names)
+
+
+class EvictionRule(_Frozen):
+    """Which pods ``cordon_taint_evict`` may evict, as ``kubectl drain`` decides by default.
+
+    Pods that nothing recreates (no controller), pods with ``emptyDir`` data (lost on eviction),
+    DaemonSet pods (recreated on the same node) and mirror pods (the kubelet's) are left alone
+    unless a flag here says otherwise, like ``kubectl drain --force`` / ``--delete-emptydir-data``.
+    """
+
+    evict_unmanaged: bool = False
+    """Evict pods without a controller (``kubectl drain --force``): they are gone for good."""
+    delete_emptydir_data: bool = False
+    """Evict pods with ``emptyDir`` volumes, losing that data (``--delete-emptydir-data``)."""
 
 
 class SchedulerSteps(_Frozen):
@@ -189,6 +246,8 @@ class RemediationSteps(_Frozen):
         verify=(CheckKind.STATE_SHOWS_ISOLATED, CheckKind.REASON_IS_OURS),
         rollback=RollbackKind.UNCORDON,
     )
+    eviction: EvictionRule = EvictionRule()
+    """What ``cordon_taint_evict`` may evict on Kubernetes."""
 
     @model_validator(mode="after")
     def _actions_fit_schedulers(self) -> RemediationSteps:

@@ -21,6 +21,7 @@ from denpex.isolation.policy import (
     RemediationSteps,
     SafetyLimits,
 )
+from denpex.workflow.section import WorkflowSection
 
 __all__ = ["Runbook", "load_runbook"]
 
@@ -41,6 +42,8 @@ class Runbook(BaseModel):
     limits: SafetyLimits = SafetyLimits()
     approval: ApprovalRule = ApprovalRule()
     remediation: RemediationSteps = RemediationSteps()
+    workflow: WorkflowSection = WorkflowSection()
+    """How the incident flow waits (evidence grace, approval timeout); not part of the plan's policy."""
 
     def policy(self) -> IsolationPolicy:
         """The policy a plan carries (and the executor enforces)."""

@@ -21,12 +21,15 @@ from collections.abc import Callable
 from denpex.isolation.adapter import ActionOutput
 from denpex.isolation.errors import CommandFailedError, OutcomeUnknownError, TransientRemoteError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner, owned_reason_prefix
-from denpex.isolation.plan import NodeAction, Operation, utc_now
+from denpex.isolation.plan import HungJob, NodeAction, Operation, utc_now
 from denpex.isolation.policy import Scheduler
 from denpex.isolation.slurm_parse import (
     ControllerFault,
+    SlurmJob,
     controller_fault,
+    job_not_found,
     node_not_found,
+    parse_show_job,
     parse_cluster_name,
     parse_job_ids,
     parse_jobs_by_node,
@@ -53,8 +56,11 @@ class SlurmAdapter:
     scheduler = Scheduler.SLURM
 
     def __init__(self, runner: CommandRunner, *, opt_out_feature: str = "denpex_opt_out",
-                 backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep) -> None:
+                 backoff: Backoff = Backoff(), sleep: Callable[[float], None] = time.sleep,
+                 actor: str | None = None) -> None:
         self.runner = runner
+        self.actor = actor
+        """The user Slurm records for our drains (the SSH user); a drain by another user is not ours."""
         self.opt_out_feature = opt_out_feature
         self.backoff = backoff
         """Waits between attempts while slurmctld cannot be reached (normally the SSH settings')."""
@@ -69,7 +75,7 @@ class SlurmAdapter:
             self._read(["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i %N"]).stdout
         )
         nodes = {
-            n.name: to_node_facts(n, jobs.get(n.name, ()), self.opt_out_feature)
+            n.name: to_node_facts(n, jobs.get(n.name, ()), self.opt_out_feature, self.actor)
             for n in parse_show_node(shown.stdout)
         }
         return ClusterFacts(nodes=nodes, collected_at=utc_now())
@@ -86,7 +92,7 @@ class SlurmAdapter:
                 f"{shown.output[:300]!r}"
             )
         jobs = parse_job_ids(self._read(["squeue", "-h", "-w", node, "-o", "%i"]).stdout)
-        return to_node_facts(matches[0], jobs, self.opt_out_feature)
+        return to_node_facts(matches[0], jobs, self.opt_out_feature, self.actor)
 
     def command_for(self, action: NodeAction, operation: Operation) -> str:
         return shlex.join(self._argv(action, operation))
@@ -109,6 +115,48 @@ class SlurmAdapter:
             unmet.append(f"{facts.name} reason is {facts.reason!r}, not "
                          f"{owned_reason_prefix(reason_prefix, incident_id)}")
         return unmet
+
+    # -- the hung job ---------------------------------------------------------------------
+    def hung_job_command(self, job: HungJob) -> str:
+        hold, update, release = _requeue_argvs(job, ())
+        return "; ".join(shlex.join(argv) for argv in (hold, update, release))
+
+    def hung_job_unmet(self, job: HungJob) -> list[str]:
+        found = self._job(job.job_id)
+        if found is None:
+            return []
+        unmet = []
+        still = sorted(set(found.active_on) & set(job.exclude_nodes))
+        if still:
+            unmet.append(f"job {job.job_id} still {found.state.lower()} on {', '.join(still)}")
+        missing = sorted(set(job.exclude_nodes) - set(found.excluded))
+        if missing:
+            unmet.append(f"job {job.job_id} does not exclude {', '.join(missing)} (ExcNodeList "
+                         f"{','.join(found.excluded) or 'empty'})")
+        if found.held:
+            unmet.append(f"job {job.job_id} is held ({found.reason})")
+        return unmet
+
+    def restart_hung_job(self, job: HungJob) -> ActionOutput:
+        """``scontrol requeuehold`` (a running job's ExcNodeList cannot change), ``update
+        ExcNodeList``, ``release``: each only when the job's state still needs it."""
+        current = self._job(job.job_id)
+        if current is None:
+            return ActionOutput(command=self.hung_job_command(job), rc=0,
+                                output=f"job {job.job_id} is no longer known to Slurm; nothing to requeue")
+        outputs = []
+        for argv in _requeue_steps(job, current):
+            result = _require_ok(self._run(argv, changes_state=True))
+            outputs.append(f"{result.command}: rc {result.rc}{' ' + result.output.strip() if result.output.strip() else ''}")
+        return ActionOutput(command=self.hung_job_command(job), rc=0,
+                            output="; ".join(outputs) or f"job {job.job_id}: nothing left to do")
+
+    def _job(self, job_id: str) -> SlurmJob | None:
+        shown = self._run(["scontrol", "-o", "show", "job", job_id])
+        if shown.rc != 0 and job_not_found(shown.output):
+            return None
+        _require_ok(shown)
+        return parse_show_job(shown.stdout)
 
     @staticmethod
     def _argv(action: NodeAction, operation: Operation) -> list[str]:
@@ -142,6 +190,32 @@ class SlurmAdapter:
                     f"attempts ({said}); check `scontrol ping` on the controller, then run again"
                 )
             self._sleep(delay)
+
+
+def _requeue_argvs(job: HungJob, already_excluded: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+    excluded = sorted(set(job.exclude_nodes) | set(already_excluded))
+    return (["scontrol", "requeuehold", job.job_id],
+            ["scontrol", "update", f"JobId={job.job_id}", f"ExcNodeList={','.join(excluded)}"],
+            ["scontrol", "release", job.job_id])
+
+
+def _requeue_steps(job: HungJob, current: SlurmJob) -> list[list[str]]:
+    """The steps the job's state still needs, in order.
+
+    The requeue holds the job, so that nothing starts it again before its ExcNodeList is set (a
+    running job's ExcNodeList cannot change); the release lets it be scheduled elsewhere.
+    """
+    hold, update, release = _requeue_argvs(job, current.excluded)
+    steps = []
+    held = current.held
+    if set(current.active_on) & set(job.exclude_nodes):
+        steps.append(hold)
+        held = True
+    if set(job.exclude_nodes) - set(current.excluded):
+        steps.append(update)
+    if held:
+        steps.append(release)
+    return steps
 
 
 def _require_ok(result: CommandResult) -> CommandResult:

@@ -26,6 +26,9 @@ __all__ = [
     "controller_fault",
     "parse_cluster_name",
     "to_node_facts",
+    "SlurmJob",
+    "parse_show_job",
+    "job_not_found",
 ]
 
 _RECORD_START = re.compile(r"(?m)^(?=NodeName=)")
@@ -86,6 +89,66 @@ def _list_field(value: str | None) -> tuple[str, ...]:
     if not value or value == _NULL:
         return ()
     return tuple(item for item in value.split(",") if item)
+
+
+def _fields(flat: str) -> dict[str, str]:
+    keys = list(_KEY.finditer(flat))
+    fields: dict[str, str] = {}
+    for here, after in zip(keys, [*keys[1:], None], strict=True):
+        end = after.start() if after else len(flat)
+        fields.setdefault(here.group("key"), flat[here.end():end].strip())
+    return fields
+
+
+class SlurmJob(BaseModel):
+    """One job of ``scontrol -o show job``: what a requeue is decided and verified on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    state: str
+    reason: str
+    nodes: tuple[str, ...]
+    """Where it runs (empty while pending)."""
+    excluded: tuple[str, ...]
+    """``ExcNodeList``, expanded."""
+    held: bool
+    """Held by ``scontrol requeuehold`` (``Reason=job_requeued_in_held_state``); a hold a person
+    set (JobHeldUser, JobHeldAdmin) is theirs and is not counted here."""
+
+    @property
+    def active_on(self) -> tuple[str, ...]:
+        """The nodes a running (or still completing) job occupies."""
+        return self.nodes if self.state in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED") else ()
+
+
+def parse_show_job(text: str) -> SlurmJob | None:
+    """``scontrol -o show job J`` -> the job; None when the text holds no job record.
+
+    ``JobId=7 JobState=PENDING Reason=BeginTime ... ExcNodeList=gpu-node-[003-004] NodeList=(null)``
+    -> ``SlurmJob(job_id="7", state="PENDING", reason="BeginTime", nodes=(), excluded=("gpu-node-003",
+    "gpu-node-004"), held=False)``.
+    """
+    line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
+    if line is None:
+        return None
+    fields = _fields(" ".join(line.split()))
+    reason = fields.get("Reason", "")
+
+    def hosts(key: str) -> tuple[str, ...]:
+        value = fields.get(key, "")
+        return tuple(expand_hostlist(value)) if value and value != _NULL else ()
+
+    return SlurmJob(
+        job_id=fields.get("JobId", ""), state=fields.get("JobState", ""), reason=reason,
+        nodes=hosts("NodeList"), excluded=hosts("ExcNodeList"),
+        held=reason == "job_requeued_in_held_state",
+    )
+
+
+def job_not_found(output: str) -> bool:
+    """``scontrol show job J`` says ``Invalid job id specified`` (rc 1) for a job Slurm no longer has."""
+    return "Invalid job id specified" in output
 
 
 def _parse_record(record: str) -> SlurmNode:
@@ -246,8 +309,10 @@ def controller_fault(stderr: str) -> ControllerFault | None:
     return None
 
 
-def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature: str) -> NodeFacts:
-    """The scheduler-neutral view the gates decide on."""
+def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature: str,
+                  actor: str | None = None) -> NodeFacts:
+    """The scheduler-neutral view the gates decide on. ``actor`` is the user Denpex's commands run
+    as; a reason Slurm says another user set is never Denpex's, whatever its text."""
     return NodeFacts(
         name=node.name,
         exists=True,
@@ -256,6 +321,8 @@ def to_node_facts(node: SlurmNode, running_jobs: Iterable[str], opt_out_feature:
         down=node.down,
         not_responding=node.not_responding,
         reason=node.reason,
+        reason_user=node.reason_user,
+        reason_set_by_other_user=bool(actor and node.reason_user and node.reason_user != actor),
         partitions=node.partitions,
         running_jobs=tuple(running_jobs),
         opted_out=opt_out_feature in node.features,

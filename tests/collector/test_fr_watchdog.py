@@ -328,3 +328,35 @@ def test_write_atomic_leaves_only_the_file(tmp_path: Path) -> None:
     write_atomic(target, b"{}")
     assert [p.name for p in target.parent.iterdir()] == ["rank_0.json"]
     assert target.read_bytes() == b"{}"
+
+
+def test_dumps_again_once_the_ops_in_flight_at_the_dump_complete(tmp_path: Path) -> None:
+    """A stopped peer is continued: the blocked collective completes, and the rank's dump is
+    replaced by one that shows it, so a flow waiting for approval sees the recovery."""
+    recorder, clock = MemoryRecorder(stuck()), Clock()
+    dumper = make_dumper(tmp_path, recorder, clock)
+    dumper.poll_once()
+    clock.now += 3.0
+    first = dumper.poll_once()
+    assert first is not None and first.trigger is DumpTrigger.STALL
+    assert dumper.poll_once() is None  # still blocked: nothing new
+
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}  # local group 1 #5 completed
+    again = dumper.poll_once()
+    assert again is not None and again.trigger is DumpTrigger.RECOVERED
+    assert again.reason == "completed since the first dump: local group 1 #5"
+    assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #3"
+    assert DumpRecord.model_validate_json(record_path(tmp_path, 2).read_bytes()) == again
+    assert dumper.record == again
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 5)}  # a later op: no third dump
+    clock.now += 10
+    assert dumper.poll_once() is None and dumper.record == again
+
+
+def test_a_rank_with_nothing_in_flight_at_its_dump_never_dumps_again(tmp_path: Path) -> None:
+    recorder, clock = MemoryRecorder({"0": GroupProgress(3, 3)}), Clock()
+    dumper = make_dumper(tmp_path, recorder, clock)
+    request_dump(tmp_path, reason="look")
+    assert dumper.poll_once() is not None
+    recorder.status = {"0": GroupProgress(9, 9)}
+    assert dumper.poll_once() is None

@@ -281,10 +281,24 @@ def test_candidate_entries_carry_the_manifests_host_spelling() -> None:
     fqdn = manifest().model_copy(update={"ranks": {**manifest().ranks, 1: manifest().ranks[1].model_copy(
         update={"host": "gpu-node-001.dc1.example"})}})
     tel = telemetry(kline("gpu-node-001", "NVRM: Xid (PCI:0000:5e:00): 79, GPU has fallen off the bus."))
-    candidate = only(correlate(triage(host=None), fqdn, tel))
+    candidate = only(correlate(triage(host=None), fqdn, tel, options=CorrelationOptions(host_domain="dc1.example")))
     assert candidate.host == "gpu-node-001.dc1.example"
     assert [(h.host, h.bearing) for h in candidate.hardware] == [
         ("gpu-node-001.dc1.example", HardwareBearing.SUPPORTS_HARDWARE_FAULT)]
+
+
+def test_a_host_of_another_domain_is_another_host() -> None:
+    """Issue 8 item 7: ``gpu-node-001.other-cluster.example`` must not lend gpu-node-001 its Xid."""
+    xid = "NVRM: Xid (PCI:0000:5e:00): 79, GPU has fallen off the bus."
+    elsewhere = telemetry(kline("gpu-node-001.other-cluster.example", xid))
+    for options in (CorrelationOptions(), CorrelationOptions(host_domain="dc1.example")):
+        candidate = only(correlate(triage(), manifest(), elsewhere, options=options))
+        assert not supports_isolation(candidate) and candidate.hardware == []
+    # Without a configured domain, even our own FQDN is matched exactly: never by its first label.
+    ours = telemetry(kline("gpu-node-001.dc1.example", xid))
+    assert not supports_isolation(only(correlate(triage(), manifest(), ours)))
+    assert supports_isolation(only(correlate(triage(), manifest(), ours,
+                                             options=CorrelationOptions(host_domain="dc1.example"))))
 
 
 def test_repeated_events_are_aggregated() -> None:

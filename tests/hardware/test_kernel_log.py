@@ -404,3 +404,16 @@ def test_xid154_takes_its_severity_from_the_new_recovery_action(tail: str, actio
 def test_xid154_without_an_action_is_unclassified() -> None:
     [event] = parse_kernel_log([P + "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed"]).events
     assert (event.code, event.recovery_action, event.severity) == (154, None, Severity.UNKNOWN)
+
+
+def test_only_the_kernels_own_lines_carry_signals() -> None:
+    """Issue 8 item 7: any program can log text shaped like an Xid; it must not support a drain."""
+    spoofed = [
+        "2026-11-29T18:45:02+0000 gpu-node-002 myapp[123]: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+        "2026-11-29T18:45:02+0000 gpu-node-002 root: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        "2026-11-29T18:45:02+0000 gpu-node-002 python3[4242]: pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0",
+    ]
+    result = parse_kernel_log(spoofed)
+    assert result.events == [] and result.rejects == {RejectReason.NOT_KERNEL: 3}
+    genuine = parse_kernel_log([spoofed[0].replace("myapp[123]:", "kernel:")])
+    assert [(e.kind.value, e.code) for e in genuine.events] == [("xid", 79)]

@@ -2,9 +2,9 @@
 
     python tests/ingest/probe_flow.py NAME     (PREFECT_API_URL set)
 
-Its trigger is the incident flow's (branch issue-10a, ``flows.serve.alert_trigger``: same event,
-same resource match, same parameter mapping) and its parameters are the incident flow's; it
-returns them instead of triaging. Once issue-10a is merged, swap in its ``on-alert`` deployment.
+Its trigger is the incident flow's own (``flows.serve.alert_trigger``) and its parameters are the
+incident flow's; it returns them instead of triaging, so that many alerts are checked quickly.
+``test_incident_flow.py`` starts the real incident flow's ``on-alert`` deployment.
 """
 
 from __future__ import annotations
@@ -12,21 +12,8 @@ from __future__ import annotations
 import sys
 
 from prefect import flow, serve
-from prefect.events import DeploymentEventTrigger
 
-PARAMETERS = ("tenant", "cluster", "job_id", "incident_id", "alert_time", "evidence", "world_size",
-              "reported_by_rank", "alert_id")
-
-
-def alert_trigger() -> DeploymentEventTrigger:
-    """The incident flow's trigger as branch issue-10a declares it (flows/serve.py): one run per event,
-    its payload mapped one to one onto the parameters (a single-expression template keeps types)."""
-    return DeploymentEventTrigger(
-        name="denpex-alert",
-        expect={"denpex.alert.nccl-timeout"},
-        match={"prefect.resource.id": "denpex.alert.*"},
-        parameters={name: f"{{{{ event.payload.{name} }}}}" for name in PARAMETERS},
-    )
+from flows.serve import alert_trigger
 
 
 @flow(name="denpex-incident-probe")

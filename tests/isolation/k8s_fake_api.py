@@ -11,7 +11,9 @@ It serves exactly what the adapter uses, with the API server's semantics for the
 - ``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=...``;
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction``: 429 while a PodDisruptionBudget
   (``policy/v1``, ``matchLabels``) allows no disruption, else the pod is deleted (201);
-- ``GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets``.
+  ``fail_evictions`` answers chosen ones with 500 first;
+- ``GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets``;
+- ``DELETE /api/v1/namespaces/{ns}/pods/{name}``: the pod is gone at once (no grace period).
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). Requests are recorded.
 With ``tls`` (a server ``SSLContext``) it serves HTTPS, as a real API server does.
 """
@@ -47,13 +49,20 @@ def make_node(name: str, *, labels: dict[str, str] | None = None, unschedulable:
 
 
 def make_pod(namespace: str, name: str, node: str, *, labels: dict[str, str] | None = None,
-             daemonset: bool = False) -> dict[str, Any]:
-    owners = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds-1"}] if daemonset else []
+             daemonset: bool = False, owner: str | None = "ReplicaSet", empty_dir: bool = False,
+             mirror: bool = False) -> dict[str, Any]:
+    """A running pod; by default managed by a ReplicaSet (``owner=None``: a bare pod)."""
+    kind = "DaemonSet" if daemonset else owner
+    owners = [{"apiVersion": "apps/v1", "kind": kind, "name": f"{name}-owner", "uid": f"{name}-owner-1",
+               "controller": True}] if kind else []
+    volumes = [{"name": "scratch", "emptyDir": {}}] if empty_dir else []
+    annotations = {"kubernetes.io/config.mirror": "abc"} if mirror else {}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
-                     "labels": labels or {}, "ownerReferences": owners, "resourceVersion": "1"},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer:1"}]},
+                     "labels": labels or {}, "ownerReferences": owners, "resourceVersion": "1",
+                     "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer:1"}], "volumes": volumes},
         "status": {"phase": "Running"},
     }
 
@@ -151,6 +160,8 @@ class FakeApiServer:
         """(method, path with query, content type) of every request."""
         self.fail_next_patches = 0
         """Answer this many node PATCHes with 500 after applying them (an ambiguous failure)."""
+        self.fail_evictions: dict[str, int] = {}
+        """Pod name -> how many evictions of it are answered 500 (nothing done) before one succeeds."""
         self.pdb_refusals: dict[str, int] = {}
         """PodDisruptionBudget name -> how many evictions it refuses before allowing one."""
         self.concurrent_writes: list[dict[str, Any]] = []
@@ -299,6 +310,10 @@ class FakeApiServer:
                     if pod is None:
                         self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
                         return
+                    if api.fail_evictions.get(name, 0) > 0:
+                        api.fail_evictions[name] -= 1
+                        self._send(500, _status(500, "InternalError", "etcd request timed out"))
+                        return
                     labels = pod["metadata"].get("labels", {})
                     budgets = [b for b in api.pdbs if b["metadata"]["namespace"] == namespace and all(
                         labels.get(k) == v for k, v in b["spec"]["selector"]["matchLabels"].items())]
@@ -316,5 +331,22 @@ class FakeApiServer:
                         budget["status"]["disruptionsAllowed"] -= 1
                     api.pods.remove(pod)
                 self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                if not self._authorized():
+                    return
+                parts = urlparse(self.path).path.strip("/").split("/")
+                if len(parts) != 6 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
+                    self._send(404, _status(404, "NotFound", "not served by the fake"))
+                    return
+                namespace, name = parts[3], parts[5]
+                with api.lock:
+                    pod = next((p for p in api.pods if p["metadata"]["namespace"] == namespace
+                                and p["metadata"]["name"] == name), None)
+                    if pod is None:
+                        self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                        return
+                    api.pods.remove(pod)
+                self._send(200, pod)
 
         return Handler

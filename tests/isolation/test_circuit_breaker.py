@@ -40,7 +40,7 @@ def test_damaged_state_keeps_automation_off_until_reset(tmp_path: Path) -> None:
 
 def test_cli_status_and_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "breaker.json"
-    monkeypatch.setenv("DENPEX_BREAKER_STATE", str(path))
+    monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path))
     CircuitBreaker(path).trip(reason="too many", incident_id="inc-1", at=NOW)
     runner = CliRunner()
     status = runner.invoke(app, ["breaker", "status"])
@@ -48,3 +48,10 @@ def test_cli_status_and_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     reset = runner.invoke(app, ["breaker", "reset", "--by", "bob"])
     assert reset.exit_code == 0 and "reset by bob" in reset.stdout
     assert not CircuitBreaker(path).state().tripped
+
+
+def test_cli_refuses_a_relative_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A relative state directory would give each working directory a breaker of its own.
+    monkeypatch.setenv("DENPEX_STATE_DIR", "state")
+    status = CliRunner().invoke(app, ["breaker", "status"])
+    assert status.exit_code == 2 and "is relative; set DENPEX_STATE_DIR to an absolute path" in status.stderr

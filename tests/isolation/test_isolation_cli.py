@@ -88,3 +88,23 @@ def test_isolate_refuses_a_bad_plan_or_missing_settings(killed_rank_1: Path, tmp
     assert runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(plan)]).exit_code == 0
     result = runner.invoke(app, ["isolate", str(plan), "--dry-run"])
     assert result.exit_code == 2 and "no ssh settings" in result.stderr and "DENPEX_SSH_HOST" in result.stderr
+
+
+@pytest.mark.parametrize(("host", "ident", "domain", "drains"), [
+    pytest.param("gpu-node-002", "kernel", None, True, id="kernel-line"),
+    pytest.param("gpu-node-002", "myapp[123]", None, False, id="user-space-line"),
+    pytest.param("gpu-node-002.other-cluster.example", "kernel", None, False, id="other-domain"),
+    pytest.param("gpu-node-002.other-cluster.example", "kernel", "dc1.example", False, id="other-domain-configured"),
+    pytest.param("gpu-node-002.dc1.example", "kernel", "dc1.example", True, id="our-domain"),
+])
+def test_only_kernel_lines_of_the_exact_host_support_a_drain(killed_rank_1: Path, tmp_path: Path, host: str,
+                                                             ident: str, domain: str | None, drains: bool) -> None:
+    """Issue 8 item 7: a spoofed user-space Xid, or one from a host of another domain, drains nothing."""
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text(f"2025-11-29T18:44:30+0000 {host} {ident}: NVRM: Xid (PCI:0000:3b:00): 79, "
+                          "pid=4241, GPU has fallen off the bus.\n")
+    args = ["triage", str(killed_rank_1), "--telemetry", str(kernel_log), "--format", "json", "--scheduler", "slurm"]
+    result = runner.invoke(app, [*args, *(["--host-domain", domain] if domain else [])])
+    assert result.exit_code == 0, result.output
+    actions = json.loads(result.stdout)["plan"]["actions"]
+    assert actions == ([{"node": "gpu-node-002", "action": "drain"}] if drains else [])

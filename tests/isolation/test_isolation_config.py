@@ -12,11 +12,28 @@ from denpex.isolation.errors import ConfigError
 
 def test_file_then_environment(tmp_path: Path) -> None:
     path = tmp_path / "settings.yaml"
-    path.write_text("ssh:\n  host: login1\n  key_path: /k\n  known_hosts: /kh\naudit_log: /var/a.jsonl\n")
+    path.write_text("ssh:\n  host: login1\n  key_path: /k\n  known_hosts: /kh\nstate_dir: /var/lib/x\n")
     settings = load_settings(path, {"DENPEX_SSH_PORT": "2222", "DENPEX_EVIDENCE_STORE": "s3://b/p"})
     assert settings.ssh is not None
     assert (settings.ssh.host, settings.ssh.port, settings.ssh.username) == ("login1", 2222, "root")
-    assert settings.audit_log == Path("/var/a.jsonl") and settings.evidence_store == "s3://b/p"
+    assert settings.state_dir == Path("/var/lib/x") and settings.evidence_store == "s3://b/p"
+
+
+def test_state_lives_in_one_absolute_state_dir(tmp_path: Path) -> None:
+    from denpex.isolation.operator import load_operator_config
+
+    operator = load_operator_config(load_settings(None, {}), {"DENPEX_STATE_DIR": str(tmp_path)})
+    assert operator.audit_path == tmp_path / "audit.jsonl" and operator.breaker_path == tmp_path / "breaker.json"
+    with pytest.raises(ConfigError, match="'state' is relative"):
+        load_operator_config(load_settings(None, {}), {"DENPEX_STATE_DIR": "state"})
+    path = tmp_path / "s.yaml"
+    path.write_text("state_dir: here\n")
+    with pytest.raises(ConfigError, match="'here' is relative"):
+        load_operator_config(load_settings(path, {}), {})
+    # The old per-file paths are gone: a breaker or log outside the state directory is refused.
+    path.write_text("audit_log: denpex-audit.jsonl\n")
+    with pytest.raises(ConfigError, match="audit_log: Extra inputs"):
+        load_settings(path, {})
 
 
 def test_environment_alone_and_secrets_are_redacted() -> None:

@@ -13,17 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from denpex.isolation.approval import approve_plan
-from denpex.isolation.audit import AuditLog, Outcome, verify_audit_log
-from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.audit import Outcome, verify_audit_log
 from denpex.isolation.config import KubernetesSettings
 from denpex.isolation.errors import ApprovalError, HostKeyError
-from denpex.isolation.executor import Executor, RunMode
+from denpex.isolation.executor import RunMode
 from denpex.isolation.kubernetes import KubernetesAdapter
 from denpex.isolation.plan import Operation, utc_now
 from denpex.isolation.ssh import Backoff
 from isolation.k8s_fake_api import FakeApiServer, make_node
-from isolation.test_k8s_adapter import NODE, execute, make_plan
+from isolation.test_k8s_adapter import NODE, K8sRun, execute, make_plan
+from isolation.trust import signed
 from isolation.tls_certs import LoopbackPki, make_pki
 
 FAST = Backoff(attempts=3, initial_s=0.01, max_s=0.02)
@@ -77,8 +76,7 @@ def test_kubeconfig_context_over_tls_cordons_verifies_and_audits(api: FakeApiSer
     settings = KubernetesSettings(kubeconfig=kubeconfig, context="gpu-prod", backoff=FAST)
     with KubernetesAdapter.connect(settings, opt_out_label=OPT_OUT) as adapter:
         assert api.url.startswith("https://")
-        executor = Executor(adapter, AuditLog(tmp_path / "audit.jsonl"), CircuitBreaker(tmp_path / "b.json"),
-                            verify_timeout_s=2, poll_s=0.05)
+        executor = K8sRun(adapter, tmp_path)
         report = execute(executor, make_plan(adapter))
     assert report.nodes[0].outcome is Outcome.APPLIED
     assert api.nodes[NODE]["spec"]["unschedulable"] is True
@@ -91,15 +89,18 @@ def test_an_approval_for_another_context_is_refused(api: FakeApiServer, trusted:
     settings = KubernetesSettings(kubeconfig=kubeconfig, context="gpu-prod", backoff=FAST)
     with KubernetesAdapter.connect(settings, opt_out_label=OPT_OUT) as adapter:
         assert adapter.cluster_name() == "gpu-prod"
-        executor = Executor(adapter, AuditLog(tmp_path / "audit.jsonl"), CircuitBreaker(tmp_path / "b.json"),
-                            verify_timeout_s=2, poll_s=0.05)
-        plan = make_plan(adapter)
-        staging = approve_plan(plan, "alice", at=utc_now(), cluster="staging")
-        with pytest.raises(ApprovalError, match="for cluster 'staging', but the settings reach cluster 'gpu-prod'"):
-            executor.run(plan, mode=RunMode.EXECUTE, approval=staging)
+        executor = K8sRun(adapter, tmp_path)
+        plan = make_plan(adapter, cluster="staging")
+        # A plan made (and approved) for staging never acts on the context the settings reach.
+        with pytest.raises(ApprovalError, match="made for cluster 'staging', but the settings reach 'gpu-prod'"):
+            executor.run(plan, mode=RunMode.EXECUTE)
         assert "unschedulable" not in api.nodes[NODE]["spec"]
-        prod = approve_plan(plan, "alice", at=utc_now(), cluster="gpu-prod")
-        assert executor.run(plan, mode=RunMode.EXECUTE, approval=prod).nodes[0].outcome is Outcome.APPLIED
+        offline = make_plan(adapter).model_copy(update={"cluster": None})
+        with pytest.raises(ApprovalError, match="for cluster 'staging', but the settings reach cluster 'gpu-prod'"):
+            executor.run(offline, mode=RunMode.EXECUTE, approval=signed(offline, cluster="staging"))
+        assert "unschedulable" not in api.nodes[NODE]["spec"]
+        prod = signed(offline, cluster="gpu-prod")
+        assert executor.run(offline, mode=RunMode.EXECUTE, approval=prod).nodes[0].outcome is Outcome.APPLIED
 
 
 def test_host_token_and_pinned_ca_reach_the_api(api: FakeApiServer, trusted: LoopbackPki) -> None:

@@ -9,24 +9,28 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from denpex.analysis.models import TriageResult, Verdict
-from denpex.evidence.store import LocalStore
-from denpex.isolation.approval import Approval, approve_plan
-from denpex.isolation.audit import AuditLog
+from denpex.isolation.approval import Approval
+from denpex.isolation.audit import AuditLog, load_or_create_audit_key
 from denpex.isolation.breaker import CircuitBreaker
-from denpex.isolation.executor import ExecutionReport, Executor, RunMode
+from denpex.isolation.execute import execute_approved
+from denpex.isolation.executor import ExecutionReport, RunMode
+from denpex.isolation.operator import OperatorConfig
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.slurm import SlurmAdapter
 from denpex.isolation.ssh import CommandResult, CommandRunner, SshRunner, SshSettings
 from isolation.triage_cases import candidate, killed_process, signal
+from isolation.trust import operator_for, signed
 from lab.slurm_lab import SlurmLab
 from lab.tcp_proxy import FaultProxy
 
-__all__ = ["INCIDENT", "Rig", "Hooked", "Detoured", "rig_for", "xid79", "xid79_on", "drained", "drained_nodes",
+__all__ = ["INCIDENT", "CLUSTER", "Rig", "Hooked", "Detoured", "rig_for", "xid79", "xid79_on", "drained", "drained_nodes",
            "reason_of", "proxied"]
 
 INCIDENT = "inc-lab"
+CLUSTER = "lab"
+"""The lab's Slurm ``ClusterName``."""
 
 
 def xid79(node: str, *, age: timedelta = timedelta(minutes=2), as_of: datetime | None = None) -> TriageResult:
@@ -108,25 +112,38 @@ class Detoured:
 
 @dataclass
 class Rig:
-    """One test's executor, wired to the real cluster through real SSH."""
+    """One test's operator and adapter, wired to the real cluster through real SSH; the state
+    directory is the test's own folder."""
 
     lab: SlurmLab
     adapter: SlurmAdapter
-    executor: Executor
+    state_dir: Path
     audit: AuditLog
     breaker: CircuitBreaker
     store: Path
 
     def plan(self, result: TriageResult, *, policy: IsolationPolicy = IsolationPolicy(),
-             live_facts: bool = True) -> IsolationPlan:
+             live_facts: bool = True, job_id: str | None = None) -> IsolationPlan:
         facts = self.adapter.cluster_facts() if live_facts else None
         return plan_isolation(result, None, policy, facts, Scheduler.SLURM, INCIDENT,
-                              result.as_of or utc_now(), breaker=self.breaker.state())
+                              result.as_of or utc_now(), breaker=self.breaker.state(), cluster=CLUSTER,
+                              job_id=job_id)
+
+    def operator(self, policy: IsolationPolicy = IsolationPolicy()) -> OperatorConfig:
+        return operator_for(self.state_dir, policy, evidence_store=str(self.store))
 
     def execute(self, plan: IsolationPlan, *, operation: Operation = Operation.ISOLATE,
-                approval: Approval | None = None) -> ExecutionReport:
-        approval = approval or approve_plan(plan, "alice", at=utc_now(), operation=operation)
-        return self.executor.run(plan, mode=RunMode.EXECUTE, operation=operation, approval=approval)
+                approval: Approval | None = None, policy: IsolationPolicy | None = None,
+                adapter: SlurmAdapter | None = None) -> ExecutionReport:
+        """Execute through ``execute_approved``, as an operator whose runbook is ``policy`` (default:
+        the plan's), with alice's signed approval unless ``approval`` is given."""
+        approval = approval or signed(plan, operation=operation)
+        return execute_approved(plan, approval, operator=self.operator(policy or plan.policy),
+                                adapter=adapter or self.adapter, operation=operation)
+
+    def dry_run(self, plan: IsolationPlan, *, policy: IsolationPolicy | None = None) -> ExecutionReport:
+        return execute_approved(plan, None, operator=self.operator(policy or plan.policy), adapter=self.adapter,
+                                mode=RunMode.DRY_RUN)
 
 
 @contextmanager
@@ -134,12 +151,11 @@ def rig_for(lab: SlurmLab, settings: SshSettings, folder: Path,
             wrap: Callable[[CommandRunner], CommandRunner] | None = None) -> Iterator[Rig]:
     """A rig on ``folder`` (audit log, breaker, store); ``wrap`` may interpose on its commands."""
     with SshRunner(settings) as runner:
-        adapter = SlurmAdapter(wrap(runner) if wrap else runner, backoff=settings.backoff)
-        audit = AuditLog(folder / "audit.jsonl")
+        adapter = SlurmAdapter(wrap(runner) if wrap else runner, backoff=settings.backoff, actor=settings.username)
+        folder.mkdir(parents=True, exist_ok=True)
+        audit = AuditLog(folder / "audit.jsonl", key=load_or_create_audit_key(folder / "audit.key"))
         breaker = CircuitBreaker(folder / "breaker.json")
-        executor = Executor(adapter, audit, breaker, store=LocalStore(folder / "store"),
-                            verify_timeout_s=10, poll_s=0.1)
-        yield Rig(lab, adapter, executor, audit, breaker, folder / "store")
+        yield Rig(lab, adapter, folder, audit, breaker, folder / "store")
 
 
 def proxied(settings: SshSettings, lab: SlurmLab, proxy: FaultProxy, folder: Path) -> SshSettings:

@@ -19,7 +19,6 @@ import yaml
 from typer.testing import CliRunner
 
 from denpex.cli import app
-from denpex.isolation.approval import approve_plan
 from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome, verify_audit_log
 from denpex.isolation.errors import ApprovalError, HostKeyError, RemoteAuthError, TransientRemoteError
 from denpex.isolation.executor import NodeDecision, RunMode
@@ -31,6 +30,7 @@ from isolation.triage_cases import killed_process
 from lab.rig import INCIDENT, Hooked, Rig, drained, drained_nodes, proxied, reason_of, rig_for, xid79, xid79_on
 from lab.slurm_lab import SlurmLab
 from lab.tcp_proxy import Fault, FaultProxy
+from isolation.trust import APPROVERS_FILE, key_file, signed, write_runbook
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_xid79_drains_exactly_that_node_approved_verified_audited(rig: Rig) -> N
     assert plan.contract_view()["actions"] == [{"node": node, "action": "drain"}]
     sent_before = rig.lab.update_rpc_count(node)
 
-    approval = approve_plan(plan, "alice", at=utc_now(), comment="Xid 79 confirmed by on-call")
+    approval = signed(plan, "alice", comment="Xid 79 confirmed by on-call")
     report = rig.execute(plan, approval=approval)
 
     [outcome] = report.nodes
@@ -204,20 +204,20 @@ def test_stale_evidence_is_not_acted_on(rig: Rig) -> None:
     old = rig.plan(xid79(node, as_of=utc_now() - timedelta(hours=7)))
     assert old.recommend_isolation  # fresh relative to its own time ...
     with pytest.raises(ApprovalError, match="triage again before acting"):
-        rig.execute(old, approval=approve_plan(old, "alice", at=utc_now()))  # ... but too old to act on now
+        rig.execute(old, approval=signed(old, "alice"))  # ... but too old to act on now
     assert not drained(rig.lab, node) and not rig.audit.records()
 
 
 def test_an_approval_for_another_cluster_is_refused_before_anything_is_sent(rig: Rig) -> None:
     node = "gpu-node-007"
     sent_before = rig.lab.update_rpc_count(node)
-    plan = rig.plan(xid79(node))
-    elsewhere = approve_plan(plan, "alice", at=utc_now(), cluster="prod-a")
+    plan = rig.plan(xid79(node)).model_copy(update={"cluster": None})  # planned offline
+    elsewhere = signed(plan, "alice", cluster="prod-a")
     with pytest.raises(ApprovalError, match="approved this plan for cluster 'prod-a', but the settings reach cluster 'lab'"):
         rig.execute(plan, approval=elsewhere)
     assert not drained(rig.lab, node) and not rig.audit.path.exists()
     assert rig.lab.update_rpc_count(node) == sent_before
-    here = approve_plan(plan, "alice", at=utc_now(), cluster="lab")
+    here = signed(plan, "alice", cluster="lab")
     assert rig.execute(plan, approval=here).nodes[0].outcome is Outcome.APPLIED
 
 
@@ -225,14 +225,14 @@ def test_dry_run_checks_everything_and_changes_nothing(rig: Rig) -> None:
     node = "gpu-node-008"
     sent_before = rig.lab.update_rpc_count(node)
     plan = rig.plan(xid79(node))
-    report = rig.executor.run(plan, mode=RunMode.DRY_RUN)
+    report = rig.dry_run(plan)
     [outcome] = report.nodes
     assert outcome.decision is NodeDecision.ACT and outcome.outcome is None
     assert outcome.command.startswith(f"scontrol update NodeName={node} State=DRAIN 'Reason=denpex:inc-lab rank 1: ")
 
     tight = rig.plan(xid79(node), policy=IsolationPolicy(limits=SafetyLimits(max_isolated_fraction=0.01)),
                      live_facts=False)
-    blocked = rig.executor.run(tight, mode=RunMode.DRY_RUN)
+    blocked = rig.dry_run(tight)
     assert blocked.blocked and not blocked.breaker_tripped and not rig.breaker.state().tripped
     assert not drained(rig.lab, node) and rig.lab.update_rpc_count(node) == sent_before
     assert not rig.audit.path.exists()
@@ -305,15 +305,16 @@ def test_losing_the_cluster_mid_run_says_what_was_already_done(
     assert (rig.store / "audit" / INCIDENT / "audit.jsonl").read_bytes() == rig.audit.path.read_bytes()
 
 
-def _settings_file(path: Path, settings: SshSettings, folder: Path) -> Path:
+def _settings_file(path: Path, settings: SshSettings, folder: Path, runbook: Path | None = None) -> Path:
     path.write_text(yaml.safe_dump({
         "ssh": {"host": settings.host, "port": settings.port, "key_path": str(settings.key_path),
                 "known_hosts": str(settings.known_hosts), "command_timeout_s": 120,
                 "backoff": {"attempts": 2, "initial_s": 0.05}},
-        "audit_log": str(folder / "audit.jsonl"),
-        "breaker_state": str(folder / "breaker.json"),
+        "state_dir": str(folder),
+        "trusted_approvers": str(APPROVERS_FILE),
         "evidence_store": str(folder / "store"),
         "verify_timeout_s": 10,
+        **({"runbook": str(runbook)} if runbook else {}),
     }))
     return path
 
@@ -326,7 +327,7 @@ def test_crash_between_intent_and_result_recovers_by_reading_state(
     plan_path = tmp_path / "plan.json"
     with rig_for(lab, ssh_settings, tmp_path) as rig:
         save_plan(rig.plan(xid79(node)), plan_path)
-    assert CliRunner().invoke(app, ["approve", str(plan_path), "--approver", "alice"]).exit_code == 0
+    assert CliRunner().invoke(app, ["approve", str(plan_path), "--approver", "alice", "--key", key_file("alice")]).exit_code == 0
     audit_path = tmp_path / "audit.jsonl"
 
     # A real `denpex isolate --execute` process. Once the drain took effect the proxy swallows
@@ -371,7 +372,7 @@ def test_intent_never_sent_is_resolved_from_state_then_sent_once(rig: Rig) -> No
     node = "gpu-node-014"
     sent_before = rig.lab.update_rpc_count(node)
     plan = rig.plan(xid79(node))
-    approval = approve_plan(plan, "alice", at=utc_now())
+    approval = signed(plan, "alice")
     # The earlier run died right after writing its intent, before sending anything.
     rig.audit.append(AuditEntry(
         kind=AuditKind.INTENT, incident_id=INCIDENT, plan_hash=plan.content_hash(),
@@ -435,7 +436,8 @@ def test_wrong_keys_are_refused_before_anything_is_sent(
         else:
             settings = settings.model_copy(update={"key_path": other})
             expected, needle = RemoteAuthError, "refused our key"
-        plan = plan_isolation(xid79(node), None, IsolationPolicy(), None, Scheduler.SLURM, INCIDENT, utc_now())
+        plan = plan_isolation(xid79(node), None, IsolationPolicy(), None, Scheduler.SLURM, INCIDENT, utc_now(),
+                              cluster="lab")
         with rig_for(lab, settings, tmp_path) as rig:
             with pytest.raises(expected, match=needle) as caught:
                 rig.execute(plan)
@@ -461,7 +463,7 @@ def test_cli_approve_isolate_verify_rollback(rig: Rig, ssh_settings: SshSettings
     assert unapproved.exit_code == 2 and "cannot read approval" in unapproved.stderr
     assert not drained(rig.lab, node)
 
-    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "alice", "--cluster", "lab"])
+    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "alice", "--key", key_file("alice"), "--cluster", "lab"])
     assert approved.exit_code == 0 and (tmp_path / "plan.approval.json").exists()
     assert "on cluster lab as alice" in approved.stdout
     done = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--config", str(config), "--format", "json"])
@@ -473,9 +475,9 @@ def test_cli_approve_isolate_verify_rollback(rig: Rig, ssh_settings: SshSettings
     # The isolate approval does not cover undoing it: a rollback is approved on its own.
     refused = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--rollback", "--config", str(config)])
     assert refused.exit_code == 2 and "is for isolate, not rollback" in refused.stderr
-    assert "`denpex approve PLAN --approver NAME --operation rollback`" in refused.stderr
+    assert "`denpex approve PLAN --approver NAME --key KEYFILE --operation rollback`" in refused.stderr
     assert drained(rig.lab, node)
-    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "bob", "--operation", "rollback"])
+    approved = runner.invoke(app, ["approve", str(plan_path), "--approver", "bob", "--key", key_file("bob"), "--operation", "rollback"])
     assert approved.exit_code == 0 and "approved rollback of plan" in approved.stdout
     back = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--rollback", "--config", str(config)])
     assert back.exit_code == 0 and "DID run: scontrol update NodeName=gpu-node-010 State=RESUME" in back.stdout
@@ -494,9 +496,10 @@ def test_cli_exit_status_says_whether_every_planned_node_is_isolated(
     plan_path = tmp_path / "plan.json"
     roomy = IsolationPolicy(limits=SafetyLimits(max_isolated_fraction=0.5))
     save_plan(rig.plan(xid79_on([ours, theirs]), policy=roomy, live_facts=False), plan_path)
-    config = _settings_file(tmp_path / "cli.yaml", ssh_settings, tmp_path / "cli")
+    config = _settings_file(tmp_path / "cli.yaml", ssh_settings, tmp_path / "cli",
+                            runbook=write_runbook(tmp_path / "runbook.yaml", roomy))
     runner = CliRunner()
-    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice"]).exit_code == 0
+    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice", "--key", key_file("alice")]).exit_code == 0
     rig.lab.run(["scontrol", "update", f"NodeName={theirs}", "State=DRAIN", "Reason=bad DIMM"])
 
     dry = runner.invoke(app, ["isolate", str(plan_path), "--dry-run", "--config", str(config)])
@@ -516,8 +519,8 @@ def test_cli_exit_status_says_whether_every_planned_node_is_isolated(
 
     # A plan whose gates blocked every node isolates nothing: never exit 0.
     empty_path = tmp_path / "empty.json"
-    save_plan(rig.plan(killed_process(host="gpu-node-013", as_of=utc_now())), empty_path)
-    assert runner.invoke(app, ["approve", str(empty_path), "--approver", "alice"]).exit_code == 0
+    save_plan(rig.plan(killed_process(host="gpu-node-013", as_of=utc_now()), policy=roomy), empty_path)
+    assert runner.invoke(app, ["approve", str(empty_path), "--approver", "alice", "--key", key_file("alice")]).exit_code == 0
     for mode in ("--dry-run", "--execute"):
         nothing = runner.invoke(app, ["isolate", str(empty_path), mode, "--config", str(config)])
         assert nothing.exit_code == 4, nothing.output
@@ -546,10 +549,11 @@ def test_cli_from_dumps_and_kernel_log_to_a_verified_drain(lab: SlurmLab, ssh_se
     runner = CliRunner()
 
     triaged = runner.invoke(app, ["triage", str(dumps_dir), "--telemetry", str(kernel_log), "--scheduler", "slurm",
+                                  "--cluster", "lab",
                                   "--plan-out", str(plan_path), "--format", "json"])
     assert triaged.exit_code == 0, triaged.output
     assert json.loads(triaged.stdout)["plan"]["actions"] == [{"node": node, "action": "drain"}]
-    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice"]).exit_code == 0
+    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "alice", "--key", key_file("alice")]).exit_code == 0
     done = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--config", str(config)])
     assert done.exit_code == 0, done.output
     assert "gpu-node-008: act -> applied" in done.stdout

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from denpex.isolation.approval import approve_plan
 from denpex.isolation.audit import AuditKind, Outcome
 from denpex.isolation.errors import BusyError
 from denpex.isolation.executor import NodeDecision, RunMode
 from denpex.isolation.plan import Gate, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import CommandRunner, SshSettings
+from isolation.trust import signed
 from lab.rig import Hooked, drained, reason_of, rig_for, xid79, xid79_on
 from lab.slurm_lab import SlurmLab
 
@@ -47,7 +47,7 @@ def test_a_second_run_while_one_is_acting_is_refused_and_nothing_is_sent_twice(
         # intent and is about to send the drain.
         with rig_for(lab, ssh_settings, tmp_path) as other:
             try:
-                second["report"] = other.executor.run(plan, mode=RunMode.EXECUTE, approval=approval)
+                second["report"] = other.execute(plan, approval=approval)
             except BusyError as exc:
                 second["error"] = exc
 
@@ -56,8 +56,8 @@ def test_a_second_run_while_one_is_acting_is_refused_and_nothing_is_sent_twice(
 
     with rig_for(lab, ssh_settings, tmp_path, wrap=wrap) as rig:
         plan = rig.plan(xid79(node))
-        approval = approve_plan(plan, "alice", at=utc_now())
-        report = rig.executor.run(plan, mode=RunMode.EXECUTE, approval=approval)
+        approval = signed(plan)
+        report = rig.execute(plan, approval=approval)
 
     assert lab.update_rpc_count(node) - sent_before == 1, [(r.kind, r.outcome, r.intent_seq) for r in rig.audit.records()]
     assert "report" not in second, second

@@ -1,0 +1,88 @@
+"""The operator's trusted configuration: the only source of policy at execution time.
+
+A plan file (and anything editable through the Prefect API) is input to be checked, never a source
+of rules. What the executor trusts is what the operator owns on the machine that acts:
+
+- the runbook (limits, approvers, channels, steps), or the built-in safe policy;
+- the approvers' ed25519 public keys;
+- the machine-wide state directory (absolute): breaker, run lock, audit log and its HMAC key;
+- where the audit log is copied, and the cluster's name where the connection cannot tell it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from denpex.isolation.approval import TrustedApprovers, load_trusted_approvers
+from denpex.isolation.audit import AuditLog, load_or_create_audit_key
+from denpex.isolation.breaker import CircuitBreaker
+from denpex.isolation.config import IsolationSettings
+from denpex.isolation.errors import ConfigError
+from denpex.isolation.policy import IsolationPolicy
+from denpex.isolation.runbook import load_runbook
+from denpex.state_dir import StateDirError, resolve_state_dir
+
+__all__ = ["AUDIT_LOG_NAME", "BREAKER_NAME", "AUDIT_KEY_NAME", "OperatorConfig", "load_operator_config"]
+
+AUDIT_LOG_NAME = "audit.jsonl"
+BREAKER_NAME = "breaker.json"
+AUDIT_KEY_NAME = "audit.key"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What execution trusts. Build it with ``load_operator_config`` (CLI) or directly (the flow)."""
+
+    state_dir: Path
+    """Absolute; relative paths are refused (each working directory would get its own state)."""
+    policy: IsolationPolicy = IsolationPolicy()
+    """From the operator's runbook (``Runbook.policy()``)."""
+    trusted: TrustedApprovers = field(default_factory=TrustedApprovers)
+    cluster: str | None = None
+    """The cluster's name where the adapter cannot say it (a bare Kubernetes host and token)."""
+    evidence_store: str | None = None
+    """A folder or ``s3://bucket/prefix`` for the audit log's copies."""
+    verify_timeout_s: float = 20.0
+    poll_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not self.state_dir.is_absolute():
+            raise ConfigError(
+                f"the state directory {str(self.state_dir)!r} is relative; set DENPEX_STATE_DIR (or "
+                "`state_dir:` in the settings) to an absolute path so that every operator on this "
+                "machine shares one breaker, lock and audit log"
+            )
+
+    @property
+    def audit_path(self) -> Path:
+        return self.state_dir / AUDIT_LOG_NAME
+
+    @property
+    def breaker_path(self) -> Path:
+        return self.state_dir / BREAKER_NAME
+
+    @property
+    def audit_key_path(self) -> Path:
+        return self.state_dir / AUDIT_KEY_NAME
+
+    def audit_log(self) -> AuditLog:
+        """The keyed audit log; its key is created (mode 0600) on first use."""
+        return AuditLog(self.audit_path, key=load_or_create_audit_key(self.audit_key_path))
+
+    def breaker(self) -> CircuitBreaker:
+        return CircuitBreaker(self.breaker_path)
+
+
+def load_operator_config(settings: IsolationSettings, environ: Mapping[str, str]) -> OperatorConfig:
+    """The operator's configuration from their settings: runbook, trusted keys, state directory."""
+    try:
+        state_dir = resolve_state_dir(settings.state_dir, environ)
+    except StateDirError as exc:
+        raise ConfigError(str(exc)) from exc
+    policy = load_runbook(settings.runbook).policy() if settings.runbook else IsolationPolicy()
+    trusted = load_trusted_approvers(settings.trusted_approvers) if settings.trusted_approvers \
+        else TrustedApprovers()
+    return OperatorConfig(state_dir=state_dir, policy=policy, trusted=trusted, cluster=settings.cluster,
+                          evidence_store=settings.evidence_store, verify_timeout_s=settings.verify_timeout_s)

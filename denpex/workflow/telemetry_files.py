@@ -1,0 +1,50 @@
+"""Telemetry that travels with the evidence: kernel logs (``*.log``) and collector output
+(``*.jsonl``) in the incident's store, at its top level or under ``telemetry/``, and the trusted
+part of what the ingest service filed under ``telemetry.json``.
+
+Read through the store (a folder or S3), never from the local disk only, so the flow sees the
+same files whatever machine it runs on. A file over the cap is refused with its name.
+"""
+
+from __future__ import annotations
+
+from denpex.evidence.errors import EvidenceError
+from denpex.evidence.store import EvidenceStore, open_store
+from denpex.hardware.errors import TelemetryFileError
+from denpex.hardware.events import TelemetryParseResult
+from denpex.hardware.stored_telemetry import load_stored_telemetry
+from denpex.hardware.telemetry import MAX_TELEMETRY_FILE_BYTES, parse_telemetry_lines
+
+__all__ = ["TELEMETRY_SUFFIXES", "telemetry_names", "telemetry_in_store"]
+
+TELEMETRY_SUFFIXES = (".log", ".jsonl")
+_SUBFOLDER = "telemetry"
+
+
+def telemetry_names(store: EvidenceStore) -> list[str]:
+    """The telemetry files directly in ``store``."""
+    return [o.name for o in store.list() if o.name.lower().endswith(TELEMETRY_SUFFIXES)]
+
+
+def telemetry_in_store(store: EvidenceStore) -> TelemetryParseResult:
+    """Parse every telemetry file of the incident; bad lines are counted, never fatal."""
+    result = TelemetryParseResult()
+    sub = open_store(f"{store.uri.rstrip('/')}/{_SUBFOLDER}")
+    for source in (store, sub):
+        try:
+            names = telemetry_names(source)
+        except EvidenceError:  # a missing telemetry/ folder is normal
+            continue
+        for name in names:
+            try:
+                data = source.read(name, max_bytes=MAX_TELEMETRY_FILE_BYTES)
+            except EvidenceError as exc:
+                raise TelemetryFileError(f"{source.uri}/{name}: cannot read telemetry file: {exc}") from exc
+            text = data.decode("utf-8-sig", errors="replace")
+            result = result.merged(parse_telemetry_lines(text.splitlines(), source=f"{source.uri}/{name}"))
+    # Uploaded through the ingest service (telemetry.json): only a node agent's events about its
+    # own host may support isolation; the rest is never used here (denpex.hardware.stored_telemetry).
+    stored = load_stored_telemetry(store)
+    if stored is not None:
+        result = result.merged(stored.trusted)
+    return result

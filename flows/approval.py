@@ -1,0 +1,147 @@
+"""What the triage and return-to-service flows share: configuration lookup, the approval pause,
+decision records and events. Prefect-facing; the decisions themselves are in ``denpex.workflow``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prefect.blocks.core import Block
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.events import emit_event
+from prefect.exceptions import FlowPauseTimeout, ObjectAlreadyExists
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from prefect.runtime import flow_run
+
+from blocks import DenpexApprovalWebhook, DenpexKubernetesTarget, DenpexRunbook, DenpexSlurmTarget, block_name_for
+from blocks.runbook import DEFAULT_RUNBOOK, runbook_path
+from denpex.isolation.audit import AuditLog
+from denpex.isolation.config import IsolationSettings
+from denpex.isolation.plan import IsolationPlan, Operation, utc_now
+from denpex.isolation.policy import IsolationPolicy, Scheduler
+from denpex.isolation.runbook import Runbook, load_runbook
+from denpex.state_dir import resolve_state_dir
+from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
+from denpex.workflow.decision_audit import record_decision
+
+__all__ = ["ApprovalInput", "Target", "load_runbook_for_flow", "find_target", "ask_approval",
+           "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
+           "run_id", "artifact_prefix"]
+
+B = TypeVar("B", bound=Block)
+
+
+class ApprovalInput(ApprovalAnswer, RunInput):
+    """The form beside the paused run (pre-filled with the plan's hash and nodes)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster to act on, as its block describes it."""
+
+    scheduler: Scheduler
+    settings: IsolationSettings
+    cluster_name: str
+
+
+def _load(kind: type[B], name: str) -> B | None:
+    try:
+        return kind.load(name)  # type: ignore[return-value]
+    except ValueError:  # Prefect raises ValueError for a block document that does not exist
+        return None
+
+
+def state_dir() -> Path:
+    return resolve_state_dir()
+
+
+def run_id() -> str:
+    return str(flow_run.get_id() or "local")
+
+
+def artifact_prefix(incident_id: str) -> str:
+    """Artifact keys take lowercase letters, digits and dashes."""
+    return "denpex-" + block_name_for(incident_id)
+
+
+def load_runbook_for_flow() -> tuple[Runbook, Path]:
+    """The runbook the ``default`` DenpexRunbook block names (else hang-triage), from the operator's folder."""
+    block = _load(DenpexRunbook, "default")
+    path = block.path() if block else runbook_path(DEFAULT_RUNBOOK)
+    return load_runbook(path), path
+
+
+def find_target(cluster: str, runbook: Path, evidence_store: str | None) -> Target | None:
+    """The Slurm or Kubernetes target block named after ``cluster``; None when none is registered.
+
+    The executor's settings name the runbook file, so execution enforces the operator's policy.
+    """
+    name = block_name_for(cluster)
+    slurm = _load(DenpexSlurmTarget, name)
+    if slurm is not None:
+        return Target(Scheduler.SLURM, slurm.settings(state_dir(), runbook, evidence_store=evidence_store),
+                      slurm.cluster_name)
+    kube = _load(DenpexKubernetesTarget, name)
+    if kube is not None:
+        return Target(Scheduler.KUBERNETES, kube.settings(state_dir(), runbook, evidence_store=evidence_store),
+                      kube.cluster_name)
+    return None
+
+
+def webhook_url() -> str | None:
+    block = _load(DenpexApprovalWebhook, "approvers")
+    return block.url.get_secret_value() if block else os.environ.get("DENPEX_APPROVAL_WEBHOOK_URL") or None
+
+
+def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation, policy: IsolationPolicy,
+                 timeout: timedelta, poll: timedelta) -> ReviewedAnswer | None:
+    """Pause until a person answers; None when nobody did within ``timeout``."""
+    form = ApprovalInput.with_initial_data(
+        description=description, plan_hash=plan.content_hash(), nodes=[a.node for a in plan.actions],
+        approver="", comment="",
+    )
+    try:
+        answer = pause_flow_run(wait_for_input=form, timeout=int(timeout.total_seconds()),
+                                poll_interval=max(1, int(poll.total_seconds())))
+    except FlowPauseTimeout:
+        return None
+    core = ApprovalAnswer.model_validate(answer.model_dump(include=set(ApprovalAnswer.model_fields)))
+    return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now())
+
+
+def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) -> None:
+    """A Prefect event about this incident (the event feed is part of the audit trail)."""
+    emit_event(
+        event=event,
+        resource={"prefect.resource.id": f"denpex.incident.{incident_id}", "denpex.cluster": cluster},
+        related=[{"prefect.resource.id": f"prefect.flow-run.{run_id()}", "prefect.resource.role": "flow-run"}],
+        payload=payload,
+    )
+
+
+def record_not_done(plan: IsolationPlan, *, operation: Operation, outcome: str, reason: str,
+                    approver: str | None, cluster: str) -> None:
+    """Audit log and event feed: why nothing was done."""
+    record_decision(AuditLog(state_dir() / "audit.jsonl"), plan, operation=operation, outcome=outcome,
+                    reason=reason, approver=approver, at=utc_now())
+    emit(f"denpex.remediation.{outcome}", plan.incident_id, cluster,
+         {"plan_hash": plan.content_hash(), "operation": operation.value, "reason": reason})
+
+
+def remediation_limit(cluster: str) -> str:
+    """The global concurrency limit that keeps one cluster's remediation to one run at a time."""
+    return f"denpex-remediation-{block_name_for(cluster)}"
+
+
+def ensure_limit(name: str) -> None:
+    """Create the limit (one slot) if it does not exist yet; Prefect only honours existing limits."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+        except ObjectAlreadyExists:
+            pass

@@ -1,0 +1,193 @@
+"""The incident flow: alert in, evidence coverage, parse fan-out, triage, plan, approval pause,
+recovery check, remediation, audit.
+
+Parameters are exactly the alert event's payload (ARCHITECTURE.md "Alert event"). The flow
+executes the runbook a ``DenpexRunbook`` block names (default ``hang-triage``) and acts on the
+cluster whose target block is named after ``cluster``; with no target it triages and reports only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from typing import Any
+
+from prefect import flow, unmapped
+from prefect.concurrency.sync import concurrency
+from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from denpex.analysis.batch import split_batches
+from denpex.analysis.models import TriageResult
+from denpex.analysis.triage import EvidenceInventory
+from denpex.evidence.files import write_atomic
+from denpex.isolation.plan import IsolationPlan, Operation, save_plan
+from denpex.report import PlanView, TriageReport
+from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
+from denpex.workflow.markdown import report_markdown
+from denpex.workflow.notify import approval_notice
+from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
+from denpex.workflow.recovery import check_recovery
+from flows.approval import (
+    Target,
+    artifact_prefix,
+    ask_approval,
+    emit,
+    ensure_limit,
+    find_target,
+    load_runbook_for_flow,
+    record_not_done,
+    remediation_limit,
+    run_id,
+    state_dir,
+    webhook_url,
+)
+from flows.dask_parse import DASK_ADDRESS_ENV, parse_on_dask
+from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
+from tasks.evidence import reread_inventory, wait_for_evidence
+from tasks.charts import charts_markdown, publish_charts, render_charts
+from tasks.notify import notify_approvers
+from tasks.parse import summarize_dumps
+from tasks.remediate import execute_plan
+from tasks.report import publish_decision, publish_report
+
+__all__ = ["triage"]
+
+_CPUS = os.cpu_count() or 1
+# Coarse batches on Dask: each task costs a round trip to the cluster (notes/prefect.md).
+DASK_BATCHES = 64
+
+
+def _summaries(inventory: EvidenceInventory) -> list[Any]:
+    """Fan the dumps out in batches (never one task per rank), each decoded in a worker process:
+    on the Dask cluster at ``$DENPEX_DASK_ADDRESS`` when one is set, else on this machine."""
+    refs = list(inventory.dumps.values())
+    if not refs:
+        return []
+    address = os.environ.get(DASK_ADDRESS_ENV)
+    if address:
+        return [parse_on_dask(split_batches(refs, DASK_BATCHES), address=address)]
+    batches = split_batches(refs, min(len(refs), 2 * _CPUS))
+    return [f.result() for f in summarize_dumps.map(batches, unmapped(256 * 1024 * 1024))]
+
+
+def _triage(inventory: EvidenceInventory, batches: list[Any], as_of: datetime | None) -> TriageResult:
+    result = compare_ranks(inventory, batches, as_of)
+    return correlate_telemetry(result, inventory)
+
+
+# Threads only wait on the worker processes that decode (tasks.parse); a thread pool suffices.
+_RUNNER: Any = ThreadPoolTaskRunner(max_workers=max(2, 2 * _CPUS))
+
+
+@flow(name="denpex-triage", task_runner=_RUNNER)
+def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time: datetime, evidence: str,
+           world_size: int | None = None, reported_by_rank: int | None = None,
+           alert_id: str = "") -> dict[str, Any]:
+    """Triage one incident; pause for approval; act only on what a person approved."""
+    log = get_run_logger()
+    runbook, runbook_file = load_runbook_for_flow()
+    timing = runbook.workflow
+    ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
+                      alert_id=alert_id or incident_id, flow_run_id=run_id())
+    key = artifact_prefix(incident_id)
+    inventory = wait_for_evidence(evidence, world_size, timing.evidence_grace, timing.coverage_poll,
+                                  f"{key}-coverage")
+    batches = _summaries(inventory)
+    result = _triage(inventory, batches, alert_time)
+    charts = render_charts(result, batches, inventory.world_size)
+    del batches  # only the compact counters live on, inside the charts' data
+    report = TriageReport(**dict(result))
+    target = find_target(cluster, runbook_file, evidence)
+    plan = None
+    if target is not None:
+        plan = plan_isolation_task(result, inventory, target.scheduler, runbook_file, incident_id=incident_id,
+                                   tenant=tenant, cluster=target.cluster_name, as_of=alert_time)
+        report.plan = PlanView.model_validate(plan.contract_view())
+    markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
+                               chart=charts_markdown(charts))
+    publish_report(report, plan, markdown, key)
+    publish_charts(charts, key)
+    if plan is None or not plan.actions:
+        why = (f"no isolation proposed for incident {incident_id}" if target is not None
+               else f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}; triage only")
+        return _finish(ref, report, IncidentStage.NO_ACTION, why, plan, key)
+    _save_plan(plan)
+    url = webhook_url()
+    if url:
+        notify_approvers(url, approval_notice(report, incident_id=incident_id, cluster=cluster,
+                                              run_url=flow_run.ui_url, plan_hash=plan.content_hash()))
+    log.info("waiting for approval of plan %s: %s", plan.content_hash()[:12], flow_run.ui_url)
+    answer = ask_approval(plan, markdown, operation=Operation.ISOLATE, policy=runbook.policy(),
+                          timeout=timing.approval_timeout, poll=timing.approval_poll)
+    if answer is None:
+        why = f"nobody answered within {timing.approval_timeout}; nothing was done"
+        record_not_done(plan, operation=Operation.ISOLATE, outcome="timed_out", reason=why, approver=None,
+                        cluster=cluster)
+        return _finish(ref, report, IncidentStage.TIMED_OUT, why, plan, key)
+    if answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
+        stage = IncidentStage.REJECTED if answer.verdict is AnswerVerdict.REJECTED else IncidentStage.REFUSED
+        record_not_done(plan, operation=Operation.ISOLATE, outcome=stage.value, reason=answer.reason,
+                        approver=answer.approver, cluster=cluster)
+        return _finish(ref, report, stage, answer.reason, plan, key)
+    fresh = reread_inventory(evidence, world_size)
+    recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None))
+    if recovery.recovered:
+        record_not_done(plan, operation=Operation.ISOLATE, outcome="withdrawn", reason=recovery.reason,
+                        approver=answer.approver, cluster=cluster)
+        return _finish(ref, report, IncidentStage.WITHDRAWN, recovery.reason, plan, key,
+                       approval=answer.approval)
+    if target is None:  # a plan is made only with a target; this keeps the type checker honest
+        raise RuntimeError("a plan without a target")
+    return _remediate(ref, report, plan, target, answer, key, timing.remediation_retries)
+
+
+def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, target: Target,
+               answer: ReviewedAnswer, key: str, retries: int) -> dict[str, Any]:
+    approval = answer.approval
+    if approval is None:
+        raise RuntimeError("remediation without an approval")
+    limit = remediation_limit(ref.cluster)
+    ensure_limit(limit)
+    with concurrency(limit, occupy=1, strict=True):
+        for action in plan.actions:
+            if action.node in approval.nodes:
+                emit("denpex.remediation.intent", ref.incident_id, ref.cluster,
+                     {"node": action.node, "action": action.action.value, "plan_hash": plan.content_hash(),
+                      "approver": approval.approver})
+        state = execute_plan.with_options(retries=retries)(plan, approval, target.settings, return_state=True)
+    if state.is_failed():
+        why = f"execution refused or failed: {state.message or 'see the task run'}"
+        emit("denpex.remediation.failed", ref.incident_id, ref.cluster, {"reason": why})
+        return _finish(ref, report, IncidentStage.FAILED, why, plan, key, approval=approval)
+    execution = state.result()
+    for node in execution.nodes:
+        emit("denpex.remediation.result", ref.incident_id, ref.cluster,
+             {"node": node.node, "decision": node.decision.value,
+              "outcome": node.outcome.value if node.outcome else None, "state": node.state_after})
+    stage = IncidentStage.FAILED if execution.failed or execution.unfinished else IncidentStage.EXECUTED
+    why = answer.reason + (f"; unfinished: {', '.join(execution.unfinished)}" if execution.unfinished else "")
+    return _finish(ref, report, stage, why, plan, key, approval=approval, execution=execution)
+
+
+def _save_plan(plan: IsolationPlan) -> None:
+    """Keep the plan where the return-to-service flow finds it."""
+    folder = state_dir() / "plans"
+    folder.mkdir(parents=True, exist_ok=True)
+    save_plan(plan, folder / f"{plan.incident_id}.json")
+
+
+def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason: str,
+            plan: IsolationPlan | None, key: str, **extra: Any) -> dict[str, Any]:
+    outcome = IncidentOutcome(incident=ref, report=report, outcome=stage, reason=reason,
+                              plan_hash=plan.content_hash() if plan else None, **extra)
+    publish_decision(ref.incident_id, stage.value, reason, key)
+    data = outcome.contract_json()
+    folder = state_dir() / "reports"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{ref.incident_id}-{ref.flow_run_id}.json"
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
+    data["report_path"] = str(path)
+    return data

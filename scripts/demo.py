@@ -1,0 +1,301 @@
+"""`make demo`: the incident workflow end to end on this machine, in the foreground.
+
+Starts a local Prefect server on SQLite, a moto S3 server (or uses a folder) holding the incident's
+evidence, a real Slurm (slurmctld + slurmd + sshd on loopback, the lab the tests use, with the
+manifest's hosts as nodes), and `flows/serve.py`; fires the alert event and shows the run reaching
+the approval pause with its UI URL and the report. Fresh state under out/demo/<time>/.
+
+    make demo                      # waits for you to approve in the UI (or the printed command)
+    make demo DEMO_APPROVE=1       # approves unattended, drains the culprit's node, exits
+    make demo DEMO=path/to/folder  # another incident: per-rank dumps, manifest.json, *.log, *.jsonl
+
+Ctrl-C tears everything down. The last line is `report: PATH` (the final report JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
+def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"demo: {what} exited {proc.returncode}; its log: {log}\n{log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=3):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"demo: {what} did not answer at {url} within {timeout_s:.0f} s; its log: {log}")
+
+
+def _spawn(stack: ExitStack, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        handle.close()
+
+    stack.callback(stop)
+    return proc
+
+
+def _demo_runbooks(folder: Path) -> None:
+    """The shipped hang-triage runbook, with the plan-age limit widened for a recorded incident.
+
+    The bundled dumps were recorded on 2026-11-29; the shipped runbook refuses to act on evidence
+    older than six hours, which is right for production and would refuse the demo.
+    """
+    import yaml
+
+    body = yaml.safe_load((ROOT / "runbooks" / "hang-triage.yaml").read_text())
+    body["approval"]["max_plan_age"] = "P3650D"
+    body["approval"]["approvers"] = ["demo-operator"]  # the shipped runbook names nobody
+    body["workflow"].update(evidence_grace="PT10S", coverage_poll="PT1S", approval_poll="PT1S")
+    folder.mkdir(parents=True)
+    (folder / "hang-triage.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+def _alert_time(incident: Path) -> datetime:
+    """A few seconds after the newest dump time in the manifest (when the watchdog alerted)."""
+    manifest = json.loads((incident / "manifest.json").read_text())
+    times = [datetime.fromisoformat(r["dumped_at"].replace("Z", "+00:00"))
+             for r in manifest.get("ranks", {}).values() if r.get("dumped_at")]
+    return (max(times) if times else datetime.now(UTC)) + timedelta(seconds=6)
+
+
+def _put_evidence(stack: ExitStack, incident: Path, run_dir: Path, store: str, env: dict[str, str]) -> str:
+    files = [p for p in sorted(incident.iterdir()) if p.is_file()]
+    if store == "folder":
+        target = run_dir / "evidence" / incident.name
+        target.mkdir(parents=True)
+        for path in files:
+            shutil.copy(path, target)
+        return str(target)
+    port = _free_port()
+    moto = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
+    log = run_dir / "moto.log"
+    proc = _spawn(stack, [moto, "-H", "127.0.0.1", "-p", str(port)], env, log)
+    endpoint = f"http://127.0.0.1:{port}"
+    _wait_http(endpoint, "moto S3 server", proc, log)
+    env["DENPEX_S3_ENDPOINT_URL"] = endpoint
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="demo", aws_secret_access_key="demo")
+    client.create_bucket(Bucket="evidence")
+    for path in files:
+        client.put_object(Bucket="evidence", Key=f"acme/lab/{incident.name}/{path.name}", Body=path.read_bytes())
+    _say(f"evidence: {len(files)} files in moto S3 at s3://evidence/acme/lab/{incident.name} ({endpoint})")
+    return f"s3://evidence/acme/lab/{incident.name}"
+
+
+def _start_slurm(stack: ExitStack, incident: Path) -> Any:
+    from lab.slurm_lab import SlurmLab
+
+    manifest = json.loads((incident / "manifest.json").read_text())
+    hosts = sorted({r.get("host") for r in manifest.get("ranks", {}).values() if r.get("host")})
+    # 16 nodes as in the tests: draining one stays inside the runbook's 10% blast radius.
+    lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=max(16, len(hosts)))
+    missing = [h for h in hosts if h not in lab.nodes]
+    if missing:
+        raise SystemExit(f"demo: the local Slurm names its nodes gpu-node-001..; the manifest's hosts "
+                         f"{missing} are not among them")
+    lab.start()
+    stack.callback(lambda: (lab.stop(), shutil.rmtree(lab.root, ignore_errors=True)))
+    _say(f"slurm: slurmctld + {len(lab.nodes)} slurmd + sshd on 127.0.0.1:{lab.ssh_port} (ClusterName=lab)")
+    return lab
+
+
+def _register_blocks(lab: Any) -> None:
+    from blocks import DenpexRunbook, DenpexSlurmTarget, DenpexSshCredentials
+    from blocks.register import register_block_types
+
+    register_block_types()
+    DenpexRunbook(name="hang-triage").save("default", overwrite=True)
+    creds = DenpexSshCredentials(username="root", private_key=lab.client_key.read_text(),
+                                 known_hosts=lab.known_hosts.read_text())
+    DenpexSlurmTarget(cluster_name="lab", host="127.0.0.1", port=lab.ssh_port, credentials=creds).save(
+        "lab", overwrite=True)
+
+
+def _wait_for_trigger(api: str, served: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
+    """An event sent before the deployment's trigger exists starts nothing: wait for the automation."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if served.poll() is not None:
+            raise SystemExit(f"demo: flows.serve exited {served.returncode}; see {log}")
+        request = urllib.request.Request(f"{api}/automations/filter", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            if any(a.get("name") == "denpex-alert" for a in json.loads(response.read())):
+                return
+        time.sleep(1)
+    raise SystemExit(f"demo: the alert trigger was not registered within {timeout_s:.0f} s; see {log}")
+
+
+def _find_run(incident_id: str, timeout_s: float = 120) -> Any:
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            for run in client.read_flow_runs(limit=50):
+                if run.parameters.get("incident_id") == incident_id:
+                    return run.id
+            time.sleep(1)
+    raise SystemExit(f"demo: no flow run started for incident {incident_id} within {timeout_s:.0f} s")
+
+
+def _wait_state(run_id: Any, wanted: set[str], timeout_s: float | None = 600) -> str:
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    with get_client(sync_client=True) as client:
+        while deadline is None or time.monotonic() < deadline:
+            state = client.read_flow_run(run_id).state
+            kind = state.type.value if state else ""
+            if kind in wanted:
+                return kind
+            if kind in {"FAILED", "CRASHED", "CANCELLED"}:
+                raise SystemExit(f"demo: the run ended {kind}: {state.message if state else ''}")
+            time.sleep(1)
+    raise SystemExit(f"demo: the run did not reach {wanted} in time")
+
+
+def _show_report(incident_id: str) -> None:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        for artifact in client.read_artifacts(limit=50):
+            if artifact.key == f"denpex-{incident_id}-report":
+                print(artifact.data, flush=True)
+                return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("incident", nargs="?", default=str(ROOT / "examples" / "incident-xid79"))
+    parser.add_argument("--approve", action="store_true", help="approve unattended (DEMO_APPROVE=1)")
+    parser.add_argument("--store", choices=["s3", "folder"], default="s3")
+    parser.add_argument("--out", default=str(ROOT / "out" / "demo"))
+    args = parser.parse_args(argv)
+    incident = Path(args.incident).resolve()
+    if not (incident / "manifest.json").is_file():
+        raise SystemExit(f"demo: {incident} has no manifest.json; an incident folder holds per-rank dumps, "
+                         "manifest.json and optional *.log / *.jsonl telemetry")
+    run_dir = Path(args.out).resolve() / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_dir.mkdir(parents=True)
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(run_dir / "prefect"), "PREFECT_API_URL": api,
+           "PREFECT_UI_URL": f"http://127.0.0.1:{port}", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_LOGGING_LEVEL": "WARNING", "DENPEX_STATE_DIR": str(run_dir / "state"),
+           "DENPEX_RUNBOOKS_DIR": str(run_dir / "runbooks"), "AWS_ACCESS_KEY_ID": "demo",
+           "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    _demo_runbooks(run_dir / "runbooks")
+    with ExitStack() as stack:
+        _say(f"state: {run_dir}")
+        log = run_dir / "prefect-server.log"
+        server = _spawn(stack, [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                "--port", str(port)], env, log)
+        _wait_http(f"{api}/health", "prefect server", server, log)
+        _say(f"prefect server (SQLite under {run_dir / 'prefect'}): http://127.0.0.1:{port}")
+        evidence = _put_evidence(stack, incident, run_dir, args.store, env)
+        os.environ.update(env)  # this process talks to the same API and store from here on
+        lab = _start_slurm(stack, incident)
+        _register_blocks(lab)
+        served = _spawn(stack, [sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
+        from denpex.workflow.alert_event import AlertEvent, emit_alert
+
+        manifest = json.loads((incident / "manifest.json").read_text())
+        incident_id = f"demo-{run_dir.name.lower()}"
+        alert = AlertEvent(tenant="acme", cluster="lab", job_id=manifest.get("job_id") or incident.name,
+                           incident_id=incident_id, alert_time=_alert_time(incident), evidence=evidence,
+                           world_size=manifest.get("world_size"), reported_by_rank=0,
+                           alert_id=f"demo-{run_dir.name}")
+        _wait_for_trigger(api, served, run_dir / "serve.log")
+        emit_alert(api, alert, occurred=datetime.now(UTC))
+        _say(f"alert event denpex.alert.nccl-timeout fired for incident {incident_id}")
+        run_id = _find_run(incident_id)
+        ui = f"http://127.0.0.1:{port}/runs/flow-run/{run_id}"
+        state = _wait_state(run_id, {"PAUSED", "COMPLETED"})
+        _show_report(incident_id)
+        if state == "PAUSED":
+            plan = json.loads((run_dir / "state" / "plans" / f"{incident_id}.json").read_text())
+            from denpex.isolation.plan import IsolationPlan
+
+            digest = IsolationPlan.model_validate(plan).content_hash()
+            nodes = [a["node"] for a in plan["actions"]]
+            answer = {"decision": "approve", "plan_hash": digest, "nodes": nodes, "approver": "demo-operator",
+                      "comment": "approved by make demo"}
+            _say(f"PAUSED for approval: {ui}")
+            if args.approve:
+                from prefect.flow_runs import resume_flow_run
+
+                resume_flow_run(run_id, run_input=answer)
+                _say(f"approved {', '.join(nodes)} as demo-operator (DEMO_APPROVE=1)")
+            else:
+                _say("approve in the UI (Resume), or with:\n  curl -s -X POST "
+                     f"{api}/flow_runs/{run_id}/resume -H 'Content-Type: application/json' "
+                     f"-d '{json.dumps({'run_input': answer})}'\nCtrl-C stops the demo.")
+            _wait_state(run_id, {"COMPLETED"}, timeout_s=None if not args.approve else 600)
+        reports = sorted((run_dir / "state" / "reports").glob(f"{incident_id}-*.json"))
+        final = json.loads(reports[-1].read_text())
+        _say(f"outcome: {final['outcome']}: {final['reason']}")
+        for node in (final.get("execution") or {}).get("nodes", []):
+            line = lab.node_line(node["node"])
+            state = next((t for t in line.split() if t.startswith("State=")), "State=?")
+            reason = line.split(" Reason=", 1)[1].strip() if " Reason=" in line else ""
+            _say(f"slurm: {node['node']} {state} Reason={reason}")
+        audit = run_dir / "state" / "audit.jsonl"
+        if audit.exists():
+            _say(f"audit log {audit}:")
+            print(audit.read_text(), end="", flush=True)
+        print(f"report: {reports[-1]}", flush=True)
+    # Unattended (CI) runs must end with the culprit's node drained.
+    return 0 if not args.approve or final["outcome"] == "executed" else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\n[demo] stopped; everything was torn down", flush=True)
+        sys.exit(130)

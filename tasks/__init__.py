@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over the Denpex core: retries, artifacts, events and logging only."""

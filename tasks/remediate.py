@@ -1,0 +1,31 @@
+"""Carry out an approved plan: Prefect retries transient faults only, never a refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import Task, task
+
+from denpex.isolation.approval import Approval
+from denpex.isolation.config import IsolationSettings
+from denpex.isolation.executor import ExecutionReport
+from denpex.isolation.plan import IsolationPlan, Operation
+from denpex.workflow.remediation import execute_approved_plan, is_transient
+
+__all__ = ["execute_plan", "retry_transient_only"]
+
+
+def retry_transient_only(task: Task[Any, Any], task_run: Any, state: Any) -> bool:
+    """Retry a dropped connection or a held lock; never a refused gate, approval or credential."""
+    try:
+        state.result()
+    except Exception as exc:  # noqa: BLE001 (state.result() re-raises the task's own error)
+        return is_transient(exc)
+    return False
+
+
+@task(name="execute-plan", retries=3, retry_delay_seconds=[2, 5, 10], retry_condition_fn=retry_transient_only)
+def execute_plan(plan: IsolationPlan, approval: Approval, settings: IsolationSettings,
+                 operation: Operation = Operation.ISOLATE) -> ExecutionReport:
+    """The core executor: re-check, act once per node, verify, audit before and after."""
+    return execute_approved_plan(plan, approval, settings, operation=operation)

@@ -1,0 +1,152 @@
+"""The real Prefect engine for the flow tests: one test harness server per session, a `serve()`
+process running the deployments against it, moto S3 in HTTP server mode, and the real Slurm lab.
+
+The environment is set before Prefect is imported: a private PREFECT_HOME, no analytics (a
+telemetry insert otherwise hit "database is locked").
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_SESSION = Path(tempfile.mkdtemp(prefix="denpex-flows-"))
+os.environ["PREFECT_HOME"] = str(_SESSION / "prefect-home")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import boto3  # noqa: E402
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+from lab.conftest import lab, slurm_lab, ssh_settings  # noqa: E402,F401 (pytest fixtures)
+from flow_driver import FlowRig  # noqa: E402
+from lab.slurm_lab import SlurmLab  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "gloo"
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def write_runbooks(folder: Path) -> None:
+    """The shipped hang-triage runbook with test timings and named approvers (the shipped one lists
+    nobody, so no Prefect UI approval passes until an operator names people), and a variant that
+    times out fast.
+
+    The bundled dumps were recorded on 2026-11-29, so the plan's evidence is older than the
+    shipped six-hour ``max_plan_age``: the test runbook allows replaying a recorded incident.
+    """
+    body = yaml.safe_load((ROOT / "runbooks" / "hang-triage.yaml").read_text())
+    body["approval"]["max_plan_age"] = "P3650D"
+    body["approval"]["approvers"] = ["alice", "bob", "carol"]
+    body["workflow"] = {"evidence_grace": "PT6S", "coverage_poll": "PT1S", "approval_timeout": "PT240S",
+                        "approval_poll": "PT1S", "remediation_retries": 2}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hang-triage.yaml").write_text(yaml.safe_dump(body))
+    quick = dict(body, name="hang-triage-quick", workflow=dict(body["workflow"], approval_timeout="PT5S"))
+    (folder / "hang-triage-quick.yaml").write_text(yaml.safe_dump(quick))
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            yield str(PREFECT_API_URL.value())
+    finally:
+        shutil.rmtree(_SESSION, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    for key, value in AWS_ENV.items():
+        os.environ[key] = value
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="evidence")
+    yield endpoint
+    server.stop()
+
+
+def upload(endpoint: str, prefix: str, folder: Path, *, ranks: set[int] | None = None,
+           extra: dict[str, bytes] | None = None) -> str:
+    """Put a fixture folder's pickles and manifest under ``s3://evidence/<prefix>``."""
+    client = boto3.client("s3", endpoint_url=endpoint)
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".pkl" and (ranks is None or int(path.stem.rsplit("_", 1)[1]) in ranks):
+            client.put_object(Bucket="evidence", Key=f"{prefix}/{path.name}", Body=path.read_bytes())
+        elif path.name == "manifest.json":
+            client.put_object(Bucket="evidence", Key=f"{prefix}/{path.name}", Body=path.read_bytes())
+    for name, body in (extra or {}).items():
+        client.put_object(Bucket="evidence", Key=f"{prefix}/{name}", Body=body)
+    return f"s3://evidence/{prefix}"
+
+
+def register_blocks(slurm: SlurmLab, runbook: str = "hang-triage") -> None:
+    from blocks import DenpexRunbook, DenpexSlurmTarget, DenpexSshCredentials
+
+    DenpexRunbook(name=runbook).save("default", overwrite=True)
+    creds = DenpexSshCredentials(username="root", private_key=slurm.client_key.read_text(),
+                                 known_hosts=slurm.known_hosts.read_text())
+    DenpexSlurmTarget(cluster_name="lab", host="127.0.0.1", port=slurm.ssh_port, credentials=creds,
+                      connect_timeout_s=5, command_timeout_s=20).save("lab", overwrite=True)
+
+
+@pytest.fixture(scope="session")
+def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab) -> Iterator[FlowRig]:
+    state = _SESSION / "state"
+    runbooks = _SESSION / "runbooks"
+    state.mkdir()
+    write_runbooks(runbooks)
+    register_blocks(slurm_lab)
+    env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
+           "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = _SESSION / "serve.log"
+    with log.open("wb") as out:
+        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_deployments(prefect_api, {"on-alert", "manual", "return-to-service"}, served, log)
+        yield FlowRig(prefect_api, state, runbooks, s3_endpoint, slurm_lab, served, log)
+    finally:
+        served.terminate()
+        try:
+            served.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            served.kill()
+        shutil.rmtree(_SESSION / "prefect-home" / "storage", ignore_errors=True)
+
+
+def _wait_for_deployments(api: str, names: set[str], served: subprocess.Popen[bytes], log: Path) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if served.poll() is not None:
+            raise RuntimeError(f"`python -m flows.serve` exited {served.returncode}:\n{log.read_text()[-3000:]}")
+        request = urllib.request.Request(f"{api}/deployments/filter", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            found = {d["name"] for d in json.loads(response.read())}
+        request = urllib.request.Request(f"{api}/automations/filter", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            triggers = {a["name"] for a in json.loads(response.read())}
+        if names <= found and "denpex-alert" in triggers:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"deployments {names} were not served within 120 s:\n{log.read_text()[-3000:]}")

@@ -1,0 +1,117 @@
+"""Driving the served incident flow from a test: start it, find its run, answer it, read its report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from denpex.isolation.plan import IsolationPlan, load_plan
+from denpex.workflow.alert_event import AlertEvent, emit_alert
+from lab.slurm_lab import SlurmLab
+
+
+
+@dataclass
+class FlowRig:
+    """What a flow test needs: the API, where state and runbooks are, the S3 endpoint, the lab."""
+
+    api_url: str
+    state_dir: Path
+    runbooks: Path
+    s3_endpoint: str
+    lab: SlurmLab
+    served: subprocess.Popen[bytes]
+    serve_log: Path
+
+
+ALERT_TIME = datetime(2026, 11, 29, 20, 29, 50, tzinfo=UTC)
+CULPRIT_NODE = "gpu-node-003"  # withheld_one: rank 2 never enters its tp all_reduce
+GPU = "0000:3b:00.0"
+
+
+def manifest_with_gpus(folder: Path) -> bytes:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for identity in manifest["ranks"].values():
+        identity["gpu_pci_bus_id"] = GPU
+    return json.dumps(manifest).encode()
+
+
+def xid79_log(node: str = CULPRIT_NODE) -> bytes:
+    """Xid 79 (GPU fallen off the bus) on ``node`` a minute before the alert."""
+    return (f"2026-11-29T20:28:50+0000 {node} kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, "
+            "GPU has fallen off the bus.\n").encode()
+
+
+def alert(incident_id: str, evidence: str, **overrides: Any) -> AlertEvent:
+    fields: dict[str, Any] = dict(tenant="acme", cluster="lab", job_id="gloo-withheld_one", incident_id=incident_id,
+                                  alert_time=ALERT_TIME, evidence=evidence, world_size=4, reported_by_rank=0,
+                                  alert_id=f"am-{incident_id}")
+    fields.update(overrides)
+    return AlertEvent(**fields)
+
+
+def fire(api_url: str, event: AlertEvent) -> None:
+    emit_alert(api_url, event, occurred=datetime.now(UTC))
+
+
+def start_manual(event: AlertEvent) -> UUID:
+    from prefect.deployments import run_deployment
+
+    run = run_deployment("denpex-triage/manual", parameters=event.model_dump(mode="json"), timeout=0)
+    return run.id
+
+
+def find_run(incident_id: str, *, timeout_s: float = 120) -> UUID:
+    """The flow run whose parameters name ``incident_id`` (started by the event trigger)."""
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            for run in client.read_flow_runs(limit=200):
+                if run.parameters.get("incident_id") == incident_id:
+                    return run.id
+            time.sleep(1)
+    raise AssertionError(f"no flow run for incident {incident_id} within {timeout_s} s")
+
+
+def wait_for(run_id: UUID, wanted: set[str], *, timeout_s: float = 240) -> str:
+    """Wait until the run's state type is one of ``wanted`` (PAUSED, COMPLETED, ...)."""
+    from prefect import get_client
+
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            state = client.read_flow_run(run_id).state
+            seen = state.type.value if state else ""
+            if seen in wanted:
+                return seen
+            if seen in {"FAILED", "CRASHED", "CANCELLED"} - wanted:
+                raise AssertionError(f"run {run_id} ended {seen}: {state.message if state else ''}")
+            time.sleep(0.5)
+    raise AssertionError(f"run {run_id} did not reach {wanted} within {timeout_s} s (last {seen})")
+
+
+def saved_plan(state_dir: Path, incident_id: str) -> IsolationPlan:
+    return load_plan(state_dir / "plans" / f"{incident_id}.json")
+
+
+def resume(run_id: UUID, answer: dict[str, Any]) -> None:
+    from prefect.flow_runs import resume_flow_run
+
+    resume_flow_run(run_id, run_input=answer)
+
+
+def report_of(state_dir: Path, incident_id: str, run_id: UUID) -> dict[str, Any]:
+    path = state_dir / "reports" / f"{incident_id}-{run_id}.json"
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return json.loads(path.read_text())

@@ -1,0 +1,175 @@
+"""The incident flow against `prefect server start` on a real PostgreSQL, as in production.
+
+One server for the module (PostgreSQL started by the test), the deployments served against it,
+dumps in moto S3 (HTTP), the real Slurm lab over real SSH. First the approve path through the
+API; then the approval through the real UI in headless Debian Chromium (Playwright, never a
+downloaded browser): the paused run found on /runs, the plan and the chart seen beside the form,
+the form filled and submitted, the run completed, the node drained. Screenshots go under the
+test's tmp_path and their paths are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import AWS_ENV, FIXTURES, ROOT, _wait_for_deployments, register_blocks, upload, write_runbooks
+from denpex.isolation.audit import AuditKind, AuditLog, verify_audit_log
+from flow_driver import (
+    CULPRIT_NODE,
+    FlowRig,
+    alert,
+    find_run,
+    fire,
+    manifest_with_gpus,
+    report_of,
+    resume,
+    saved_plan,
+    wait_for,
+    xid79_log,
+)
+from lab.rig import drained_nodes
+from lab.slurm_lab import SlurmLab
+from prefect_servers import PrefectServer, flow_run, postgres_database, prefect_server, psql
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+SCENARIO = FIXTURES / "withheld_one"
+
+
+@dataclass
+class ServerRig:
+    """The flow rig plus the real server it runs against and its database URL."""
+
+    flows: FlowRig
+    server: PrefectServer
+    database_url: str
+
+
+@pytest.fixture(scope="module")
+def pg_rig(s3_endpoint: str, slurm_lab: SlurmLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerRig]:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    work = tmp_path_factory.mktemp("pg-rig")
+    state, runbooks, log = work / "state", work / "runbooks", work / "serve.log"
+    state.mkdir()
+    write_runbooks(runbooks)
+    with postgres_database() as database_url, prefect_server(work, database_url=database_url) as server, \
+            temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        register_blocks(slurm_lab)
+        env = {**server.env(), **AWS_ENV, "DENPEX_STATE_DIR": str(state), "DENPEX_RUNBOOKS_DIR": str(runbooks),
+               "DENPEX_S3_ENDPOINT_URL": s3_endpoint}
+        with log.open("wb") as out:
+            served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
+                                      stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_deployments(server.api_url, {"on-alert", "manual", "return-to-service"}, served, log)
+            yield ServerRig(FlowRig(server.api_url, state, runbooks, s3_endpoint, slurm_lab, served, log),
+                            server, database_url)
+        finally:
+            # The flow runs stop before the server does (a server stopping under a paused run crashes it).
+            served.terminate()
+            try:
+                served.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                served.kill()
+
+
+def paused_incident(rig: ServerRig, incident: str) -> Any:
+    evidence = upload(rig.flows.s3_endpoint, incident, SCENARIO,
+                      extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
+    fire(rig.server.api_url, alert(incident, evidence))
+    run_id = find_run(incident)
+    assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
+    return run_id
+
+
+def assert_drained_and_audited(rig: ServerRig, lab: SlurmLab, incident: str, run_id: Any, approver: str) -> None:
+    report = report_of(rig.flows.state_dir, incident, run_id)
+    assert report["outcome"] == "executed", report["reason"]
+    assert report["approval"]["approver"] == approver and report["approval"]["channel"] == "prefect-ui"
+    assert drained_nodes(lab) == {CULPRIT_NODE}
+    audit = AuditLog(rig.flows.state_dir / "audit.jsonl")
+    assert verify_audit_log(audit.path).ok
+    assert [r.kind for r in audit.records() if r.incident_id == incident] == [AuditKind.INTENT, AuditKind.RESULT]
+
+
+def test_approve_path_on_a_postgres_backed_server(pg_rig: ServerRig, lab: SlurmLab) -> None:
+    incident = "pg-approve"
+    run_id = paused_incident(pg_rig, incident)
+    plan = saved_plan(pg_rig.flows.state_dir, incident)
+    assert drained_nodes(lab) == set()
+    resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
+                    "approver": "alice", "comment": "Xid 79 confirmed"})
+    assert wait_for(run_id, {"COMPLETED"}) == "COMPLETED"
+    assert_drained_and_audited(pg_rig, lab, incident, run_id, "alice")
+    assert psql(pg_rig.database_url, f"select state_type from flow_run where id = '{run_id}'") == "COMPLETED"
+
+
+def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, lab: SlurmLab,
+                                                           tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: scripts/install_system_deps.sh installs Debian's chromium"
+    incident = "ui-approve"
+    run_id = paused_incident(pg_rig, incident)
+    run_name = flow_run(pg_rig.server, str(run_id))["name"]
+    ui = pg_rig.server.url
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.set_default_timeout(30_000)
+            page.goto(f"{ui}/runs")
+            page.get_by_role("link", name=run_name, exact=True).first.click()
+            page.wait_for_url(f"**/runs/flow-run/{run_id}")
+            expect(page.locator(".state-badge").filter(has_text="Paused").first).to_be_visible()
+            paused_shot = tmp_path / "paused-run.png"
+            page.screenshot(path=str(paused_shot))
+
+            page.get_by_role("button", name="Resume", exact=True).click()
+            dialog = page.get_by_role("dialog")
+            expect(dialog.get_by_text("Resume Flow Run")).to_be_visible()
+            expect(dialog.get_by_role("heading", name=f"Incident {incident} on lab: localized")).to_be_visible()
+            expect(dialog.get_by_text(f"drain {CULPRIT_NODE}").first).to_be_visible()
+            # The chart beside the form: decoded images (naturalWidth > 0 only once the PNG decoded).
+            dialog.locator("img").first.wait_for()
+            page.wait_for_function("() => [...document.querySelectorAll('[role=dialog] img')]"
+                                   ".some(i => i.complete && i.naturalWidth > 0)")
+            widths = dialog.locator("img").evaluate_all("els => els.map(e => e.naturalWidth)")
+            assert widths and all(w > 0 for w in widths), widths
+
+            def field(label: str) -> Any:
+                return dialog.locator(".schema-form-property").filter(
+                    has=page.locator(".schema-form-property__label", has_text=label))
+
+            # The decision is a select: open it from the keyboard (a click only focuses it here).
+            field("Decision").locator(".p-select-button__control").click()
+            page.keyboard.press("ArrowDown")
+            page.get_by_role("option", name="approve", exact=True).click()
+            field("Approver").locator("textarea").fill("carol")
+            field("Comment").locator("textarea").fill("approved in the browser")
+            form_shot = tmp_path / "approval-form.png"
+            page.screenshot(path=str(form_shot))
+            print(f"screenshots: {paused_shot} {form_shot}")
+            dialog.get_by_role("button", name="Submit", exact=True).click()
+            expect(dialog).to_be_hidden()
+            assert wait_for(run_id, {"COMPLETED"}) == "COMPLETED"
+            expect(page.locator(".state-badge").filter(has_text="Completed").first).to_be_visible(timeout=30_000)
+            done_shot = tmp_path / "completed-run.png"
+            page.screenshot(path=str(done_shot))
+            print(f"screenshot: {done_shot}")
+        finally:
+            browser.close()
+    assert_drained_and_audited(pg_rig, lab, incident, run_id, "carol")
+    assert os.path.getsize(paused_shot) > 10_000 and os.path.getsize(form_shot) > 10_000

@@ -1,0 +1,161 @@
+"""The incident flow on the real Prefect engine, real moto S3 (HTTP), real Slurm over real SSH.
+
+The approve path starts from the alert event (the deployment trigger), pauses, is resumed through
+the API with an approval, and drains the culprit's node; every other answer leaves the cluster
+untouched, with the reason in the report, the audit log and the event feed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from denpex.isolation.audit import AuditKind, AuditLog, verify_audit_log
+from flow_driver import (
+    CULPRIT_NODE,
+    FlowRig,
+    alert,
+    find_run,
+    fire,
+    manifest_with_gpus,
+    report_of,
+    resume,
+    saved_plan,
+    start_manual,
+    wait_for,
+    xid79_log,
+)
+from conftest import FIXTURES, register_blocks, upload
+from lab.rig import drained, drained_nodes, reason_of
+from lab.slurm_lab import SlurmLab
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = FIXTURES / "withheld_one"
+
+
+def _evidence(rig: FlowRig, prefix: str, *, ranks: set[int] | None = None) -> str:
+    return upload(rig.s3_endpoint, prefix, SCENARIO, ranks=ranks,
+                  extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
+
+
+def _event_names(incident_id: str, wanted: set[str], *, timeout_s: float = 30) -> set[str]:
+    """The incident's event names, once ``wanted`` are all in (events reach the feed asynchronously)."""
+    from prefect import get_client
+    from prefect.events.filters import EventFilter, EventResourceFilter
+
+    query = {"filter": EventFilter(resource=EventResourceFilter(id=[f"denpex.incident.{incident_id}"]))
+             .model_dump(mode="json"), "limit": 50}
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            names = {e["event"] for e in client.request("POST", "/events/filter", json=query).json()["events"]}
+            if wanted <= names or time.monotonic() > deadline:
+                return names
+            time.sleep(0.5)
+
+
+def _decisions(rig: FlowRig, incident_id: str) -> list[str]:
+    return [r.message for r in AuditLog(rig.state_dir / "audit.jsonl").records()
+            if r.incident_id == incident_id and r.kind is AuditKind.DECISION]
+
+
+def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab) -> None:
+    incident = "inc-approve"
+    fire(flow_rig.api_url, alert(incident, _evidence(flow_rig, incident)))
+    run_id = find_run(incident)
+    assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
+    plan = saved_plan(flow_rig.state_dir, incident)
+    assert [(a.node, a.action.value) for a in plan.actions] == [(CULPRIT_NODE, "drain")]
+    assert drained_nodes(lab) == set()
+
+    resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
+                    "approver": "alice", "comment": "Xid 79 confirmed"})
+    assert wait_for(run_id, {"COMPLETED"}) == "COMPLETED"
+
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["verdict"] == "localized" and report["outcome"] == "executed", report["reason"]
+    assert [c["rank"] for c in report["candidates"]] == [2]
+    assert report["plan"]["actions"] == [{"node": CULPRIT_NODE, "action": "drain"}]
+    assert report["approval"]["channel"] == "prefect-ui" and report["approval"]["flow_run_id"] == str(run_id)
+    assert drained_nodes(lab) == {CULPRIT_NODE}
+    assert reason_of(lab, CULPRIT_NODE).startswith(f"denpex:{incident} rank 2: xid 79")
+
+    audit = AuditLog(flow_rig.state_dir / "audit.jsonl")
+    assert verify_audit_log(audit.path).ok
+    mine = [r for r in audit.records() if r.incident_id == incident]
+    assert [r.kind for r in mine] == [AuditKind.INTENT, AuditKind.RESULT]
+    assert all(r.approver == "alice" and r.node == CULPRIT_NODE for r in mine)
+    wanted = {"denpex.remediation.intent", "denpex.remediation.result"}
+    assert wanted <= _event_names(incident, wanted)
+
+
+@pytest.mark.parametrize("answer, outcome, why", [
+    pytest.param({"decision": "reject", "approver": "bob", "comment": "job owner is debugging"},
+                 "rejected", "rejected by bob: job owner is debugging", id="rejected"),
+    pytest.param({"decision": "approve", "approver": "bob", "plan_hash": "0" * 64},
+                 "refused", "not the plan shown", id="other-plan-hash"),
+    pytest.param({"decision": "approve", "approver": "bob", "nodes": ["gpu-node-009"]},
+                 "refused", "gpu-node-009 is not in the plan", id="node-not-in-plan"),
+    pytest.param({"decision": "approve", "approver": "  "}, "refused", "approver's name is missing", id="no-approver"),
+    pytest.param({"decision": "approve", "approver": "mallory"}, "refused", "'mallory' may not approve",
+                 id="unlisted-approver"),
+])
+def test_answers_that_touch_nothing(flow_rig: FlowRig, lab: SlurmLab, answer: dict[str, Any], outcome: str,
+                                    why: str, request: pytest.FixtureRequest) -> None:
+    incident = f"inc-{request.node.callspec.id}"
+    run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
+    wait_for(run_id, {"PAUSED"})
+    plan = saved_plan(flow_rig.state_dir, incident)
+    full = {"plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions], "comment": "", **answer}
+    resume(run_id, full)
+    wait_for(run_id, {"COMPLETED"})
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["outcome"] == outcome and why in report["reason"]
+    assert report["execution"] is None
+    assert drained_nodes(lab) == set()
+    assert any(why in message for message in _decisions(flow_rig, incident))
+    wanted = {f"denpex.remediation.{outcome}"}
+    assert wanted <= _event_names(incident, wanted)
+
+
+def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(flow_rig: FlowRig, lab: SlurmLab) -> None:
+    incident = "inc-timeout"
+    register_blocks(lab, runbook="hang-triage-quick")
+    try:
+        run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
+        wait_for(run_id, {"PAUSED"})
+        with pytest.raises(Exception, match="(?i)input|valid|schema"):
+            resume(run_id, {"decision": "maybe", "unknown": 1})
+        # Prefect fails a run whose pause expired (it can no longer resume); the flow has recorded why.
+        wait_for(run_id, {"COMPLETED", "FAILED"}, timeout_s=120)
+    finally:
+        register_blocks(lab)
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["outcome"] == "timed_out" and report["execution"] is None
+    assert drained_nodes(lab) == set()
+    assert any("nobody answered" in m for m in _decisions(flow_rig, incident))
+
+
+def test_late_evidence_is_waited_for_then_triaged_without_the_missing_rank(flow_rig: FlowRig, lab: SlurmLab) -> None:
+    """Ranks 0 and 3 are in when the alert fires, rank 2 arrives during the grace period, rank 1
+    never: the run takes rank 2, waits out the grace period, and names rank 1 missing."""
+    incident = "inc-late"
+    evidence = _evidence(flow_rig, incident, ranks={0, 3})
+    started = time.monotonic()
+    run_id = start_manual(alert(incident, evidence))
+    time.sleep(2)
+    upload(flow_rig.s3_endpoint, incident, SCENARIO, ranks={2})
+    state = wait_for(run_id, {"PAUSED", "COMPLETED"})
+    waited = time.monotonic() - started
+    if state == "PAUSED":
+        plan = saved_plan(flow_rig.state_dir, incident)
+        resume(run_id, {"decision": "reject", "approver": "carol", "comment": "test",
+                        "plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions]})
+        wait_for(run_id, {"COMPLETED"})
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["missing_ranks"] == [1] and report["ranks_with_evidence"] == [0, 2, 3]
+    assert waited >= 6  # the runbook's evidence grace (PT6S): it did wait for rank 1
+    assert not drained(lab, CULPRIT_NODE)

@@ -1,0 +1,82 @@
+"""Issue 8 item 9 on the real Slurm lab: the hung job is requeued away from the drained node, as
+its own approved, audited and verified action."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from denpex.cli import app
+from denpex.isolation.audit import AuditKind, Outcome
+from denpex.isolation.errors import ApprovalError
+from denpex.isolation.executor import NodeDecision
+from denpex.isolation.plan import Operation, save_plan
+from denpex.isolation.slurm_parse import parse_show_job
+from denpex.isolation.ssh import SshSettings
+from isolation.trust import signed
+from lab.rig import Rig, drained, xid79
+from lab.slurm_lab import SlurmLab
+from lab.test_isolation_trust import settings_file
+
+pytestmark = pytest.mark.slow
+
+
+def submit_anywhere(lab: SlurmLab) -> tuple[str, str]:
+    """A job that Slurm places (no --nodelist, as training jobs are); its id and node once RUNNING."""
+    out = lab.run(["sbatch", "--parsable", "--ntasks=1", f"--output={lab.root / 'jobs' / 'slurm-%j.out'}",
+                   "--wrap=sleep 600"]).stdout.strip()
+    job = out.split(";")[0]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        state, _, node = lab.run(["squeue", "-h", "-j", job, "-o", "%T %N"]).stdout.strip().partition(" ")
+        if state == "RUNNING":
+            return job, node
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} never ran")
+
+
+def test_the_hung_job_is_requeued_with_the_drained_node_excluded(rig: Rig) -> None:
+    job, node = submit_anywhere(rig.lab)
+    plan = rig.plan(xid79(node), job_id=job)
+    assert plan.hung_job is not None and plan.hung_job.exclude_nodes == (node,)
+    assert "DRAIN of" in plan.hung_job.message and "waits forever" in plan.hung_job.message
+
+    isolated = rig.execute(plan)
+    assert isolated.nodes[0].outcome is Outcome.APPLIED and plan.hung_job.message in isolated.notes
+    assert rig.lab.state_of(node) in ("MIXED+DRAIN", "ALLOCATED+DRAIN")  # draining, forever
+    # Approving the drain did not approve restarting the job.
+    with pytest.raises(ApprovalError, match="is for isolate, not requeue"):
+        rig.execute(plan, operation=Operation.REQUEUE, approval=signed(plan))
+
+    report = rig.execute(plan, operation=Operation.REQUEUE)
+    [outcome] = report.nodes
+    assert outcome.outcome is Outcome.APPLIED, outcome.message
+    assert outcome.command == (f"scontrol requeuehold {job}; scontrol update JobId={job} ExcNodeList={node}; "
+                               f"scontrol release {job}")
+    shown = parse_show_job(rig.lab.run(["scontrol", "-o", "show", "job", job]).stdout)
+    assert shown is not None and node in shown.excluded and node not in shown.active_on and not shown.held
+    deadline = time.monotonic() + 10
+    while rig.lab.state_of(node) != "IDLE+DRAIN" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rig.lab.state_of(node) == "IDLE+DRAIN" and drained(rig.lab, node)  # drained, not draining
+    intent, result = [r for r in rig.audit.records() if r.operation is Operation.REQUEUE]
+    assert (intent.kind, result.kind, result.outcome) == (AuditKind.INTENT, AuditKind.RESULT, Outcome.APPLIED)
+    assert result.intent_seq == intent.seq and result.approver == "alice"
+
+    again = rig.execute(plan, operation=Operation.REQUEUE)
+    assert again.nodes[0].decision is NodeDecision.ALREADY_DONE
+    assert rig.audit.records()[-1].kind is AuditKind.SKIP
+
+
+def test_cli_dry_run_says_what_the_requeue_would_send(rig: Rig, ssh_settings: SshSettings, tmp_path: Path) -> None:
+    job, node = submit_anywhere(rig.lab)
+    plan_path = tmp_path / "plan.json"
+    save_plan(rig.plan(xid79(node), job_id=job), plan_path)
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, tmp_path / "state")
+    dry = CliRunner().invoke(app, ["isolate", str(plan_path), "--dry-run", "--requeue-hung-job", "--config", str(config)])
+    assert dry.exit_code == 0, dry.output
+    assert f"WOULD run: scontrol requeuehold {job}" in dry.stdout
+    assert rig.lab.job_state(job) == "RUNNING"

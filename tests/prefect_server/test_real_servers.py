@@ -1,0 +1,73 @@
+"""`prefect server start` as in production, on SQLite and on a real PostgreSQL the test starts.
+
+A real flow (the replay) runs in its own process against each server; the run's final state and
+its artifact are read back through the REST API, and on PostgreSQL the rows are in its tables.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prefect_servers import PG_BIN, PrefectServer, postgres_database, prefect_server, psql
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = ROOT / "incidents" / "catalog.json"
+
+
+def one_incident_catalog(tmp_path: Path) -> Path:
+    raw = json.loads(CATALOG.read_text())
+    [entry] = [i for i in raw["incidents"] if i["incident_id"] == "gloo-withheld-one"]
+    entry["evidence"] = str((CATALOG.parent / entry["evidence"]).resolve())
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"version": 1, "incidents": [entry]}))
+    return path
+
+
+def run_replay(server: PrefectServer, catalog: Path) -> dict[str, object]:
+    """Run the replay flow in a fresh process against ``server``; return its flow run."""
+    code = ("import sys; from flows.replay import replay; "
+            "state = replay(catalog=sys.argv[1], return_state=True); "
+            "print('FLOW_RUN', state.state_details.flow_run_id)")
+    done = subprocess.run([sys.executable, "-c", code, str(catalog)], cwd=ROOT, env=server.env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [flow_run_id] = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FLOW_RUN")]
+    response = httpx.get(f"{server.api_url}/flow_runs/{flow_run_id}", timeout=10)
+    response.raise_for_status()
+    run: dict[str, object] = response.json()
+    return run
+
+
+def drift_artifact(server: PrefectServer, flow_run_id: str) -> str:
+    response = httpx.post(f"{server.api_url}/artifacts/filter", timeout=10, json={
+        "artifacts": {"key": {"any_": ["replay-drift"]}, "flow_run_id": {"any_": [flow_run_id]}}})
+    response.raise_for_status()
+    [artifact] = response.json()
+    return str(artifact["data"])
+
+
+def test_flow_runs_against_prefect_server_on_sqlite(tmp_path: Path) -> None:
+    with prefect_server(tmp_path) as server:
+        ui = httpx.get(f"{server.url}/ui-settings", timeout=10).json()
+        assert ui["api_url"] == server.api_url, "the UI must be told the server's real port"
+        run = run_replay(server, one_incident_catalog(tmp_path))
+        assert run["state_type"] == "COMPLETED"
+        assert "All 1 incidents replay as recorded" in drift_artifact(server, str(run["id"]))
+    assert (server.home / "prefect.db").exists()
+
+
+def test_flow_runs_against_prefect_server_on_postgresql(tmp_path: Path) -> None:
+    assert (PG_BIN / "postgres").exists(), f"PostgreSQL 15 is missing ({PG_BIN}): scripts/install_system_deps.sh"
+    with postgres_database() as url, prefect_server(tmp_path, database_url=url) as server:
+        run = run_replay(server, one_incident_catalog(tmp_path))
+        assert run["state_type"] == "COMPLETED"
+        assert "All 1 incidents replay as recorded" in drift_artifact(server, str(run["id"]))
+        stored = psql(url, "select count(*) from flow_run")
+        assert int(stored) >= 1, "the run is stored in PostgreSQL, not in a SQLite file"
+    assert not (server.home / "prefect.db").exists()

@@ -1,0 +1,82 @@
+"""The replay flow on the real Prefect engine: it passes on the bundled catalog, fails on a
+deliberately changed verdict, and lists drains older than the review age from the audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="denpex-prefect-"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome  # noqa: E402
+from denpex.isolation.plan import Operation  # noqa: E402
+from flows.replay import ReplayDrift, replay  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = ROOT / "incidents" / "catalog.json"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def harness() -> Iterator[None]:
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def small_catalog(tmp_path: Path, change_verdict: bool) -> Path:
+    """Three real incidents (absolute paths); optionally record a wrong verdict for one."""
+    raw = json.loads(CATALOG.read_text())
+    keep = {"gloo-withheld-one", "gloo-sigkill", "gloo-healthy"}
+    incidents = [i for i in raw["incidents"] if i["incident_id"] in keep]
+    for entry in incidents:
+        entry["evidence"] = str((CATALOG.parent / entry["evidence"]).resolve())
+        if change_verdict and entry["incident_id"] == "gloo-withheld-one":
+            entry["recorded"]["verdict"] = "ambiguous"
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"version": 1, "incidents": incidents}))
+    return path
+
+
+async def artifact_markdown(key: str) -> str:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    async with get_client() as client:
+        found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                            limit=1)
+    return str(found[0].data) if found else ""
+
+
+def test_replay_passes_when_every_incident_replays_as_recorded(tmp_path: Path) -> None:
+    report = replay(catalog=str(small_catalog(tmp_path, change_verdict=False)))
+    assert len(report.outcomes) == 3 and report.failed == []
+
+
+@pytest.mark.anyio
+async def test_a_changed_verdict_fails_the_run_with_a_drift_artifact(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    AuditLog(audit).append(AuditEntry(
+        kind=AuditKind.RESULT, incident_id="inc-old", plan_hash="a" * 64, operation=Operation.ISOLATE,
+        node="gpu-node-002", action="drain", approver="alice", outcome=Outcome.APPLIED),
+        at=datetime.now(UTC) - timedelta(days=30))
+    state = replay(catalog=str(small_catalog(tmp_path, change_verdict=True)), audit_log=str(audit),
+                   review_age_hours=24 * 7, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ReplayDrift, match="gloo-withheld-one .*verdict ambiguous -> localized"):
+        await state.result()
+    drift = await artifact_markdown("replay-drift")
+    assert "1 of 3 incidents drifted" in drift and "verdict_changed" in drift
+    overdue = await artifact_markdown("isolations-due-for-review")
+    assert "gpu-node-002" in overdue and "inc-old" in overdue
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
