@@ -23,8 +23,9 @@ from denpex.analysis.triage import (
 )
 from denpex.evidence.manifest import JobManifest
 from denpex.evidence.store import open_store
-from denpex.hardware import correlate, load_telemetry
+from denpex.hardware import TelemetryParseResult, correlate, load_telemetry
 from denpex.hardware.correlate import CorrelationOptions
+from denpex.hardware.stored_telemetry import load_stored_telemetry, untrusted_notes
 from denpex.isolation.plan import IsolationPlan
 from denpex.isolation.planner import plan_for_triage
 from denpex.isolation.policy import Scheduler
@@ -55,6 +56,10 @@ def investigate(path: str | Path, *, world_size: int | None = None,
 
     ``progress`` is told (dumps read, dumps in all) while dumps are read; ``keep_progress`` keeps
     where each rank stands (``Investigation.progress``) for the charts.
+
+    Telemetry stored with the incident by the ingest service (``telemetry.json``) is used too:
+    a node agent's telemetry about its own host like a ``--telemetry`` file; anything else only as
+    a note, since it may never support isolation (``denpex.hardware.stored_telemetry``).
     """
     store = open_store(path)
     job = resolve_manifest(store, manifest)
@@ -65,9 +70,14 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     del outcomes  # the summaries are not needed past this point; keep memory bounded
     # Hosts and GPUs for correlation and planning: the collector's records serve as a manifest.
     job = job or inventory.manifest
-    if telemetry:
-        result = correlate(result, job, load_telemetry(list(telemetry)),
-                           options=CorrelationOptions(host_domain=host_domain))
+    stored = load_stored_telemetry(store)
+    supporting = load_telemetry(list(telemetry)) if telemetry else TelemetryParseResult()
+    if stored is not None:
+        supporting = supporting.merged(stored.trusted)
+    if telemetry or (stored is not None and stored.trusted.sources):
+        result = correlate(result, job, supporting, options=CorrelationOptions(host_domain=host_domain))
+    if stored is not None and stored.shown_only:
+        result = result.model_copy(update={"notes": [*result.notes, *untrusted_notes(stored.shown_only)]})
     report = TriageReport(**dict(result))
     plan = None
     if scheduler is not None:

@@ -1,9 +1,11 @@
 """`make demo`: the incident workflow end to end on this machine, in the foreground.
 
-Starts a local Prefect server on SQLite, a moto S3 server (or uses a folder) holding the incident's
-evidence, a real Slurm (slurmctld + slurmd + sshd on loopback, the lab the tests use, with the
-manifest's hosts as nodes), and `flows/serve.py`; fires the alert event and shows the run reaching
-the approval pause with its UI URL and the report. Fresh state under out/demo/<time>/.
+Starts a local Prefect server on SQLite, a moto S3 server (or uses a folder) for the evidence, a
+real Slurm (slurmctld + slurmd + sshd on loopback, the lab the tests use, with the manifest's hosts
+as nodes), `flows/serve.py` and the ingest service (`denpex serve-api`); uploads every rank's dump
+with a signed request (a host's telemetry with that host's node-agent key), sends the alert through
+the Alertmanager webhook, and shows the run reaching the approval pause with its UI URL and the
+report. Fresh state under out/demo/<time>/.
 
     make demo                      # waits for you to approve in the UI (or the printed command)
     make demo DEMO_APPROVE=1       # approves unattended, drains the culprit's node, exits
@@ -99,13 +101,11 @@ def _alert_time(incident: Path) -> datetime:
     return (max(times) if times else datetime.now(UTC)) + timedelta(seconds=6)
 
 
-def _put_evidence(stack: ExitStack, incident: Path, run_dir: Path, store: str, env: dict[str, str]) -> str:
-    files = [p for p in sorted(incident.iterdir()) if p.is_file()]
+def _start_store(stack: ExitStack, run_dir: Path, store: str, env: dict[str, str]) -> str:
+    """The evidence store the ingest service writes to: moto's S3 server, or a folder."""
     if store == "folder":
-        target = run_dir / "evidence" / incident.name
+        target = run_dir / "evidence"
         target.mkdir(parents=True)
-        for path in files:
-            shutil.copy(path, target)
         return str(target)
     port = _free_port()
     moto = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
@@ -119,10 +119,72 @@ def _put_evidence(stack: ExitStack, incident: Path, run_dir: Path, store: str, e
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                           aws_access_key_id="demo", aws_secret_access_key="demo")
     client.create_bucket(Bucket="evidence")
-    for path in files:
-        client.put_object(Bucket="evidence", Key=f"acme/lab/{incident.name}/{path.name}", Body=path.read_bytes())
-    _say(f"evidence: {len(files)} files in moto S3 at s3://evidence/acme/lab/{incident.name} ({endpoint})")
-    return f"s3://evidence/acme/lab/{incident.name}"
+    _say(f"evidence store: moto S3 at s3://evidence ({endpoint})")
+    return "s3://evidence"
+
+
+_IDENTITY_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id", "dumped_at")
+
+
+def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_uri: str, env: dict[str, str],
+                         incident_id: str) -> None:
+    """Run ``denpex serve-api``; upload every rank's dump with a signed request (each host's telemetry
+    with that host's node-agent key) and send the alert through the Alertmanager webhook."""
+    from denpex.hardware import parse_telemetry_lines
+    from denpex.ingest.client import IngestClient
+    from denpex.ingest.plans import PlanTier
+    from denpex.ingest.registry import Registry
+
+    registry = Registry(Path(env["DENPEX_STATE_DIR"]))
+    registry.add_tenant("acme", PlanTier.DATA_CENTER)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = run_dir / "serve-api.log"
+    proc = _spawn(stack, [sys.executable, "-m", "denpex", "serve-api", "--port", str(port), "--store", store_uri],
+                  env, log)
+    _wait_http(f"{url}/healthz", "denpex serve-api", proc, log)
+    manifest = json.loads((incident / "manifest.json").read_text())
+    job_id = manifest.get("job_id") or incident.name
+    lines_by_host: dict[str, list[str]] = {}
+    for path in sorted(incident.iterdir()):
+        if path.suffix in (".log", ".jsonl"):
+            for line in path.read_text(errors="replace").splitlines():
+                events = parse_telemetry_lines([line]).events
+                host = events[0].host if events and events[0].host else ""
+                lines_by_host.setdefault(host, []).append(line)
+    job_key = registry.create_key("acme", "lab")
+    ranks = manifest.get("ranks", {})
+    for rank in range(manifest["world_size"]):
+        dump = next((p for p in (incident / f"rank_{rank}.pkl", incident / f"rank_{rank}.json") if p.is_file()), None)
+        if dump is None:
+            continue
+        ident = {k: v for k, v in ranks.get(str(rank), {}).items() if k in _IDENTITY_FIELDS}
+        host = ident.get("host")
+        telemetry = lines_by_host.pop(host, []) if host else []
+        # A host's own telemetry travels with a key bound to that host (a node agent's): only such
+        # telemetry may support a drain. The demo issues one per host that has telemetry.
+        key = registry.create_key("acme", "lab", host=host) if telemetry and host else job_key
+        client = IngestClient(url, key_id=key.key_id, secret=key.secret, tenant="acme", cluster="lab")
+        identity = {**ident, "job_id": job_id, "incident_id": incident_id, "rank": rank,
+                    "world_size": manifest["world_size"], "process_groups": manifest.get("process_groups", {})}
+        body = [("\n".join(telemetry) + "\n").encode()] if telemetry else []
+        response = client.upload(identity, dump.read_bytes(), dump.name, body)
+        if response.status_code >= 300:
+            raise SystemExit(f"demo: the upload of rank {rank} was refused: {response.text}")
+    _say(f"uploaded {manifest['world_size']} ranks' dumps with signed requests to {url} "
+         f"-> {store_uri}/acme/lab/{job_id}/{incident_id}")
+    time.sleep(1.5)  # the service writes the incident's manifest.json within a second
+    token = registry.create_token("acme", "lab")
+    alert = {"version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
+        "status": "firing", "startsAt": _alert_time(incident).isoformat().replace("+00:00", "Z"),
+        "labels": {"alertname": "NCCLWatchdogTimeout", "tenant": "acme", "cluster": "lab", "job_id": job_id,
+                   "incident_id": incident_id, "rank": "0", "world_size": str(manifest["world_size"])}}]}
+    request = urllib.request.Request(f"{url}/v1/alerts", data=json.dumps(alert).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {token.token}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (our loopback service)
+        receipt = json.loads(answer.read())
+    _say(f"alert through the Alertmanager webhook: {receipt['alerts'][0]}")
 
 
 def _start_slurm(stack: ExitStack, incident: Path) -> Any:
@@ -237,22 +299,14 @@ def main(argv: list[str] | None = None) -> int:
                                 "--port", str(port)], env, log)
         _wait_http(f"{api}/health", "prefect server", server, log)
         _say(f"prefect server (SQLite under {run_dir / 'prefect'}): http://127.0.0.1:{port}")
-        evidence = _put_evidence(stack, incident, run_dir, args.store, env)
+        store_uri = _start_store(stack, run_dir, args.store, env)
         os.environ.update(env)  # this process talks to the same API and store from here on
         lab = _start_slurm(stack, incident)
         _register_blocks(lab)
         served = _spawn(stack, [sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
-        from denpex.workflow.alert_event import AlertEvent, emit_alert
-
-        manifest = json.loads((incident / "manifest.json").read_text())
         incident_id = f"demo-{run_dir.name.lower()}"
-        alert = AlertEvent(tenant="acme", cluster="lab", job_id=manifest.get("job_id") or incident.name,
-                           incident_id=incident_id, alert_time=_alert_time(incident), evidence=evidence,
-                           world_size=manifest.get("world_size"), reported_by_rank=0,
-                           alert_id=f"demo-{run_dir.name}")
         _wait_for_trigger(api, served, run_dir / "serve.log")
-        emit_alert(api, alert, occurred=datetime.now(UTC))
-        _say(f"alert event denpex.alert.nccl-timeout fired for incident {incident_id}")
+        _through_the_service(stack, incident, run_dir, store_uri, env, incident_id)
         run_id = _find_run(incident_id)
         ui = f"http://127.0.0.1:{port}/runs/flow-run/{run_id}"
         state = _wait_state(run_id, {"PAUSED", "COMPLETED"})

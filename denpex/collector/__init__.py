@@ -1,4 +1,4 @@
-"""Code that runs inside a training job: the Flight Recorder hang dumper and its files."""
+"""Code that runs inside a training job: the Flight Recorder hang dumper, its files and their upload."""
 
 from denpex.collector.dump_record import DumpRecord, DumpTrigger, rank_identities, read_dump_records
 from denpex.collector.dump_signal import (
@@ -17,24 +17,32 @@ from denpex.collector.flight_recorder import (
 )
 from denpex.collector.fr_watchdog import HangDumper
 from denpex.collector.layout import dump_path, record_path, request_path, write_atomic
+from denpex.collector.spool import Spool, SpoolEntry
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
+from denpex.collector.uploader import Backoff, EvidenceUploader, UploadTarget, incident_id_for
 
 __all__ = [
+    "Backoff",
     "BlockedOp",
     "DumpFormat",
     "DumpRecord",
     "DumpRequest",
     "DumpSignal",
     "DumpTrigger",
+    "EvidenceUploader",
     "FileDumpSignal",
     "FlightRecorderSource",
     "GroupProgress",
     "HangDumper",
     "InFlightOp",
+    "Spool",
+    "SpoolEntry",
     "StallWatch",
     "StoreDumpSignal",
     "TorchFlightRecorder",
+    "UploadTarget",
     "dump_path",
+    "incident_id_for",
     "rank_identities",
     "read_dump_records",
     "record_path",

@@ -83,9 +83,13 @@ class HangDumper:
         recorder: FlightRecorderSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         identity: Callable[[], JobIdentity] = read_job_identity,
+        after_dump: Callable[[DumpRecord, DumpRequest], None] | None = None,
     ) -> None:
         """``trigger_fraction=None`` turns stall detection off: the rank dumps only on request,
-        on error or by :meth:`dump_now`."""
+        on error or by :meth:`dump_now`.
+
+        ``after_dump`` is called once, with this rank's record and the incident's shared request,
+        after the dump files are written and before the record is (e.g. ``EvidenceUploader.submit``)."""
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         if trigger_fraction is not None and not 0.0 < trigger_fraction < 1.0:
@@ -107,6 +111,8 @@ class HangDumper:
         self._recorder = recorder
         self._clock = clock
         self._identity = identity
+        self._after_dump = after_dump
+        self._incident: DumpRequest | None = None
         self._watch = StallWatch()
         self._op_details: dict[tuple[str, int], InFlightOp | None] = {}
         self._lock = threading.Lock()
@@ -174,18 +180,22 @@ class HangDumper:
         self._warm = True
         return self._clock() - started
 
-    def dump_now(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
-        """Dump this rank (once; later calls return the first record)."""
+    def dump_now(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None) -> DumpRecord:
+        """Dump this rank (once; later calls return the first record). ``request``: the one answered."""
+        return self._dump(trigger, reason, request, publish=False)
+
+    def _dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None, *, publish: bool) -> DumpRecord:
         with self._lock:
             if self._record is not None:
                 return self._record
             recorder = self._source()
             self._in_flight_at_dump = {pg: p.in_flight for pg, p in recorder.progress().items()
                                        if p.in_flight is not None}
-            return self._write_dump(trigger, reason)
+            return self._write_dump(trigger, reason, request, publish=publish)
 
-    def _write_dump(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
-        """Take and write every format and the record (the caller holds the lock)."""
+    def _write_dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None, *,
+                    publish: bool = False) -> DumpRecord:
+        """Take and write every format, hand them over, then write the record (the caller holds the lock)."""
         started = self._clock()
         dumped_at = datetime.now(UTC)
         recorder = self._source()
@@ -203,6 +213,7 @@ class HangDumper:
                             dump_seconds=round(self._clock() - started, 6),
                             world_size=job.world_size, process_groups=job.process_groups,
                             gpu_uuid=job.gpu_uuid, gpu_pci_bus_id=job.gpu_pci_bus_id)
+        self._hand_over(record, request, publish=publish)
         write_atomic(record_path(self.out_dir, self.rank), record.model_dump_json(indent=1).encode())
         self._record = record
         self._dumped.set()
@@ -212,10 +223,33 @@ class HangDumper:
 
     def request(self, trigger: DumpTrigger, reason: str) -> DumpRecord:
         """Dump this rank, then ask every other rank to dump too."""
-        record = self.dump_now(trigger, reason)
+        record = self._dump(trigger, reason, None, publish=True)
         self._signal.send(DumpRequest(requested_by=f"rank {self.rank}", reason=reason,
                                       requested_at=record.dumped_at))
         return record
+
+    def _hand_over(self, record: DumpRecord, request: DumpRequest | None, *, publish: bool) -> None:
+        """Give the dump to ``after_dump`` with the incident's request, before the record is written.
+
+        The record tells launchers and operators that this rank has dumped, and they may kill it
+        then (torchrun tears the job down once a rank fails): the hand-over (spooling an upload)
+        must be done by that time. The incident's request is the one this rank answers, else the
+        first one published: a rank that is about to ask publishes its request now, and every rank
+        asking in the same instant (they all fail together when a peer dies) reads the one that
+        stood, so that all of them name one incident.
+        """
+        if self._after_dump is None:
+            return
+        own = DumpRequest(requested_by=f"rank {self.rank}", reason=record.reason, requested_at=record.dumped_at)
+        if request is None and publish:
+            self._signal.send(own)
+        # A re-dump (trigger recovered) belongs to the incident of the first dump: a new version there.
+        incident = request or self._incident or self._signal.receive() or own
+        self._incident = incident
+        try:
+            self._after_dump(record, incident)
+        except Exception:  # noqa: BLE001 - an upload problem must never take the training down
+            _log.exception("rank %d: handing the dump over (after_dump) failed", self.rank)
 
     # -- watchdog -----------------------------------------------------------------------------
 
@@ -226,7 +260,7 @@ class HangDumper:
             return self._redump_if_recovered()
         incoming = self._signal.receive()
         if incoming is not None:
-            return self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}")
+            return self.dump_now(DumpTrigger.REQUEST, f"{incoming.requested_by}: {incoming.reason}", incoming)
         progress = self._source().progress()
         if not self._warm and any(p.last_enqueued > 0 for p in progress.values()):
             self.warm_up()

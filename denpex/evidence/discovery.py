@@ -25,7 +25,7 @@ __all__ = ["DumpRef", "Inventory", "rank_from_file_name", "is_candidate_name", "
            "NOT_EVIDENCE"]
 
 # Names Denpex itself writes next to dumps; they are not dumps and not worth a warning.
-NOT_EVIDENCE = frozenset({"manifest.json", "expected.json"})
+NOT_EVIDENCE = frozenset({"manifest.json", "expected.json", "telemetry.json"})
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".pt", ".bin", ".dump")
 _TRAILING_NUMBER = re.compile(r"([0-9]+)$")
 # More digits than any rank has; such a number is not converted (int() refuses > 4,300 digits).

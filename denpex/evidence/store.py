@@ -38,6 +38,10 @@ class EvidenceStore(Protocol):
 
     def write(self, name: str, data: bytes) -> None: ...
 
+    def delete(self, name: str) -> None:
+        """Remove ``name``; a name that is not there is no error."""
+        ...
+
 
 class LocalStore:
     """A folder on disk. Only regular files directly in the folder are evidence."""
@@ -79,6 +83,12 @@ class LocalStore:
 
     def write(self, name: str, data: bytes) -> None:
         write_atomic(self._path(name), data)
+
+    def delete(self, name: str) -> None:
+        try:
+            self._path(name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise EvidenceSourceError(f"cannot delete {self.root / name} ({exc.strerror or exc})") from exc
 
     def _path(self, name: str) -> Path:
         if name.startswith("/") or ".." in Path(name).parts:
@@ -141,6 +151,14 @@ class S3Store:
             self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
         except (ClientError, BotoCoreError) as exc:
             raise EvidenceSourceError(f"cannot write {self.uri}/{name} ({exc})") from exc
+
+    def delete(self, name: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(name))
+        except (ClientError, BotoCoreError) as exc:
+            raise EvidenceSourceError(f"cannot delete {self.uri}/{name} ({exc})") from exc
 
 
 def _s3_client(endpoint_url: str | None) -> Any:

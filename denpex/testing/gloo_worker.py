@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from denpex.collector import DumpTrigger, HangDumper, StoreDumpSignal, write_atomic
+from denpex.collector import DumpTrigger, EvidenceUploader, HangDumper, StoreDumpSignal, UploadTarget, write_atomic
 from denpex.testing.gloo_catalog import (
     DP_GROUPS,
     DUMP_FORMATS,
@@ -64,10 +64,16 @@ def run_rank(rank: int, work: Path, scenario_name: str, timeout: timedelta, step
 
     # The long stall must outlive the timeout before anyone dumps: no stall trigger, and a
     # failed collective is caught below instead of dumping on the way out.
+    # With DENPEX_INGEST_* set, every dump also goes to the ingest service (spooled, retried).
+    target = UploadTarget.from_env()
+    uploader = (EvidenceUploader(target, dump_dir=work / "collected", spool_dir=work / "spool" / f"rank_{rank}",
+                                 identity=_upload_identity(rank, target.job_id), attach_nvml=True).start()
+                if target else None)
     dumper = HangDumper(work / "collected", rank=rank, collective_timeout=timeout,
                         host=host_name(rank), local_rank=0, formats=DUMP_FORMATS,
                         trigger_fraction=None if long_stall else 0.75, poll_interval=POLL_INTERVAL,
-                        signal=_store_signal(signal_store, timeout) if signal_store else None)
+                        signal=_store_signal(signal_store, timeout) if signal_store else None,
+                        after_dump=uploader.submit if uploader else None)
     tensor = torch.ones(16)
 
     def step(world_op: Role = Role.STEP) -> None:
@@ -100,6 +106,13 @@ def run_rank(rank: int, work: Path, scenario_name: str, timeout: timedelta, step
         dumper.wait_dumped(timedelta(hours=1))
         while True:
             time.sleep(1.0)
+
+
+def _upload_identity(rank: int, job_id: str) -> dict[str, object]:
+    """The identity torch.distributed gives, with the scenario's host name for this rank."""
+    from denpex.collector.uploader import torch_identity
+
+    return {**torch_identity(job_id, ""), "host": host_name(rank), "local_rank": 0}
 
 
 def _store_signal(address: str, timeout: timedelta) -> StoreDumpSignal:

@@ -1,5 +1,6 @@
 """Telemetry that travels with the evidence: kernel logs (``*.log``) and collector output
-(``*.jsonl``) in the incident's store, at its top level or under ``telemetry/``.
+(``*.jsonl``) in the incident's store, at its top level or under ``telemetry/``, and the trusted
+part of what the ingest service filed under ``telemetry.json``.
 
 Read through the store (a folder or S3), never from the local disk only, so the flow sees the
 same files whatever machine it runs on. A file over the cap is refused with its name.
@@ -11,6 +12,7 @@ from denpex.evidence.errors import EvidenceError
 from denpex.evidence.store import EvidenceStore, open_store
 from denpex.hardware.errors import TelemetryFileError
 from denpex.hardware.events import TelemetryParseResult
+from denpex.hardware.stored_telemetry import load_stored_telemetry
 from denpex.hardware.telemetry import MAX_TELEMETRY_FILE_BYTES, parse_telemetry_lines
 
 __all__ = ["TELEMETRY_SUFFIXES", "telemetry_names", "telemetry_in_store"]
@@ -40,4 +42,9 @@ def telemetry_in_store(store: EvidenceStore) -> TelemetryParseResult:
                 raise TelemetryFileError(f"{source.uri}/{name}: cannot read telemetry file: {exc}") from exc
             text = data.decode("utf-8-sig", errors="replace")
             result = result.merged(parse_telemetry_lines(text.splitlines(), source=f"{source.uri}/{name}"))
+    # Uploaded through the ingest service (telemetry.json): only a node agent's events about its
+    # own host may support isolation; the rest is never used here (denpex.hardware.stored_telemetry).
+    stored = load_stored_telemetry(store)
+    if stored is not None:
+        result = result.merged(stored.trusted)
     return result

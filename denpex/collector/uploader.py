@@ -1,0 +1,254 @@
+"""The collector's upload path: every dump goes to the spool, then to the ingest service, signed.
+
+    HangDumper --after_dump--> EvidenceUploader.submit(record, request)
+        -> one spool entry per dump file (identity + bytes + NVML telemetry when present)
+        -> a delivery thread sends each entry with a signed request (``denpex.ingest.client``)
+           2xx: acknowledged, removed     5xx / 429 / no answer: retried with backoff
+           other 4xx: refused for good, set aside in ``rejected/`` (a bad key is never retried)
+
+A brief outage of the API or of S3 (the API answers 503) therefore loses nothing; what stays in
+the spool is delivered by the next :class:`EvidenceUploader` over the same folder (a restarted rank).
+
+Configuration from the environment (:meth:`UploadTarget.from_env`)::
+
+    DENPEX_INGEST_URL  DENPEX_INGEST_KEY_ID  DENPEX_INGEST_SECRET  DENPEX_TENANT  DENPEX_CLUSTER  DENPEX_JOB_ID
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import socket
+import threading
+from collections.abc import Mapping
+from datetime import UTC, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from denpex.collector.dump_record import DumpRecord
+from denpex.collector.dump_signal import DumpRequest
+from denpex.collector.spool import Spool, SpoolEntry
+from denpex.ingest.client import IngestClient
+
+__all__ = ["UploadTarget", "Backoff", "EvidenceUploader", "incident_id_for", "torch_identity", "nvml_snapshot"]
+
+_log = logging.getLogger(__name__)
+_ENV = {"url": "DENPEX_INGEST_URL", "key_id": "DENPEX_INGEST_KEY_ID", "secret": "DENPEX_INGEST_SECRET",
+        "tenant": "DENPEX_TENANT", "cluster": "DENPEX_CLUSTER", "job_id": "DENPEX_JOB_ID"}
+
+
+class UploadTarget(BaseModel):
+    """Where and as whom a rank uploads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+    key_id: str
+    secret: SecretStr
+    tenant: str
+    cluster: str
+    job_id: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadTarget | None:
+        """The target from ``DENPEX_INGEST_*``; None when uploads are not configured (no URL)."""
+        env = os.environ if environ is None else environ
+        if not env.get(_ENV["url"]):
+            return None
+        missing = [name for name in _ENV.values() if not env.get(name)]
+        if missing:
+            raise ValueError(f"uploads are configured ({_ENV['url']} is set) but {', '.join(missing)} "
+                             "is not; set them all, or unset the URL")
+        return cls.model_validate({field: env[name] for field, name in _ENV.items()})
+
+
+class Backoff(BaseModel):
+    """Retry delays: ``first_s`` doubling up to ``max_s``, with jitter so ranks do not retry in step."""
+
+    model_config = ConfigDict(frozen=True)
+
+    first_s: float = 0.5
+    max_s: float = 30.0
+    jitter: float = 0.3
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_s, self.first_s * 2 ** max(0, attempt))
+        return base * (1 - self.jitter + 2 * self.jitter * random.random())
+
+
+def incident_id_for(request: DumpRequest) -> str:
+    """The incident id every rank derives from the one shared dump request.
+
+    >>> from datetime import datetime
+    >>> incident_id_for(DumpRequest(requested_by="rank 2", reason="x",
+    ...                             requested_at=datetime(2026, 12, 1, 13, 9, 14, 250000, tzinfo=UTC)))
+    'fr-20261201T130914.250Z'
+    """
+    at = request.requested_at.astimezone(UTC)
+    return f"fr-{at.strftime('%Y%m%dT%H%M%S')}.{at.microsecond // 1000:03d}Z"
+
+
+def torch_identity(job_id: str, incident_id: str) -> dict[str, Any]:
+    """Rank, world size and process groups from ``torch.distributed``; host, local rank and pid."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_process_group_name, _world
+
+    groups: dict[str, Any] = {}
+    for group in list(_world.pg_names):
+        try:
+            groups[_get_process_group_name(group)] = {"desc": getattr(group, "group_desc", None),
+                                                      "ranks": dist.get_process_group_ranks(group)}
+        except (RuntimeError, ValueError, KeyError):
+            continue  # a group being torn down
+    local_rank = os.environ.get("LOCAL_RANK")
+    return {"job_id": job_id, "incident_id": incident_id, "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(), "host": socket.gethostname(),
+            "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else None, "pid": os.getpid(),
+            "process_groups": groups}
+
+
+def nvml_snapshot(host: str) -> bytes | None:
+    """One NVML snapshot as ``collect-telemetry`` JSON lines, or None where there is no NVML or GPU."""
+    from denpex.hardware.errors import HardwareError
+    from denpex.hardware.nvml_collector import collect_telemetry, load_pynvml
+
+    out = io.StringIO()
+    try:
+        collect_telemetry(out, duration_s=0, host=host, nvml=load_pynvml(), poll_s=0.1)
+    except (HardwareError, OSError) as exc:
+        _log.info("no NVML telemetry attached: %s", exc)
+        return None
+    return out.getvalue().encode()
+
+
+class EvidenceUploader:
+    """Spools a rank's dumps and delivers them in a background thread until acknowledged."""
+
+    def __init__(self, target: UploadTarget, *, dump_dir: Path, spool_dir: Path,
+                 identity: Mapping[str, Any] | None = None,
+                 backoff: Backoff | None = None, attach_nvml: bool = True, http: httpx.Client | None = None) -> None:
+        self.target = target
+        self.dump_dir = dump_dir
+        self.spool = Spool(spool_dir)
+        self._identity = dict(identity or {})
+        self._backoff = backoff or Backoff()
+        self._attach_nvml = attach_nvml
+        self._client = IngestClient(target.url, key_id=target.key_id, secret=target.secret, tenant=target.tenant,
+                                    cluster=target.cluster, timeout_s=20.0, http=http)
+        self._delivering = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.delivered = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> EvidenceUploader:
+        """Start delivering (what is already spooled is delivered too)."""
+        if self._thread is not None:
+            raise RuntimeError("this uploader is already started")
+        self._thread = threading.Thread(target=self._run, name="denpex-evidence-uploader", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: timedelta = timedelta(seconds=5)) -> None:
+        """Stop the delivery thread; undelivered entries stay in the spool."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout.total_seconds())
+
+    # -- spooling ----------------------------------------------------------------------------
+
+    def submit(self, record: DumpRecord, request: DumpRequest) -> None:
+        """The :class:`HangDumper` hook: spool every file of ``record``, then try to deliver it now.
+
+        Spooled first, so that nothing is lost however the rank ends; delivered at once, because
+        a launcher may tear the job down soon after a rank dumps. What fails here is retried by the
+        delivery thread (or by the next uploader over this spool).
+        """
+        self.spool_dump(record, request)
+        self.deliver_once()
+
+    def spool_dump(self, record: DumpRecord, request: DumpRequest) -> list[SpoolEntry]:
+        """Spool every file of ``record`` and wake the delivery thread; return the entries."""
+        identity = self._identity_for(record, incident_id_for(request))
+        telemetry = [t for t in [nvml_snapshot(record.host or socket.gethostname())] if t] if self._attach_nvml else []
+        entries = [self.spool.put(identity, self.dump_dir / name, telemetry) for name in record.files]
+        self._wake.set()
+        return entries
+
+    def _identity_for(self, record: DumpRecord, incident_id: str) -> dict[str, Any]:
+        identity: dict[str, Any] = {"job_id": self.target.job_id, "incident_id": incident_id, "rank": record.rank,
+                                    "pid": record.pid, "dumped_at": record.dumped_at.isoformat()}
+        if record.host:
+            identity["host"] = record.host
+        if record.local_rank is not None:
+            identity["local_rank"] = record.local_rank
+        # torch.distributed knows the world and the groups; a caller may pass them in instead.
+        base = self._identity or _torch_identity_or_empty(self.target.job_id, incident_id)
+        merged = {**base, **identity}
+        return {k: v for k, v in merged.items() if v is not None}
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver_once(self) -> bool:
+        """Try every pending entry once, oldest first; True when the spool is empty afterwards."""
+        # One deliverer at a time: the hook and the thread must not send one entry twice at once.
+        with self._delivering:
+            for entry in self.spool.pending():
+                if self._stop.is_set():
+                    return False
+                if not self._deliver(entry):
+                    return False
+            return not self.spool.pending()
+
+    def _deliver(self, entry: SpoolEntry) -> bool:
+        """False when the entry must be retried later (the service or the network is down)."""
+        try:
+            response = self._client.upload(entry.identity, entry.dump(), entry.dump_name, entry.telemetry())
+        except httpx.HTTPError as exc:
+            _log.warning("upload of %s failed (%s); it stays in the spool", entry.path.name, exc)
+            return False
+        if response.status_code < 300:
+            self.spool.done(entry)
+            self.delivered += 1
+            return True
+        if response.status_code >= 500 or response.status_code == 429:
+            _log.warning("upload of %s: HTTP %d (%s); retrying later", entry.path.name, response.status_code,
+                         response.text[:200])
+            return False
+        # 401/403/413/422: retrying the same request cannot succeed; keep it for a person.
+        reason = f"HTTP {response.status_code}: {response.text[:500]}"
+        _log.error("upload of %s refused for good: %s", entry.path.name, reason)
+        self.spool.reject(entry, reason)
+        return True
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                emptied = self.deliver_once()
+            except Exception:  # noqa: BLE001 - the uploader must never take the training down
+                _log.exception("the evidence uploader failed; retrying")
+                emptied = False
+            if emptied:
+                attempt = 0
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            self._stop.wait(self._backoff.delay(attempt))
+            attempt += 1
+
+
+def _torch_identity_or_empty(job_id: str, incident_id: str) -> dict[str, Any]:
+    try:
+        return torch_identity(job_id, incident_id)
+    except (ImportError, RuntimeError, ValueError) as exc:
+        _log.warning("no identity from torch.distributed (%s); uploading without world size", exc)
+        return {}

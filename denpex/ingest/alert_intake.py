@@ -1,0 +1,79 @@
+"""Turning alerts into at most one flow run per incident, and recording ``resolved``.
+
+An alert names its incident (``incident_id``), or joins the job's open incident (the one its
+ranks' uploads opened: collectors dump before the watchdog fires), or opens one named after the
+job and the alert's start time, which Alertmanager keeps the same on every repeat.
+Exactly one delivery per incident emits the alert event (:meth:`IncidentBook.claim_run`); when the
+engine cannot take it, the answer is 503 and the next delivery (Alertmanager retries) tries again.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from denpex.ingest.alerts import Alert, AlertStatus
+from denpex.ingest.errors import IngestError
+from denpex.ingest.flow_trigger import AlertEvent, FlowTrigger
+from denpex.ingest.incidents import IncidentBook, IncidentKey
+from denpex.ingest.layout import incident_prefix, join_uri
+
+__all__ = ["AlertReceipt", "AlertIntake", "incident_for"]
+
+
+class AlertReceipt(BaseModel):
+    """What was done with one alert."""
+
+    incident_id: str
+    alert_id: str | None
+    status: AlertStatus
+    run_started: bool
+    """True only for the one delivery that emitted the event; repeats answer False."""
+
+
+def incident_for(alert: Alert, book: IncidentBook, tenant: str, cluster: str) -> str:
+    """The incident an alert belongs to (see the module docstring)."""
+    if alert.incident_id is not None:
+        return alert.incident_id
+    # At most 63 characters, as isolation's incident ids (Kubernetes label values) must be.
+    return book.open_incident(tenant, cluster, alert.job_id) or (
+        f"{alert.job_id[:46].rstrip('._-')}-{alert.alert_time.strftime('%Y%m%dT%H%M%SZ')}")
+
+
+class AlertIntake:
+    """Records alerts and starts the incident flow through a :class:`FlowTrigger`."""
+
+    def __init__(self, book: IncidentBook, trigger: FlowTrigger, store_uri: str) -> None:
+        self.book = book
+        self.trigger = trigger
+        self.store_uri = store_uri
+
+    def receive(self, tenant: str, cluster: str, alerts: list[Alert]) -> list[AlertReceipt]:
+        """Handle every alert of one delivery, in order."""
+        return [self._one(tenant, cluster, alert) for alert in alerts]
+
+    def _one(self, tenant: str, cluster: str, alert: Alert) -> AlertReceipt:
+        key = IncidentKey(tenant, cluster, incident_for(alert, self.book, tenant, cluster))
+        when = alert.alert_time.isoformat()
+        if alert.status is AlertStatus.RESOLVED:
+            self.book.record_resolved(key, alert.job_id, when)
+            record = self.book.record(key)
+            return AlertReceipt(incident_id=key.incident_id, alert_id=record.alert_id if record else None,
+                                status=alert.status, run_started=False)
+        alert_id = self.book.claim_run(key, alert.job_id, world_size=alert.world_size, alert_time=when,
+                                       reported_by_rank=alert.rank)
+        if alert_id is None:
+            record = self.book.record(key)
+            return AlertReceipt(incident_id=key.incident_id, alert_id=record.alert_id if record else None,
+                                status=alert.status, run_started=False)
+        event = AlertEvent(tenant=tenant, cluster=cluster, job_id=alert.job_id, incident_id=key.incident_id,
+                           alert_time=alert.alert_time,
+                           evidence=join_uri(self.store_uri, incident_prefix(tenant, cluster, alert.job_id,
+                                                                             key.incident_id)),
+                           world_size=self.book.world_size(key), reported_by_rank=alert.rank, alert_id=alert_id)
+        try:
+            self.trigger.start(event)
+        except IngestError:
+            self.book.finish_run_claim(key, started=False)
+            raise
+        self.book.finish_run_claim(key, started=True)
+        return AlertReceipt(incident_id=key.incident_id, alert_id=alert_id, status=alert.status, run_started=True)

@@ -1,0 +1,94 @@
+"""A client of the ingest service that signs every request (collectors, scripts, tests, benchmarks).
+
+The multipart body is built here, byte for byte, because the signature covers the whole body::
+
+    client = IngestClient("http://127.0.0.1:8080", key_id="dk_...", secret="...", tenant="acme", cluster="c1")
+    client.upload(identity, dump_bytes, "rank_3.pkl")      # -> httpx.Response
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from denpex.ingest.signing import signed_headers
+
+__all__ = ["encode_multipart", "IngestClient"]
+
+
+def encode_multipart(fields: Mapping[str, str], files: Sequence[tuple[str, str, bytes]]) -> tuple[bytes, str]:
+    """``multipart/form-data``: text fields, then ``(part name, file name, bytes)`` files.
+
+    Returns the body and its Content-Type (with the boundary).
+    """
+    boundary = "denpex-" + secrets.token_hex(16)
+    out = bytearray()
+    for name, value in fields.items():
+        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n"
+                "Content-Type: application/json\r\n\r\n").encode()
+        out += value.encode() + b"\r\n"
+    for name, filename, data in files:
+        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\n"
+                "Content-Type: application/octet-stream\r\n\r\n").encode()
+        out += data + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return bytes(out), f"multipart/form-data; boundary={boundary}"
+
+
+class IngestClient:
+    """Signs and sends requests for one key (one tenant and cluster)."""
+
+    def __init__(self, base_url: str, *, key_id: str, secret: str | SecretStr, tenant: str, cluster: str,
+                 timeout_s: float = 60.0, http: httpx.Client | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.key_id = key_id
+        self._secret = secret if isinstance(secret, SecretStr) else SecretStr(secret)
+        self.tenant = tenant
+        self.cluster = cluster
+        self._timeout_s = timeout_s
+        self._http = http
+
+    def signed(self, method: str, path: str, body: bytes) -> dict[str, str]:
+        """The authentication headers for one request (fresh nonce, current time)."""
+        return signed_headers(secret=self._secret.get_secret_value().encode(), key_id=self.key_id,
+                              tenant=self.tenant, cluster=self.cluster, method=method, path=path, body=body)
+
+    def send(self, method: str, path: str, body: bytes = b"", *, content_type: str | None = None,
+             params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
+        """Sign ``body`` for ``path`` (without the query) and send it."""
+        all_headers = self.signed(method, path, body)
+        if content_type:
+            all_headers["Content-Type"] = content_type
+        all_headers.update(headers or {})
+        if self._http is not None:
+            return self._http.request(method, self.base_url + path, content=body, headers=all_headers,
+                                      params=params, timeout=self._timeout_s)
+        return httpx.request(method, self.base_url + path, content=body, headers=all_headers, params=params,
+                             timeout=self._timeout_s)
+
+    def upload(self, identity: Mapping[str, Any], dump: bytes, filename: str,
+               telemetry: Sequence[bytes] = ()) -> httpx.Response:
+        """``POST /v1/evidence``: one rank's dump with its identity (and telemetry files)."""
+        body, content_type = encode_multipart(
+            {"identity": json.dumps(dict(identity), default=str)},
+            [("dump", filename, dump)] + [("telemetry", f"telemetry-{i}.log", t) for i, t in enumerate(telemetry)])
+        return self.send("POST", "/v1/evidence", body, content_type=content_type)
+
+    def alert(self, alert: Mapping[str, Any]) -> httpx.Response:
+        """``POST /v1/alerts`` with Denpex's alert JSON."""
+        return self.send("POST", "/v1/alerts", json.dumps(dict(alert), default=str).encode(),
+                         content_type="application/json")
+
+    def watchdog_line(self, line: str, *, job_id: str, incident_id: str | None = None) -> httpx.Response:
+        """``POST /v1/alerts`` with a raw watchdog log line (``text/plain``)."""
+        params = {"job_id": job_id} | ({"incident_id": incident_id} if incident_id else {})
+        return self.send("POST", "/v1/alerts", line.encode(), content_type="text/plain", params=params)
+
+    def incident(self, incident_id: str) -> httpx.Response:
+        """``GET /v1/incidents/{id}``: coverage and the flow run's state."""
+        return self.send("GET", f"/v1/incidents/{incident_id}")

@@ -1,0 +1,80 @@
+"""The ingest service's SQLite database in ``$DENPEX_STATE_DIR``, readable by the service user only.
+
+One short-lived connection per unit of work (SQLite connections are cheap, and this keeps the
+server's worker threads from sharing one). WAL mode lets readers run beside the one writer.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["DATABASE_NAME", "Database"]
+
+DATABASE_NAME = "ingest.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY, plan TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (
+    key_id TEXT PRIMARY KEY, tenant TEXT NOT NULL REFERENCES tenants(name), cluster TEXT NOT NULL,
+    host TEXT, secret_encrypted BLOB NOT NULL, created_at REAL NOT NULL, revoked_at REAL);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_sha256 TEXT PRIMARY KEY, token_id TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL REFERENCES tenants(name), cluster TEXT NOT NULL,
+    created_at REAL NOT NULL, revoked_at REAL);
+CREATE TABLE IF NOT EXISTS nonces (
+    key_id TEXT NOT NULL, nonce TEXT NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (key_id, nonce));
+CREATE TABLE IF NOT EXISTS incidents (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, job_id TEXT NOT NULL,
+    world_size INTEGER, alert_id TEXT, alert_time TEXT, reported_by_rank INTEGER,
+    run_state TEXT NOT NULL DEFAULT 'not_started', run_started_at REAL, deliveries INTEGER NOT NULL DEFAULT 0,
+    resolved_at TEXT, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, cluster, incident_id));
+CREATE TABLE IF NOT EXISTS uploads (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, job_id TEXT NOT NULL,
+    rank INTEGER NOT NULL, version INTEGER NOT NULL, encoding TEXT NOT NULL, sha256 TEXT NOT NULL,
+    object_name TEXT NOT NULL, key_id TEXT NOT NULL, identity TEXT NOT NULL, uploaded_at REAL NOT NULL,
+    PRIMARY KEY (tenant, cluster, incident_id, rank, version, encoding));
+CREATE TABLE IF NOT EXISTS telemetry (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, sha256 TEXT NOT NULL,
+    object_name TEXT NOT NULL, trusted INTEGER NOT NULL, host TEXT, key_id TEXT NOT NULL,
+    uploaded_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, incident_id, sha256, trusted));
+"""
+
+
+class Database:
+    """The SQLite file under the state directory, created with mode 0600 on first use."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / DATABASE_NAME
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.path.exists():
+            # Created before SQLite opens it, so it is never readable by others, not even briefly.
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
+            db.executescript(_SCHEMA)  # runs its own transaction
+        finally:
+            db.close()
+
+    @contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection in one transaction: committed when the block ends, rolled back on error."""
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()

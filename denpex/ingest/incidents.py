@@ -1,0 +1,211 @@
+"""Incidents as the service records them: uploads (per rank, per version), telemetry, alerts, run.
+
+Everything here is bookkeeping in the state database; the evidence itself is in the store. A row
+is written only after its objects are in the store, so the database never points at nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+from denpex.evidence.fr_dump import DumpEncoding
+from denpex.ingest.database import Database
+
+__all__ = ["IncidentKey", "RunState", "StoredUpload", "StoredTelemetry", "IncidentRecord", "IncidentBook",
+           "alert_id_for"]
+
+# An alert that claimed the run but never confirmed it (the server died mid-way) is retried after this.
+_STALE_CLAIM_S = 60.0
+
+
+class RunState(StrEnum):
+    """Whether the incident's flow run was started by this service."""
+
+    NOT_STARTED = "not_started"
+    """No alert has started it yet."""
+    STARTING = "starting"
+    """An alert is emitting the event right now."""
+    STARTED = "started"
+    """The event was accepted by the flow engine; repeats start nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentKey:
+    """An incident within one tenant and cluster."""
+
+    tenant: str
+    cluster: str
+    incident_id: str
+
+
+class StoredUpload(BaseModel):
+    """One accepted dump file."""
+
+    rank: int
+    version: int
+    encoding: DumpEncoding
+    sha256: str
+    object_name: str
+    key_id: str
+    identity: str
+    uploaded_at: float
+
+
+class StoredTelemetry(BaseModel):
+    """One accepted telemetry file and whether it may support a drain."""
+
+    sha256: str
+    object_name: str
+    trusted: bool
+    host: str | None
+
+
+class IncidentRecord(BaseModel):
+    """An incident's row."""
+
+    job_id: str
+    world_size: int | None
+    alert_id: str | None
+    alert_time: str | None
+    reported_by_rank: int | None
+    run_state: RunState
+    deliveries: int
+    resolved_at: str | None
+
+
+def alert_id_for(key: IncidentKey) -> str:
+    """The idempotency key of an incident's run: the same for every alert about it."""
+    digest = hashlib.sha256(f"{key.tenant}/{key.cluster}/{key.incident_id}".encode()).hexdigest()
+    return f"alert-{digest[:32]}"
+
+
+class IncidentBook:
+    """Reads and writes incident bookkeeping."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # -- uploads -------------------------------------------------------------------------------
+
+    def uploads(self, key: IncidentKey, rank: int | None = None) -> list[StoredUpload]:
+        """Every accepted dump of the incident (of one rank), oldest version first."""
+        query = ("SELECT rank, version, encoding, sha256, object_name, key_id, identity, uploaded_at FROM uploads "
+                 "WHERE tenant = ? AND cluster = ? AND incident_id = ?")
+        args: list[object] = [key.tenant, key.cluster, key.incident_id]
+        if rank is not None:
+            query += " AND rank = ?"
+            args.append(rank)
+        with self._db.connect() as db:
+            rows = db.execute(query + " ORDER BY rank, version, encoding", args).fetchall()
+        return [StoredUpload(rank=r[0], version=r[1], encoding=DumpEncoding(r[2]), sha256=r[3], object_name=r[4],
+                             key_id=r[5], identity=r[6], uploaded_at=r[7]) for r in rows]
+
+    def record_upload(self, key: IncidentKey, job_id: str, upload: StoredUpload, world_size: int,
+                      telemetry: list[StoredTelemetry]) -> bool:
+        """Record an upload whose objects are stored; False when an identical one got there first."""
+        with self._db.connect() as db:
+            self._ensure(db, key, job_id, world_size)
+            try:
+                db.execute("INSERT INTO uploads (tenant, cluster, incident_id, job_id, rank, version, encoding, "
+                           "sha256, object_name, key_id, identity, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                           (key.tenant, key.cluster, key.incident_id, job_id, upload.rank, upload.version,
+                            upload.encoding.value, upload.sha256, upload.object_name, upload.key_id,
+                            upload.identity, upload.uploaded_at))
+            except sqlite3.IntegrityError:
+                return False
+            for item in telemetry:
+                db.execute("INSERT OR IGNORE INTO telemetry (tenant, cluster, incident_id, sha256, object_name, "
+                           "trusted, host, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                           (key.tenant, key.cluster, key.incident_id, item.sha256, item.object_name,
+                            int(item.trusted), item.host, upload.key_id, upload.uploaded_at))
+        return True
+
+    def telemetry(self, key: IncidentKey) -> list[StoredTelemetry]:
+        """Every accepted telemetry file of the incident."""
+        with self._db.connect() as db:
+            rows = db.execute("SELECT sha256, object_name, trusted, host FROM telemetry WHERE tenant = ? AND "
+                              "cluster = ? AND incident_id = ? ORDER BY object_name",
+                              (key.tenant, key.cluster, key.incident_id)).fetchall()
+        return [StoredTelemetry(sha256=r[0], object_name=r[1], trusted=bool(r[2]), host=r[3]) for r in rows]
+
+    # -- incidents -----------------------------------------------------------------------------
+
+    def record(self, key: IncidentKey) -> IncidentRecord | None:
+        """The incident's row, or None when the service never heard of it."""
+        with self._db.connect() as db:
+            row = db.execute("SELECT job_id, world_size, alert_id, alert_time, reported_by_rank, run_state, "
+                             "deliveries, resolved_at FROM incidents WHERE tenant = ? AND cluster = ? AND "
+                             "incident_id = ?", (key.tenant, key.cluster, key.incident_id)).fetchone()
+        if row is None:
+            return None
+        return IncidentRecord(job_id=row[0], world_size=row[1], alert_id=row[2], alert_time=row[3],
+                              reported_by_rank=row[4], run_state=RunState(row[5]), deliveries=row[6],
+                              resolved_at=row[7])
+
+    def open_incident(self, tenant: str, cluster: str, job_id: str) -> str | None:
+        """The newest unresolved incident of the job, which an alert without an incident id joins."""
+        with self._db.connect() as db:
+            row = db.execute("SELECT incident_id FROM incidents WHERE tenant = ? AND cluster = ? AND job_id = ? "
+                             "AND resolved_at IS NULL ORDER BY created_at DESC LIMIT 1",
+                             (tenant, cluster, job_id)).fetchone()
+        return row[0] if row else None
+
+    def claim_run(self, key: IncidentKey, job_id: str, *, world_size: int | None, alert_time: str,
+                  reported_by_rank: int | None) -> str | None:
+        """Count one alert delivery; return the alert id when this delivery must start the run.
+
+        Exactly one delivery per incident gets the claim (the transaction holds the write lock),
+        unless the claimant failed to start it (:meth:`release_run`) or died mid-way.
+        """
+        now = time.time()
+        alert_id = alert_id_for(key)
+        with self._db.connect() as db:
+            self._ensure(db, key, job_id, world_size)
+            db.execute("UPDATE incidents SET deliveries = deliveries + 1, alert_id = ?, "
+                       "alert_time = COALESCE(alert_time, ?), reported_by_rank = COALESCE(reported_by_rank, ?), "
+                       "world_size = COALESCE(world_size, ?) WHERE tenant = ? AND cluster = ? AND incident_id = ?",
+                       (alert_id, alert_time, reported_by_rank, world_size, key.tenant, key.cluster,
+                        key.incident_id))
+            claimed = db.execute(
+                "UPDATE incidents SET run_state = ?, run_started_at = ? WHERE tenant = ? AND cluster = ? AND "
+                "incident_id = ? AND (run_state = ? OR (run_state = ? AND run_started_at < ?))",
+                (RunState.STARTING.value, now, key.tenant, key.cluster, key.incident_id,
+                 RunState.NOT_STARTED.value, RunState.STARTING.value, now - _STALE_CLAIM_S)).rowcount
+        return alert_id if claimed else None
+
+    def finish_run_claim(self, key: IncidentKey, started: bool) -> None:
+        """The event was accepted (STARTED), or it failed and the next delivery may try again."""
+        state = RunState.STARTED if started else RunState.NOT_STARTED
+        with self._db.connect() as db:
+            db.execute("UPDATE incidents SET run_state = ? WHERE tenant = ? AND cluster = ? AND incident_id = ?",
+                       (state.value, key.tenant, key.cluster, key.incident_id))
+
+    def record_resolved(self, key: IncidentKey, job_id: str, resolved_at: str) -> None:
+        """A ``resolved`` notification: recorded on the incident (the run, if any, is left alone)."""
+        with self._db.connect() as db:
+            self._ensure(db, key, job_id, None)
+            db.execute("UPDATE incidents SET resolved_at = ?, deliveries = deliveries + 1 WHERE tenant = ? AND "
+                       "cluster = ? AND incident_id = ?", (resolved_at, key.tenant, key.cluster, key.incident_id))
+
+    def world_size(self, key: IncidentKey) -> int | None:
+        """The world size the identities (or the alert) gave."""
+        record = self.record(key)
+        if record is None:
+            return None
+        if record.world_size is not None:
+            return record.world_size
+        sizes = {json.loads(u.identity)["world_size"] for u in self.uploads(key)}
+        return max(sizes) if sizes else None
+
+    @staticmethod
+    def _ensure(db: sqlite3.Connection, key: IncidentKey, job_id: str, world_size: int | None) -> None:
+        db.execute("INSERT OR IGNORE INTO incidents (tenant, cluster, incident_id, job_id, world_size, created_at) "
+                   "VALUES (?, ?, ?, ?, ?, ?)", (key.tenant, key.cluster, key.incident_id, job_id, world_size,
+                                                time.time()))

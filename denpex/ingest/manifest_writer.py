@@ -1,0 +1,105 @@
+"""Each incident's ``manifest.json``, kept in memory and written to the store at most every interval.
+
+Rewriting a 4,096-rank manifest on each of 4,096 uploads would write gigabytes (quadratic in the
+ranks), so uploads update the in-memory manifest (O(1)) and mark it dirty; a writer thread writes
+dirty manifests every ``interval_s``, and :meth:`ManifestWriter.close` writes what is left. The dumps
+themselves are written before an upload is acknowledged; the manifest is derived from the
+identities in the state database and is rebuilt from them after a restart, so a crash between an
+acknowledgement and the next write loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from denpex.evidence.errors import EvidenceError
+from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
+from denpex.evidence.store import EvidenceStore
+from denpex.ingest.identity import UploadIdentity
+from denpex.ingest.incidents import IncidentBook, IncidentKey
+from denpex.ingest.layout import incident_prefix
+
+__all__ = ["ManifestWriter"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Draft:
+    """One incident's manifest as it grows."""
+
+    job_id: str
+    world_size: int = 0
+    ranks: dict[int, RankIdentity] = field(default_factory=dict)
+    groups: dict[str, ProcessGroupSpec] = field(default_factory=dict)
+    dirty: bool = True
+
+    def add(self, identity: UploadIdentity) -> None:
+        self.world_size = max(self.world_size, identity.world_size)
+        self.ranks[identity.rank] = identity.rank_identity()
+        for name, spec in identity.process_groups.items():
+            self.groups.setdefault(name, spec)
+        self.dirty = True
+
+    def manifest(self, key: IncidentKey) -> JobManifest:
+        return JobManifest(job_id=self.job_id, tenant=key.tenant, cluster=key.cluster, world_size=self.world_size,
+                           ranks=dict(sorted(self.ranks.items())), process_groups=self.groups)
+
+
+class ManifestWriter:
+    """Keeps every touched incident's manifest and writes the changed ones periodically."""
+
+    def __init__(self, store: EvidenceStore, book: IncidentBook, interval_s: float = 0.5) -> None:
+        self._store = store
+        self._book = book
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._drafts: dict[IncidentKey, _Draft] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="denpex-manifest-writer", daemon=True)
+        self._thread.start()
+
+    def add(self, key: IncidentKey, identity: UploadIdentity) -> None:
+        """Record an accepted upload's identity (newest identity of a rank wins)."""
+        with self._lock:
+            draft = self._drafts.get(key)
+            if draft is None:
+                draft = self._drafts[key] = self._load(key, identity.job_id)
+            draft.add(identity)
+
+    def flush(self) -> None:
+        """Write every dirty manifest now; one the store refuses stays dirty for the next round."""
+        with self._lock:
+            pending = [(key, draft.job_id, draft.manifest(key)) for key, draft in self._drafts.items() if draft.dirty]
+            for key, _, _ in pending:
+                self._drafts[key].dirty = False
+        for key, job_id, manifest in pending:
+            name = f"{incident_prefix(key.tenant, key.cluster, job_id, key.incident_id)}/manifest.json"
+            try:
+                self._store.write(name, manifest.model_dump_json(exclude_none=True, indent=1).encode())
+            except EvidenceError as exc:
+                _log.warning("manifest of %s not written (%s); retrying", key.incident_id, exc)
+                with self._lock:
+                    self._drafts[key].dirty = True
+
+    def close(self) -> None:
+        """Stop the writer thread after a last flush."""
+        self._stop.set()
+        self._thread.join(10)
+        self.flush()
+
+    def _load(self, key: IncidentKey, job_id: str) -> _Draft:
+        """An incident seen before this process started: its identities come from the database."""
+        draft = _Draft(job_id=job_id)
+        for upload in self._book.uploads(key):
+            draft.add(UploadIdentity.model_validate_json(upload.identity))
+        return draft
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the writer must outlive one bad round
+                _log.exception("manifest flush failed; retrying")

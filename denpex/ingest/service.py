@@ -1,0 +1,70 @@
+"""The ingest service's parts, wired once from its configuration (no global state).
+
+``IngestService`` is what the HTTP app calls; tests and benchmarks can build one directly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from denpex.evidence.store import open_store
+from denpex.ingest.alert_intake import AlertIntake
+from denpex.ingest.dump_check import DumpChecker
+from denpex.ingest.evidence_intake import EvidenceIntake
+from denpex.ingest.flow_trigger import FlowTrigger, NoEngineTrigger, PrefectEventTrigger
+from denpex.ingest.incidents import IncidentBook
+from denpex.ingest.manifest_writer import ManifestWriter
+from denpex.ingest.nonce_cache import NonceCache
+from denpex.ingest.registry import Registry
+
+__all__ = ["MAX_DUMP_BYTES", "ServiceConfig", "IngestService"]
+
+MAX_DUMP_BYTES = 256 * 1024 * 1024
+
+
+class ServiceConfig(BaseModel):
+    """Where state and evidence live, the caps, and the flow engine."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state_dir: Path
+    store: str
+    prefect_api_url: str | None = None
+    max_dump_bytes: int = MAX_DUMP_BYTES
+    max_telemetry_bytes: int = 64 * 1024 * 1024
+    max_alert_bytes: int = 4 * 1024 * 1024
+    check_workers: int = 2
+    manifest_interval_s: float = 0.5
+
+    @property
+    def max_upload_bytes(self) -> int:
+        """The whole multipart body: a dump, its telemetry and the identity, plus framing."""
+        return self.max_dump_bytes + self.max_telemetry_bytes + 1024 * 1024
+
+
+class IngestService:
+    """Registry, replay cache, evidence and alert intake, over one state directory and one store."""
+
+    def __init__(self, config: ServiceConfig, *, trigger: FlowTrigger | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.registry = Registry(config.state_dir)
+        self.nonces = NonceCache(self.registry.db)
+        self.book = IncidentBook(self.registry.db)
+        store = open_store(config.store)
+        self.checker = DumpChecker(config.check_workers)
+        self.trigger: FlowTrigger = trigger or (
+            PrefectEventTrigger(config.prefect_api_url) if config.prefect_api_url else NoEngineTrigger())
+        self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s)
+        self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests)
+        self.alerts = AlertIntake(self.book, self.trigger, store.uri)
+
+    def close(self) -> None:
+        """Write the last manifests and stop the dump-checking workers."""
+        self.manifests.close()
+        self.checker.close()

@@ -1,0 +1,100 @@
+"""Telemetry through the service, end to end to the plan: from a job's key it is shown and never
+supports a drain; the same telemetry from the host's node-agent key does.
+
+The dumps are the real Gloo ``withheld_one`` fixture (rank 2 never entered its collective, on
+gpu-node-003); the telemetry is one Xid 79 on rank 2's GPU a minute before the dumps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from denpex.ingest.client import IngestClient
+from denpex.investigate import investigate
+from denpex.isolation.policy import Scheduler
+from ingest.conftest import Lab, make_lab
+from ingest.harness import ROOT, MotoS3
+
+pytestmark = pytest.mark.slow
+FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"
+GPU = "0000:3b:00.0"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, s3: MotoS3) -> Iterator[Lab]:
+    tmp = tmp_path_factory.mktemp("telemetry")
+    lab = make_lab(tmp, s3, None, prefix=f"tel-{uuid.uuid4().hex[:6]}")
+    yield lab
+    lab.api.stop(signal.SIGTERM)
+
+
+def _xid_line() -> bytes:
+    manifest = json.loads((FIXTURE / "manifest.json").read_text())
+    newest = max(datetime.fromisoformat(r["dumped_at"].replace("Z", "+00:00")) for r in manifest["ranks"].values())
+    at = newest - timedelta(minutes=1)
+    return (f"{at.strftime('%Y-%m-%dT%H:%M:%S')}+0000 gpu-node-003 kernel: NVRM: Xid (PCI:0000:3b:00): 79, "
+            "pid=15998, name=python, GPU has fallen off the bus.\n").encode()
+
+
+def _upload_incident(lab: Lab, telemetry_client: IngestClient) -> str:
+    """Every rank's dump with the job's key; rank 2's telemetry with ``telemetry_client``'s key."""
+    manifest = json.loads((FIXTURE / "manifest.json").read_text())
+    incident = "inc-" + uuid.uuid4().hex[:8]
+    job_client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    for rank in range(4):
+        ident = {**manifest["ranks"][str(rank)], "job_id": "job-t", "incident_id": incident, "rank": rank,
+                 "world_size": 4, "gpu_pci_bus_id": GPU, "process_groups": manifest["process_groups"]}
+        client = telemetry_client if rank == 2 else job_client
+        telemetry = [_xid_line()] if rank == 2 else []
+        response = client.upload(ident, (FIXTURE / f"rank_{rank}.pkl").read_bytes(), f"rank_{rank}.pkl", telemetry)
+        assert response.status_code == 201, response.text
+    lab.s3.manifest(f"{lab.prefix}/acme/c1/job-t/{incident}", 4)  # hosts and GPUs place the Xid
+    return incident
+
+
+def _plan(lab: Lab, incident: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
+    monkeypatch.setenv("DENPEX_S3_ENDPOINT_URL", lab.s3.endpoint)
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    return investigate(f"s3://{lab.s3.bucket}/{lab.prefix}/acme/c1/job-t/{incident}", scheduler=Scheduler.SLURM,
+                       incident_id=incident)
+
+
+def test_job_key_telemetry_is_shown_but_never_supports_a_drain(lab: Lab, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    job_client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    incident = _upload_incident(lab, job_client)
+    found = _plan(lab, incident, tmp_path, monkeypatch)
+    [candidate] = found.report.candidates
+    assert candidate.rank == 2 and candidate.hardware == []
+    assert any("xid 79 on gpu-node-003" in note and "never supports isolation" in note for note in found.report.notes)
+    assert found.plan is not None and not found.plan.actions
+    assert found.report.plan is not None and found.report.plan.recommend_isolation is False
+
+
+def test_node_agent_key_telemetry_supports_the_drain(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = lab.registry.create_key("acme", "c1", host="gpu-node-003")
+    agent_client = IngestClient(lab.url, key_id=agent.key_id, secret=agent.secret, tenant="acme", cluster="c1")
+    incident = _upload_incident(lab, agent_client)
+    found = _plan(lab, incident, tmp_path, monkeypatch)
+    [candidate] = found.report.candidates
+    assert [h.code for h in candidate.hardware] == [79]
+    assert found.report.plan is not None and found.report.plan.recommend_isolation is True
+    assert [(a.node, a.action) for a in found.report.plan.actions] == [("gpu-node-003", "drain")]
+
+
+def test_a_node_agent_cannot_vouch_for_another_host(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu-node-002's agent reporting an Xid on gpu-node-003 is shown, never trusted."""
+    other = IngestClient(lab.url, key_id=lab.node_key.key_id, secret=lab.node_key.secret, tenant="acme", cluster="c1")
+    incident = _upload_incident(lab, other)
+    found = _plan(lab, incident, tmp_path, monkeypatch)
+    assert found.report.candidates[0].hardware == []
+    assert found.report.plan is not None and found.report.plan.recommend_isolation is False

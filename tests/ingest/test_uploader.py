@@ -1,0 +1,70 @@
+"""The collector's uploader against the real service: refused for good is set aside, never retried;
+a store outage keeps the upload in the spool until it is acknowledged; a restart finds the spool."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from denpex.collector import Backoff, DumpRecord, DumpRequest, DumpTrigger, EvidenceUploader, UploadTarget
+from denpex.collector.uploader import incident_id_for
+from ingest.conftest import Lab, make_lab
+from ingest.harness import ROOT, MotoS3
+
+pytestmark = pytest.mark.slow
+FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, s3: MotoS3) -> Iterator[Lab]:
+    tmp = tmp_path_factory.mktemp("uploader")
+    lab = make_lab(tmp, s3, None, prefix=f"up-{uuid.uuid4().hex[:6]}")
+    yield lab
+    lab.api.stop(signal.SIGTERM)
+
+
+def _uploader(lab: Lab, tmp_path: Path, key_id: str, secret: str, job: str) -> EvidenceUploader:
+    target = UploadTarget(url=lab.url, key_id=key_id, secret=secret, tenant="acme", cluster="c1",  # type: ignore[arg-type]
+                          job_id=job)
+    return EvidenceUploader(target, dump_dir=FIXTURE, spool_dir=tmp_path / "spool", attach_nvml=False,
+                            identity={"world_size": 4}, backoff=Backoff(first_s=0.1, max_s=0.5))
+
+
+def _record(rank: int) -> tuple[DumpRecord, DumpRequest]:
+    now = datetime.now(UTC)
+    record = DumpRecord(rank=rank, host=f"gpu-node-00{rank + 1}", pid=1, dumped_at=now, trigger=DumpTrigger.STALL,
+                        reason="test", files=[f"rank_{rank}.pkl"], dump_seconds=0.0)
+    return record, DumpRequest(requested_by=f"rank {rank}", reason="test", requested_at=now)
+
+
+def test_a_refused_upload_is_set_aside_and_never_retried(lab: Lab, tmp_path: Path) -> None:
+    revoked = lab.registry.create_key("acme", "c1")
+    lab.registry.revoke_key(revoked.key_id)
+    uploader = _uploader(lab, tmp_path, revoked.key_id, revoked.secret, "job-u")
+    uploader.submit(*_record(0))
+    assert uploader.spool.pending() == []
+    [rejected] = uploader.spool.rejected()
+    assert "HTTP 403" in (rejected / "error.txt").read_text() and "revoked" in (rejected / "error.txt").read_text()
+    assert uploader.delivered == 0
+
+
+def test_a_store_outage_keeps_the_upload_until_acknowledged(lab: Lab, tmp_path: Path) -> None:
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    uploader = _uploader(lab, tmp_path, lab.key.key_id, lab.key.secret, job)
+    record, request = _record(1)
+    lab.s3.stop()
+    try:
+        uploader.submit(record, request)  # the API answers 503: spooled, not lost
+        assert len(uploader.spool.pending()) == 1 and uploader.delivered == 0
+    finally:
+        lab.s3.start()
+    # A restarted rank: a new uploader over the same spool delivers it.
+    again = _uploader(lab, tmp_path, lab.key.key_id, lab.key.secret, job)
+    assert again.deliver_once() is True and again.delivered == 1
+    base = f"{lab.prefix}/acme/c1/{job}/{incident_id_for(request)}"
+    assert lab.s3.read(f"{base}/rank_1.pkl") == (FIXTURE / "rank_1.pkl").read_bytes()
