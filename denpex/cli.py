@@ -76,6 +76,11 @@ def triage(
     chart: Annotated[Path | None, typer.Option("--chart", metavar="PNG", help="Write the job overview PNG here, and one PNG per stuck group beside it (NAME.group-*.png).")] = None,
 ) -> None:
     """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
+    if scheduler is not None and plan_out is not None and not (cluster or "").strip():
+        # Triage runs offline and cannot ask the cluster its name; a plan file is for execution,
+        # which is bound to one cluster, so the operator names it rather than each approver later.
+        raise fail("--plan-out needs --cluster NAME (the Slurm ClusterName or Kubernetes context the plan "
+                   "is for): approvals and execution are bound to the plan's cluster")
     try:
         found = investigate(path, world_size=world_size, manifest=manifest, as_of=parse_time(as_of),
                             telemetry=telemetry or (), scheduler=scheduler, incident_id=incident_id,

@@ -6,9 +6,13 @@ Modules, in the order a plan flows through them:
 - ``facts``: what the scheduler says about its nodes; ``slurm_parse`` reads ``scontrol``/``squeue``.
 - ``gates`` and ``planner``: ``plan_isolation`` decides, never acts; ``plan`` is the plan model.
 - ``breaker``: the persisted blast-radius circuit breaker.
-- ``approval``: a person's consent to one operation (isolate or rollback) on one plan hash.
+- ``approval``: a person's consent to one operation (isolate, rollback, requeue) on one plan hash,
+  signed (cli-signed) or through the Prefect UI; ``operator``: the trusted configuration (runbook,
+  approvers' keys, the machine-wide state directory).
+- ``execute``: ``execute_approved``, the one entry point of the CLI and the flow: re-checks the
+  plan against the operator's policy and the approval, then runs the ``executor``.
 - ``executor``: re-checks on live facts, acts once per node, verifies, audits; ``adapter`` is the
   interface it needs, ``slurm`` (over ``ssh``) and ``kubernetes`` implement it.
-- ``audit``: the hash-chained JSON-lines audit log.
+- ``audit``: the hash-chained, HMAC-keyed JSON-lines audit log.
 - ``config``: SSH / cluster / store settings; ``commands``: the CLI commands.
 """

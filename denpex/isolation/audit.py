@@ -8,8 +8,8 @@ A chain alone can be rebuilt by anyone who can write the file. So each record al
 ``mac``, HMAC-SHA256 of its ``hash`` under a key kept outside the log (``audit.key`` in the state
 directory, readable by the service user only): a log edited and re-chained by hand fails the
 keyed check. Execution verifies the whole keyed chain before acting, and refuses a log that does
-not extend the copy last stored in the evidence store (a log cut at a record boundary, or
-replaced).
+not extend the copies last stored in the evidence store, this incident's and the whole log's
+after its latest run of any incident (a log cut at a record boundary, removed, or replaced).
 
 Every action is bracketed: an ``intent`` record is written (and fsynced) before the command is
 sent, a ``result`` record after it with the rc, the output and the verified state. An intent with
@@ -26,6 +26,7 @@ import io
 import os
 import secrets
 import stat
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -50,6 +51,7 @@ __all__ = [
     "verify_audit_log",
     "copy_audit_log",
     "stored_copy_name",
+    "stored_head_name",
     "check_extends_stored_copy",
     "load_or_create_audit_key",
 ]
@@ -156,6 +158,11 @@ class AuditLog:
     def __init__(self, path: Path, key: bytes | None = None) -> None:
         self.path = path
         self._key = key
+
+    @property
+    def key(self) -> bytes | None:
+        """The HMAC key (None: an unkeyed log)."""
+        return self._key
 
     def verify(self) -> None:
         """Raise AuditChainError naming every problem when the chain (and keys) do not verify."""
@@ -428,6 +435,24 @@ def stored_copy_name(log: AuditLog, incident_id: str) -> str:
     return f"audit/{incident_id}/{log.path.name}"
 
 
+def stored_head_name(log: AuditLog) -> str | None:
+    """``audit/log-<id>/<log file name>``: the copy of the whole log after its latest run, whatever
+    the incident; None for a log without a key.
+
+    An incident's own copy cannot protect the log when the next run is another incident's (it has
+    no copy yet): a log cut at a record boundary, or removed, would pass. The id is derived from
+    the log's key, so logs of other state directories sharing one store do not collide.
+    """
+    if log.key is None:
+        return None
+    return f"audit/log-{hashlib.sha256(b'denpex audit log id:' + log.key).hexdigest()[:16]}/{log.path.name}"
+
+
+def _copy_names(log: AuditLog, incident_id: str) -> list[str]:
+    head = stored_head_name(log)
+    return [stored_copy_name(log, incident_id), *([head] if head else [])]
+
+
 def _stored_copy(store: EvidenceStore, name: str) -> bytes | None:
     """The stored copy's bytes; None only when the store says it has no such object."""
     try:
@@ -453,17 +478,18 @@ def check_extends_stored_copy(log: AuditLog, store: EvidenceStore, incident_id: 
     The copy only ever grows (``copy_audit_log`` refuses to replace it otherwise), so a log that
     does not extend it was truncated, rolled back or replaced.
     """
-    name = stored_copy_name(log, incident_id)
-    previous = _stored_copy(store, name)
-    if previous is None:
-        return
-    hashes = _chain_hashes(log.path)
-    problems = _compare_with_copy(hashes, previous, f"{store.uri}/{name}")
-    if problems:
-        raise AuditChainError(
-            f"the audit log {log.path} does not extend its stored copy {store.uri}/{name}: "
-            f"{'; '.join(problems)}; nothing was done"
-        )
+    hashes: dict[int, str] | None = None
+    for name in _copy_names(log, incident_id):
+        previous = _stored_copy(store, name)
+        if previous is None:
+            continue
+        hashes = _chain_hashes(log.path) if hashes is None else hashes
+        problems = _compare_with_copy(hashes, previous, f"{store.uri}/{name}")
+        if problems:
+            raise AuditChainError(
+                f"the audit log {log.path} does not extend its stored copy {store.uri}/{name}: "
+                f"{'; '.join(problems)}; nothing was done"
+            )
 
 
 def _chain_hashes(path: Path) -> dict[int, str]:
@@ -484,18 +510,8 @@ def load_or_create_audit_key(path: Path) -> bytes:
 
     A key file that others can read or write is refused: whoever reads it can forge the chain.
     """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
-    else:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_hex(32) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+    if not path.exists():
+        _create_audit_key(path)
     try:
         mode = path.stat().st_mode
         text = path.read_text(encoding="ascii").strip()
@@ -513,13 +529,39 @@ def load_or_create_audit_key(path: Path) -> bytes:
     return key
 
 
+def _create_audit_key(path: Path) -> None:
+    """Write a new key whole, then put it in place only if none is there yet.
+
+    Two first runs at once (two operators, or the CLI and the flow) must not read each other's
+    key file half-written: it is written under a private name and linked into place (``link``
+    fails when the name exists), so the key file is either absent or complete.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another run made it first; theirs is the key
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
+    finally:
+        os.unlink(tmp)
+
+
 def copy_audit_log(log: AuditLog, store: EvidenceStore, incident_id: str) -> str:
     """Copy the whole log into the evidence store under ``audit/<incident>/``; returns its URI.
 
     The stored copy only grows: a log that does not extend it is refused (AuditChainError), so a
     forged or truncated log never replaces the record of what was done.
     """
-    name = stored_copy_name(log, incident_id)
+    name, *others = _copy_names(log, incident_id)
     try:
         data = log.path.read_bytes()
     except OSError as exc:
@@ -529,7 +571,8 @@ def copy_audit_log(log: AuditLog, store: EvidenceStore, incident_id: str) -> str
     except StoreError as exc:
         raise StoreError(f"{exc}; the local copy at {log.path} is intact") from exc
     try:
-        store.write(name, data)
+        for target in (name, *others):
+            store.write(target, data)
     except EvidenceError as exc:
         raise StoreError(f"cannot copy the audit log to {store.uri}: {exc}; the local copy at "
                          f"{log.path} is intact") from exc

@@ -6,7 +6,7 @@ fabric-wide fault (or a bug) than to many broken GPUs. The state is one small JS
 machine-wide state directory, written atomically under an exclusive lock, so concurrent
 executors see one truth.
 
-It also remembers each isolation Denpex applied (cluster, node, incident, time) for a day, so
+It also remembers each isolation Denpex sent (cluster, node, incident, time) for a day, so
 that the per-cluster rate limit (``SafetyLimits.max_isolations_per_cluster_per_hour``) holds
 across incidents: one bad switch opens many incidents, each within its own limits.
 """
@@ -28,10 +28,11 @@ from denpex.isolation.errors import ConfigError
 __all__ = ["IsolationMark", "BreakerState", "CircuitBreaker"]
 
 _KEEP_MARKS = timedelta(days=1)
+_HOUR = timedelta(hours=1)
 
 
 class IsolationMark(BaseModel):
-    """One isolation Denpex applied, for the per-cluster rate limit."""
+    """One isolation Denpex sent, for the per-cluster rate limit."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -53,7 +54,7 @@ class BreakerState(BaseModel):
     reset_by: str | None = None
     reset_at: datetime | None = None
     isolations: tuple[IsolationMark, ...] = ()
-    """Isolations applied in the last day, oldest first."""
+    """Isolations sent in the last day, oldest first."""
 
     def isolations_since(self, cluster: str, since: datetime) -> list[IsolationMark]:
         return [m for m in self.isolations if m.cluster == cluster and m.at >= since]
@@ -66,8 +67,10 @@ class CircuitBreaker:
         self.path = path
 
     def state(self) -> BreakerState:
-        with self._locked():
-            return self._read()
+        """The current state. Reading takes no lock and creates nothing: every write replaces the
+        file atomically, and a dry run (or an operator who may only read the state directory)
+        must leave no trace there."""
+        return self._read()
 
     def trip(self, *, reason: str, incident_id: str, at: datetime) -> BreakerState:
         """Open the breaker. A breaker already open keeps its first trip's story."""
@@ -82,9 +85,13 @@ class CircuitBreaker:
             return new
 
     def record_isolation(self, *, cluster: str, node: str, incident_id: str, at: datetime) -> BreakerState:
-        """Remember an applied isolation (marks older than a day are dropped)."""
+        """Remember an isolation sent (marks older than a day are dropped). The same incident
+        sending it to the same node again within the hour (a retry) is not a second one."""
         with self._locked():
             current = self._read()
+            if any((m.cluster, m.node, m.incident_id) == (cluster, node, incident_id) and m.at >= at - _HOUR
+                   for m in current.isolations):
+                return current
             kept = tuple(m for m in current.isolations if m.at >= at - _KEEP_MARKS)
             mark = IsolationMark(cluster=cluster, node=node, incident_id=incident_id, at=at)
             new = current.model_copy(update={"isolations": (*kept, mark)})
@@ -106,9 +113,13 @@ class CircuitBreaker:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         lock_path = self.path.with_name(self.path.name + ".lock")
-        with lock_path.open("a") as lock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = lock_path.open("a")
+        except OSError as exc:
+            raise ConfigError(f"{lock_path}: cannot open the breaker lock: {exc.strerror or exc}") from exc
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -133,7 +144,10 @@ class CircuitBreaker:
 
     def _write(self, state: BreakerState) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+            with tmp.open("rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot write breaker state: {exc.strerror or exc}") from exc

@@ -26,6 +26,7 @@ import typer
 
 from denpex.isolation.adapter import ClusterAdapter
 from denpex.isolation.approval import (
+    Approval,
     approve_plan,
     generate_key,
     load_approval,
@@ -36,12 +37,12 @@ from denpex.isolation.approval import (
 )
 from denpex.isolation.audit import verify_audit_log
 from denpex.isolation.config import IsolationSettings, load_settings
-from denpex.isolation.errors import ConfigError, IsolationError, RemoteError
+from denpex.isolation.errors import ApprovalError, ConfigError, IsolationError, RemoteError
 from denpex.isolation.execute import execute_approved
 from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
 from denpex.isolation.operator import OperatorConfig, load_operator_config
 from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
-from denpex.isolation.policy import Scheduler
+from denpex.isolation.policy import ApprovalChannel, Scheduler
 from denpex.isolation.slurm import SlurmAdapter
 from denpex.isolation.ssh import SshRunner
 
@@ -162,7 +163,7 @@ def isolate_command(
         operator = load_operator_config(settings, os.environ)
         approval = None
         if not dry_run:
-            approval = load_approval(approval_path or _approval_path(plan_path))
+            approval = _signed_approval(approval_path or _approval_path(plan_path))
         with _adapter(plan, settings, operator) as adapter:
             report = execute_approved(
                 plan, approval, operator=operator, adapter=adapter,
@@ -281,6 +282,21 @@ def _unfinished(plan: IsolationPlan, report: ExecutionReport) -> str | None:
     return f"{verb} {what} every planned node: {', '.join(report.unfinished)}"
 
 
+def _signed_approval(path: Path) -> Approval:
+    """The approval at ``path``, which must be ``cli-signed``.
+
+    A ``prefect-ui`` record proves nothing in a file: its proof is the flow run a person resumed,
+    and only that flow builds it. Anyone who can write beside a plan could write one naming a
+    listed approver and any flow run id.
+    """
+    approval = load_approval(path)
+    if approval.channel is not ApprovalChannel.CLI_SIGNED:
+        raise ApprovalError(f"{path}: execution refused: a {approval.channel.value} approval is valid only "
+                            "inside the flow run that was resumed, never from a file; approve with "
+                            "`denpex approve PLAN --approver NAME --key KEYFILE`; nothing was done")
+    return approval
+
+
 def _approval_path(plan_path: Path) -> Path:
     return plan_path.with_name(plan_path.name.removesuffix(".json") + ".approval.json")
 
@@ -305,7 +321,7 @@ def _adapter(plan: IsolationPlan, settings: IsolationSettings, operator: Operato
             raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
         with SshRunner(settings.ssh) as runner:
             yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff,
-                               actor=settings.ssh.username)
+                               actor=settings.slurm_user or settings.ssh.username)
         return
     if settings.kubernetes is None:
         raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")

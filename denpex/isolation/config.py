@@ -88,6 +88,9 @@ class IsolationSettings(BaseModel):
     """The approvers' ed25519 public keys (YAML ``approvers: {NAME: KEY}``)."""
     cluster: str | None = Field(default=None, min_length=1, max_length=200)
     """The cluster's name, for a connection that cannot say it (a bare Kubernetes host)."""
+    slurm_user: str | None = Field(default=None, min_length=1, max_length=64)
+    """The user Slurm records for Denpex's drains (``Reason=... [user@time]``); default: the SSH
+    user. Set it when commands run through sudo. A drain another user set is never Denpex's."""
     evidence_store: str | None = None
     """A folder or ``s3://bucket/prefix``; the audit log is copied there after each run."""
     verify_timeout_s: float = Field(default=20.0, gt=0)

@@ -109,6 +109,8 @@ def check_plan_policy(plan: IsolationPlan, policy: IsolationPolicy, operation: O
         if plan.policy.reason_prefix != policy.reason_prefix:
             problems.append(f"the plan's reason prefix {plan.policy.reason_prefix!r} is not the operator's "
                             f"{policy.reason_prefix!r}")
+        # The undo acts on the reason's incident tag (Kubernetes taint value and annotations).
+        problems += _reason_problems(plan, policy)
     else:
         problems += _isolate_problems(plan, policy)
     if problems:
@@ -125,7 +127,6 @@ def _isolate_problems(plan: IsolationPlan, policy: IsolationPolicy) -> list[str]
     if plan.actions and plan.verdict not in VERDICTS_WITH_CULPRIT:
         problems.append(f"the plan's verdict {plan.verdict!r} names no culprit, yet it has actions")
     steps = policy.remediation.for_scheduler(plan.scheduler)
-    owned = owned_reason_prefix(policy.reason_prefix, plan.incident_id)
     for action in plan.actions:
         if not action.evidence and policy.evidence.hardware_signal_required_for:
             problems.append(f"{action.node} has no supporting evidence")
@@ -133,6 +134,10 @@ def _isolate_problems(plan: IsolationPlan, policy: IsolationPolicy) -> list[str]
                 or action.pre_checks != steps.check or action.post_checks != steps.verify:
             problems.append(f"{action.node}'s steps are not the runbook's ({steps.act.value}, "
                             f"rollback {steps.rollback.value})")
-        if not (action.reason == owned or action.reason.startswith(owned + " ")):
-            problems.append(f"{action.node}'s reason does not start with {owned!r}")
-    return problems
+    return problems + _reason_problems(plan, policy)
+
+
+def _reason_problems(plan: IsolationPlan, policy: IsolationPolicy) -> list[str]:
+    owned = owned_reason_prefix(policy.reason_prefix, plan.incident_id)
+    return [f"{action.node}'s reason does not start with {owned!r}" for action in plan.actions
+            if not (action.reason == owned or action.reason.startswith(owned + " "))]

@@ -44,7 +44,7 @@ from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.errors import OutcomeUnknownError, RemoteError, StoreError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner
 from denpex.isolation.gates import blast_radius_gate, node_gate
-from denpex.isolation.plan import IsolationPlan, NodeAction, Operation, utc_now
+from denpex.isolation.plan import HungJob, IsolationPlan, NodeAction, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy
 
 __all__ = ["RunMode", "NodeDecision", "NodeOutcome", "ExecutionReport", "Executor"]
@@ -212,20 +212,33 @@ class Executor:
         except RemoteError as exc:
             raise self._interrupted(exc, plan, digest, operation, report, pending[index:]) from exc
         finally:
-            if self.store is not None:
-                try:
-                    report.audit_copy = copy_audit_log(self.audit, self.store, plan.incident_id)
-                except StoreError as exc:
-                    report.warnings.append(str(exc))
+            self._copy_audit(plan, report)
         return report
+
+    def _copy_audit(self, plan: IsolationPlan, report: ExecutionReport) -> None:
+        if self.store is not None:
+            try:
+                report.audit_copy = copy_audit_log(self.audit, self.store, plan.incident_id)
+            except StoreError as exc:
+                report.warnings.append(str(exc))
 
     def _requeue(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,
                  approver: str | None) -> ExecutionReport:
         """Restart the hung job away from the isolated nodes: intent, the steps its state still
-        needs, read until it shows the change, result. A second run finds it done and skips."""
+        needs, read until it shows the change, result. A second run finds it done and skips.
+        Executed, its records are copied to the evidence store like an isolation's."""
         digest = plan.content_hash()
         report = ExecutionReport(mode=mode, operation=operation, incident_id=plan.incident_id,
                                  plan_hash=digest, approver=approver, nodes=[])
+        if mode is RunMode.DRY_RUN:
+            return self._restart_job(plan, digest, actions, mode, approver, report)
+        try:
+            return self._restart_job(plan, digest, actions, mode, approver, report)
+        finally:
+            self._copy_audit(plan, report)
+
+    def _restart_job(self, plan: IsolationPlan, digest: str, actions: list[NodeAction], mode: RunMode,
+                     approver: str | None, report: ExecutionReport) -> ExecutionReport:
         job = plan.hung_job
         if job is None:
             report.blocked.append("the plan offers no hung-job action (no job id, or no node isolated)")
@@ -235,6 +248,8 @@ class Executor:
         if not job.exclude_nodes:
             report.blocked.append("none of the hung job's nodes is approved")
             return report
+        if mode is RunMode.EXECUTE:
+            report.recovered = self._recover_requeue(plan, digest, approver, job)
         command = self.adapter.hung_job_command(job)
         what = f"job {job.job_id}"
         unmet = self.adapter.hung_job_unmet(job)
@@ -273,6 +288,22 @@ class Executor:
                                         rc=output.rc if output else None,
                                         output=output.output if output else "", message=message))
         return report
+
+    def _recover_requeue(self, plan: IsolationPlan, digest: str, approver: str | None, job: HungJob) -> list[str]:
+        """Give each requeue intent left without a result (a run died between its steps) the result
+        the job's state shows; the steps still needed are then taken as usual, never blindly."""
+        messages = []
+        for intent in self.audit.pending_intents(digest, Operation.REQUEUE):
+            unmet = self.adapter.hung_job_unmet(job)
+            outcome = Outcome.RECOVERED_NOT_APPLIED if unmet else Outcome.RECOVERED_APPLIED
+            shows = f"still needs: {'; '.join(unmet)}" if unmet else "shows the restart completed"
+            message = (f"an earlier run stopped between intent seq {intent.seq} and its result; job "
+                       f"{job.job_id} {shows}; nothing was repeated blindly")
+            self.audit.append(self._job_entry(plan, digest, approver, AuditKind.RESULT, command=intent.command,
+                                              outcome=outcome, intent_seq=intent.seq, message=message),
+                              at=self.clock())
+            messages.append(message)
+        return messages
 
     @staticmethod
     def _job_entry(plan: IsolationPlan, digest: str, approver: str | None, kind: AuditKind,
@@ -313,9 +344,11 @@ class Executor:
         ours = [name for name, facts in current.items()
                 if facts.owner(policy.reason_prefix, plan.incident_id) is ReasonOwner.THIS_INCIDENT]
         breaker = self.breaker.state()
-        recent = breaker.isolations_since(self.cluster, self.clock() - timedelta(hours=1))
+        # This incident finishing its own earlier attempt on a node is not a new isolation.
+        recent = [m.node for m in breaker.isolations_since(self.cluster, self.clock() - timedelta(hours=1))
+                  if not (m.incident_id == plan.incident_id and m.node in to_act)]
         radius = blast_radius_gate(to_act, cluster, policy.limits, breaker, incident_nodes=ours,
-                                   recent_on_cluster=[m.node for m in recent])
+                                   recent_on_cluster=recent)
         if not radius.blocked:
             return pending, [], plan.breaker_trip
         message = radius.blocked[0].message
@@ -377,6 +410,12 @@ class Executor:
                         running_jobs=item.facts.running_jobs, message=item.message),
             at=self.clock(),
         )
+        if operation is Operation.ISOLATE:
+            # Counted once sent, not once verified: a cordon whose evictions are held up, or a
+            # drain whose answer was lost, still isolates the node, and the hourly limit is there
+            # for a storm of exactly such half-finished isolations.
+            self.breaker.record_isolation(cluster=self.cluster, node=action.node,
+                                          incident_id=plan.incident_id, at=self.clock())
         output, notes = self._send_once(plan, action, operation)
         final = self.adapter.node_facts(action.node)
         unmet = self._unmet(plan, action, operation, final)
@@ -390,9 +429,6 @@ class Executor:
             final = self.adapter.node_facts(action.node)
             unmet = self._unmet(plan, action, operation, final)
         outcome = Outcome.FAILED if unmet else Outcome.APPLIED
-        if operation is Operation.ISOLATE and not unmet:
-            self.breaker.record_isolation(cluster=self.cluster, node=action.node,
-                                          incident_id=plan.incident_id, at=self.clock())
         if unmet:
             notes.append("post-checks not met: " + "; ".join(unmet))
         if output is not None and output.rc != 0 and not unmet:

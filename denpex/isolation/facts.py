@@ -91,6 +91,9 @@ class NodeFacts(BaseModel):
     still carries our annotations). A manual uncordon cancels the automated workflow."""
     evictable_pods: tuple[str, ...] = ()
     """Kubernetes: pods the runbook's eviction rules would evict (``namespace/pod``)."""
+    terminating_pods: tuple[str, ...] = ()
+    """Kubernetes: such pods already evicted or deleted but not yet gone; a drain waits for them
+    (``kubectl drain`` does): until then they still hold the GPUs and the job's place."""
     marked_by: str | None = None
     """Kubernetes: the incident our annotations name, isolated or not (None: no marks of ours)."""
     taints: tuple[str, ...] = ()

@@ -12,7 +12,9 @@ Isolating a node:
    allows it. Each pod is settled on its own: a PodDisruptionBudget's 429 is retried with backoff
    until ``eviction_timeout_s``; a failed eviction (5xx, a dropped connection) is noted and the
    next pod is tried. The post-check then reads the node again: the action is only complete when
-   no evictable pod remains, so a re-run evicts what is left instead of saying "already done".
+   no evictable pod remains and the evicted ones are gone (terminated, as ``kubectl drain`` waits
+   for), within the operator's verify timeout; so a re-run evicts what is left, or waits again,
+   instead of saying "already done".
 
 Rolling back is one JSON-patch (with the same ``resourceVersion`` guard) that clears
 ``unschedulable`` and removes only this incident's taint and annotations. After a person
@@ -228,6 +230,9 @@ class KubernetesAdapter:
             overridden_by=overridden,
             evictable_pods=tuple(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
                                  if self._eviction_blocker(p) is None),
+            terminating_pods=tuple(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
+                                   if self._eviction_blocker(p) == _TERMINATING
+                                   and self._eviction_blocker(p, terminating=False) is None),
             marked_by=annotations.get(ANNOTATION_INCIDENT),
             taints=taints,
         )
@@ -288,6 +293,9 @@ class KubernetesAdapter:
         if action.action is ActionKind.CORDON_TAINT_EVICT and facts.evictable_pods:
             unmet.append(f"{len(facts.evictable_pods)} evictable pod(s) remain on {facts.name}: "
                          f"{', '.join(facts.evictable_pods[:5])}")
+        if action.action is ActionKind.CORDON_TAINT_EVICT and facts.terminating_pods:
+            unmet.append(f"{len(facts.terminating_pods)} pod(s) still terminating on {facts.name}: "
+                         f"{', '.join(facts.terminating_pods[:5])}")
         return unmet
 
     def _cordon_patch(self, node: Any, action: NodeAction) -> dict[str, Any]:
@@ -380,6 +388,9 @@ class KubernetesAdapter:
                             output=f"deleted {', '.join(deleted) or 'no pod'}")
 
     def _job_pods(self, job: HungJob) -> list[Any]:
+        """The job's unfinished pods on the excluded nodes. Job names are per namespace: when the
+        name matches pods of more than one, another tenant's job shares it, and nothing is
+        guessed (CommandFailedError, before any intent or deletion)."""
         pods = []
         for node in job.exclude_nodes:
             for pod in self._pods_on(node):
@@ -387,15 +398,22 @@ class KubernetesAdapter:
                 finished = pod.status and pod.status.phase in ("Succeeded", "Failed")
                 if not finished and any(labels.get(key) == job.job_id for key in JOB_LABELS):
                     pods.append(pod)
+        namespaces = sorted({p.metadata.namespace for p in pods})
+        if len(namespaces) > 1:
+            raise CommandFailedError(
+                f"job {job.job_id} names pods in more than one namespace ({', '.join(namespaces)}) on "
+                f"{', '.join(job.exclude_nodes)}; another tenant's job shares the name, so no pod was "
+                "deleted: restart the hung job's pods by hand")
         return pods
 
-    def _eviction_blocker(self, pod: Any) -> str | None:
+    def _eviction_blocker(self, pod: Any, *, terminating: bool = True) -> str | None:
         """Why ``pod`` is not to be evicted, kubectl's way; None when it is. Finished, terminating,
-        mirror and DaemonSet pods are ``_NOT_EVICTED`` as a matter of course."""
+        mirror and DaemonSet pods are ``_NOT_EVICTED`` as a matter of course. ``terminating=False``
+        judges a terminating pod as if it were not: would it have been evicted?"""
         meta, spec = pod.metadata, pod.spec
         if pod.status and pod.status.phase in ("Succeeded", "Failed"):
             return _FINISHED
-        if meta.deletion_timestamp is not None:
+        if terminating and meta.deletion_timestamp is not None:
             return _TERMINATING
         if "kubernetes.io/config.mirror" in (meta.annotations or {}):
             return _MIRROR

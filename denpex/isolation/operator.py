@@ -11,6 +11,7 @@ of rules. What the executor trusts is what the operator owns on the machine that
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,8 +82,23 @@ def load_operator_config(settings: IsolationSettings, environ: Mapping[str, str]
         state_dir = resolve_state_dir(settings.state_dir, environ)
     except StateDirError as exc:
         raise ConfigError(str(exc)) from exc
+    for trusted_file in (settings.runbook, settings.trusted_approvers):
+        if trusted_file is not None:
+            _refuse_shared_write(trusted_file)
     policy = load_runbook(settings.runbook).policy() if settings.runbook else IsolationPolicy()
     trusted = load_trusted_approvers(settings.trusted_approvers) if settings.trusted_approvers \
         else TrustedApprovers()
     return OperatorConfig(state_dir=state_dir, policy=policy, trusted=trusted, cluster=settings.cluster,
                           evidence_store=settings.evidence_store, verify_timeout_s=settings.verify_timeout_s)
+
+
+def _refuse_shared_write(path: Path) -> None:
+    """A runbook or trusted approvers file that group or others may write is not the operator's:
+    anyone on the machine could substitute their own policy or approver key."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # the loader says what is wrong with a missing or unreadable file
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"{path}: group or others may write it (mode {stat.S_IMODE(mode):o}), so it is not "
+                          f"trusted; run `chmod go-w {path}` as its owner")

@@ -13,6 +13,8 @@ It serves exactly what the adapter uses, with the API server's semantics for the
   (``policy/v1``, ``matchLabels``) allows no disruption, else the pod is deleted (201);
   ``fail_evictions`` answers chosen ones with 500 first;
 - ``GET /apis/policy/v1/namespaces/{ns}/poddisruptionbudgets``;
+  ``termination_grace_s`` keeps chosen evicted pods Terminating (``deletionTimestamp`` set) for
+  that long before they are gone, as a kubelet does while the containers stop;
 - ``DELETE /api/v1/namespaces/{ns}/pods/{name}``: the pod is gone at once (no grace period).
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). Requests are recorded.
 With ``tls`` (a server ``SSLContext``) it serves HTTPS, as a real API server does.
@@ -164,6 +166,8 @@ class FakeApiServer:
         """Pod name -> how many evictions of it are answered 500 (nothing done) before one succeeds."""
         self.pdb_refusals: dict[str, int] = {}
         """PodDisruptionBudget name -> how many evictions it refuses before allowing one."""
+        self.termination_grace_s: dict[str, float] = {}
+        """Pod name -> seconds an evicted pod stays Terminating before it is gone."""
         self.concurrent_writes: list[dict[str, Any]] = []
         """Taints another writer adds right before the next node PATCHes (one per PATCH)."""
         self.lock = threading.Lock()
@@ -188,6 +192,11 @@ class FakeApiServer:
 
     def add_node(self, node: dict[str, Any]) -> None:
         self.nodes[node["metadata"]["name"]] = node
+
+    def _gone(self, pod: dict[str, Any]) -> None:
+        with self.lock:
+            if pod in self.pods:
+                self.pods.remove(pod)
 
     def patches(self, node: str) -> list[str]:
         """Content types of the PATCH requests sent for ``node``."""
@@ -329,7 +338,14 @@ class FakeApiServer:
                         return
                     for budget in budgets:
                         budget["status"]["disruptionsAllowed"] -= 1
-                    api.pods.remove(pod)
+                    grace = api.termination_grace_s.get(name)
+                    if grace is None:
+                        api.pods.remove(pod)
+                    elif "deletionTimestamp" not in pod["metadata"]:
+                        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                        timer = threading.Timer(grace, api._gone, args=(pod,))
+                        timer.daemon = True
+                        timer.start()
                 self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
             def do_DELETE(self) -> None:  # noqa: N802

@@ -260,3 +260,29 @@ def test_concurrent_writers_keep_one_unbroken_chain(tmp_path: Path) -> None:
     assert [w.wait(timeout=120) for w in writers] == [0, 0, 0, 0]
     verification = verify_audit_log(path)
     assert verification.ok and verification.records == 160, verification.problems
+
+
+def test_two_runs_creating_the_audit_key_at_once_get_the_same_whole_key(tmp_path: Path) -> None:
+    """Two operators' first runs on a machine: the second must never read the first's key file
+    half-written (an empty key is 'damaged', a refusal nobody retries)."""
+    import threading
+
+    from denpex.isolation.audit import load_or_create_audit_key
+
+    for attempt in range(100):
+        path = tmp_path / f"state-{attempt}" / "audit.key"
+        got: list[object] = []
+
+        def first_use() -> None:
+            try:
+                got.append(load_or_create_audit_key(path))
+            except Exception as exc:  # noqa: BLE001 - the test reports whatever a run would see
+                got.append(exc)
+
+        runs = [threading.Thread(target=first_use) for _ in range(4)]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join()
+        assert all(isinstance(key, bytes) for key in got) and len(set(got)) == 1, got
+        assert path.stat().st_mode & 0o777 == 0o600

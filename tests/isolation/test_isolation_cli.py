@@ -34,7 +34,7 @@ def test_killed_process_plus_xid79_in_the_kernel_log_plans_a_drain_of_that_node(
                           "pid=4241, GPU has fallen off the bus.\n")
     plan_path = tmp_path / "plan.json"
     result = runner.invoke(app, ["triage", str(killed_rank_1), "--telemetry", str(kernel_log), "--format", "json",
-                                 "--scheduler", "slurm", "--plan-out", str(plan_path)])
+                                 "--scheduler", "slurm", "--cluster", "prod-a", "--plan-out", str(plan_path)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["plan"] == {
         "recommend_isolation": True, "actions": [{"node": "gpu-node-002", "action": "drain"}], "blocked": []}
@@ -46,7 +46,7 @@ def test_killed_process_plus_xid79_in_the_kernel_log_plans_a_drain_of_that_node(
 def test_triage_with_scheduler_plans_and_says_why_not(killed_rank_1: Path, tmp_path: Path, scheduler: str) -> None:
     plan_path = tmp_path / "plan.json"
     result = runner.invoke(app, ["triage", str(killed_rank_1), "--format", "json", "--scheduler", scheduler,
-                                 "--plan-out", str(plan_path)])
+                                 "--cluster", "prod-a", "--plan-out", str(plan_path)])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     [culprit] = body["candidates"]
@@ -61,12 +61,29 @@ def test_triage_with_scheduler_plans_and_says_why_not(killed_rank_1: Path, tmp_p
 
 
 def test_triage_text_shows_the_block_and_incident_id_is_deterministic(killed_rank_1: Path, tmp_path: Path) -> None:
-    args = ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out"]
+    args = ["triage", str(killed_rank_1), "--scheduler", "slurm", "--cluster", "prod-a", "--plan-out"]
     first = runner.invoke(app, [*args, str(tmp_path / "a.json")])
     second = runner.invoke(app, [*args, str(tmp_path / "b.json")])
     assert first.exit_code == 0 and "blocked: rank 1 stopped reporting" in first.stdout
     assert second.exit_code == 0 and second.stdout == first.stdout
     assert load_plan(tmp_path / "a.json").content_hash() == load_plan(tmp_path / "b.json").content_hash()
+
+
+def test_a_plan_file_names_its_cluster(killed_rank_1: Path, tmp_path: Path) -> None:
+    """A plan written for execution is bound to one cluster: triage offline cannot ask the cluster
+    its name, so the operator gives it; without it no plan file is written (exit 2, one line)."""
+    plan_path = tmp_path / "plan.json"
+    result = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(plan_path)])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("denpex: error: ") and "--plan-out needs --cluster" in line
+    assert not plan_path.exists()
+    # Showing the plan without writing it needs no cluster.
+    assert runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm"]).exit_code == 0
+    done = runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--cluster", "prod-a",
+                               "--plan-out", str(plan_path)])
+    assert done.exit_code == 0, done.output
+    assert load_plan(plan_path).cluster == "prod-a"
 
 
 def test_bad_runbook_is_unusable_input(killed_rank_1: Path, tmp_path: Path) -> None:
@@ -85,7 +102,8 @@ def test_isolate_refuses_a_bad_plan_or_missing_settings(killed_rank_1: Path, tmp
     result = runner.invoke(app, ["isolate", str(broken), "--dry-run"])
     assert result.exit_code == 2 and "not a valid isolation plan" in result.stderr
     plan = tmp_path / "plan.json"
-    assert runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--plan-out", str(plan)]).exit_code == 0
+    assert runner.invoke(app, ["triage", str(killed_rank_1), "--scheduler", "slurm", "--cluster", "prod-a",
+                               "--plan-out", str(plan)]).exit_code == 0
     result = runner.invoke(app, ["isolate", str(plan), "--dry-run"])
     assert result.exit_code == 2 and "no ssh settings" in result.stderr and "DENPEX_SSH_HOST" in result.stderr
 

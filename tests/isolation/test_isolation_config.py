@@ -57,3 +57,23 @@ def test_invalid_settings_name_the_field(tmp_path: Path, text: str, env: dict[st
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load_settings(path, env)
+
+
+@pytest.mark.parametrize("which", ["runbook", "trusted_approvers"])
+def test_a_runbook_or_approvers_file_others_can_write_is_not_trusted(tmp_path: Path, which: str) -> None:
+    """Execution trusts only files the operator owns: one that group or others may write is a policy
+    (or an approver key) anyone on the machine can substitute."""
+    from denpex.isolation.operator import load_operator_config
+    from denpex.isolation.policy import IsolationPolicy
+    from isolation.trust import APPROVERS_FILE, write_runbook
+
+    runbook = write_runbook(tmp_path / "runbook.yaml", IsolationPolicy())
+    approvers = tmp_path / "approvers.yaml"
+    approvers.write_text(APPROVERS_FILE.read_text())
+    settings = tmp_path / "s.yaml"
+    settings.write_text(f"runbook: {runbook}\ntrusted_approvers: {approvers}\nstate_dir: {tmp_path / 'state'}\n")
+    assert load_operator_config(load_settings(settings, {}), {}).trusted.names() == ["alice", "bob"]
+    target = runbook if which == "runbook" else approvers
+    target.chmod(0o666)
+    with pytest.raises(ConfigError, match=f"{target}: group or others may write it"):
+        load_operator_config(load_settings(settings, {}), {})

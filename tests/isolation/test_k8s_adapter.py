@@ -29,6 +29,7 @@ from denpex.isolation.policy import (
     EvictionRule,
     IsolationPolicy,
     RemediationSteps,
+    SafetyLimits,
     SchedulerSteps,
     Scheduler,
 )
@@ -360,3 +361,87 @@ def test_the_hung_jobs_pods_on_the_isolated_node_are_deleted_as_their_own_action
     records = [r for r in executor.audit.records() if r.operation is Operation.REQUEUE]
     assert [r.kind.value for r in records] == ["intent", "result"]
     assert execute(executor, plan, Operation.REQUEUE).nodes[0].decision is NodeDecision.ALREADY_DONE
+
+
+def test_a_drain_is_done_only_once_its_evicted_pods_are_gone(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                             executor: K8sRun) -> None:
+    """kubectl drain waits for the evicted pods to terminate; so does the post-check, within the
+    operator's verify timeout (2 s here)."""
+    api.pods += [make_pod("train", "slow-1", NODE, labels={"app": "slow"}),
+                 make_pod("train", "stuck-1", "gpu-node-003", labels={"app": "stuck"})]
+    api.termination_grace_s.update({"trainer-1": 0.5, "slow-1": 0.8, "stuck-1": 30})
+    roomy = EVICTING.model_copy(update={"limits": SafetyLimits(max_isolated_fraction=0.5)})
+    plan = make_plan(adapter, policy=roomy)
+    [outcome] = execute(executor, plan).nodes
+    assert outcome.outcome is Outcome.APPLIED, outcome.message
+    assert [p["metadata"]["name"] for p in api.pods if p["spec"]["nodeName"] == NODE] == ["dcgm-exporter-x"]
+
+    stuck = make_plan(adapter, policy=roomy, node="gpu-node-003", incident_id="inc-k8s-2")
+    [outcome] = execute(executor, stuck).nodes
+    assert outcome.outcome is Outcome.FAILED
+    assert "1 pod(s) still terminating on gpu-node-003: train/stuck-1" in outcome.message
+
+
+def test_the_hourly_rate_limit_counts_every_isolation_sent_not_only_verified_ones(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
+) -> None:
+    """A cordon whose evictions a PodDisruptionBudget holds up fails its post-check, yet the node is
+    cordoned: it is an isolation, and a storm of such incidents must hit the per-cluster limit."""
+    api.pdbs.append(make_pdb("train", "trainer", {"app": "trainer"}, 0))
+    hourly = EVICTING.model_copy(update={"limits": SafetyLimits(max_isolated_fraction=0.5,
+                                                                max_isolations_per_cluster_per_hour=1)})
+    first = make_plan(adapter, policy=hourly)
+    [outcome] = execute(executor, first).nodes
+    assert outcome.outcome is Outcome.FAILED and api.nodes[NODE]["spec"]["unschedulable"] is True
+
+    storm = make_plan(adapter, policy=hourly, node="gpu-node-003", incident_id="inc-k8s-2")
+    report = execute(executor, storm)
+    assert report.nodes[0].decision is NodeDecision.BLOCKED and report.breaker_tripped
+    assert "1 isolation(s) on this cluster in the last hour plus 1 now" in report.blocked[0]
+    assert not api.nodes["gpu-node-003"]["spec"].get("unschedulable")
+
+    # Finishing the first incident's own drain is not a new isolation: not blocked, not counted twice.
+    breaker = operator_for(executor.state_dir).breaker()
+    breaker.reset(by="oncall", at=utc_now())
+    api.pdbs[0]["status"]["disruptionsAllowed"] = 1
+    [again] = execute(executor, first).nodes
+    assert again.decision is NodeDecision.ACT and again.outcome is Outcome.APPLIED
+    assert [(m.node, m.incident_id) for m in breaker.state().isolations] == [(NODE, "inc-k8s")]
+
+
+def test_a_rollback_plan_whose_reasons_are_not_this_incidents_is_refused(
+    api: FakeApiServer, adapter: KubernetesAdapter, executor: K8sRun
+) -> None:
+    """Rollbacks act on a reason's incident tag (taint value, annotations): a plan edited to name
+    another incident there would clear the cordon yet leave this incident's taint behind."""
+    from denpex.isolation.errors import PolicyMismatchError
+
+    plan = make_plan(adapter)
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    [action] = plan.actions
+    edited = plan.model_copy(update={"actions": (action.model_copy(
+        update={"reason": action.reason.replace("denpex:inc-k8s", "denpex:inc-k8s-other")}),)})
+    with pytest.raises(PolicyMismatchError, match="reason does not start with 'denpex:inc-k8s'"):
+        execute(executor, edited, Operation.ROLLBACK)
+    assert api.nodes[NODE]["spec"]["unschedulable"] is True and OUR_TAINT in api.nodes[NODE]["spec"]["taints"]
+
+
+def test_a_hung_job_name_shared_by_two_namespaces_deletes_nothing(api: FakeApiServer, adapter: KubernetesAdapter,
+                                                                  executor: K8sRun) -> None:
+    """Job names are per namespace: another tenant's job of the same name on that node is not ours
+    to restart. Denpex does not guess; it deletes nothing and says why."""
+    from denpex.isolation.errors import CommandFailedError
+
+    label = {"batch.kubernetes.io/job-name": "job-7"}
+    api.pods += [make_pod("team-a", "job-7-worker-1", NODE, labels=label),
+                 make_pod("team-b", "job-7-worker-1", NODE, labels=label)]
+    now = utc_now()
+    result = killed_process(hardware=[signal(79, host=NODE, age=timedelta(minutes=1), as_of=now)], host=NODE, as_of=now)
+    plan = plan_isolation(result, None, IsolationPolicy(), adapter.cluster_facts(), Scheduler.KUBERNETES, "inc-k8s",
+                          now, cluster=CLUSTER, job_id="job-7")
+    assert execute(executor, plan).nodes[0].outcome is Outcome.APPLIED
+    with pytest.raises(CommandFailedError, match="in more than one namespace .team-a, team-b."):
+        execute(executor, plan, Operation.REQUEUE)
+    assert sorted(p["metadata"]["namespace"] for p in api.pods if p["metadata"]["name"] == "job-7-worker-1") \
+        == ["team-a", "team-b"]
+    assert not [r for r in executor.audit.records() if r.operation is Operation.REQUEUE]

@@ -15,9 +15,9 @@ from denpex.isolation.errors import ApprovalError
 from denpex.isolation.executor import NodeDecision
 from denpex.isolation.plan import Operation, save_plan
 from denpex.isolation.slurm_parse import parse_show_job
-from denpex.isolation.ssh import SshSettings
+from denpex.isolation.ssh import CommandRunner, SshSettings
 from isolation.trust import signed
-from lab.rig import Rig, drained, xid79
+from lab.rig import Hooked, Rig, drained, rig_for, xid79
 from lab.slurm_lab import SlurmLab
 from lab.test_isolation_trust import settings_file
 
@@ -80,3 +80,42 @@ def test_cli_dry_run_says_what_the_requeue_would_send(rig: Rig, ssh_settings: Ss
     assert dry.exit_code == 0, dry.output
     assert f"WOULD run: scontrol requeuehold {job}" in dry.stdout
     assert rig.lab.job_state(job) == "RUNNING"
+
+
+class Crash(BaseException):
+    """The executor's process dying at that instant (a kill, a lost laptop)."""
+
+
+def test_a_requeue_cut_short_is_settled_from_the_jobs_state_and_finished(lab: SlurmLab, ssh_settings: SshSettings,
+                                                                         tmp_path: Path) -> None:
+    """A crash between the hold and the release leaves the job held and an intent without a result.
+    The next run records what the job's state shows for that intent, then finishes the restart."""
+    job, node = submit_anywhere(lab)
+
+    def crash() -> None:
+        raise Crash
+
+    def wrap(runner: CommandRunner) -> CommandRunner:
+        return Hooked(runner, lambda argv: list(argv[:2]) == ["scontrol", "update"] and "JobId=" in argv[2], crash)
+
+    with rig_for(lab, ssh_settings, tmp_path) as setup:
+        plan = setup.plan(xid79(node), job_id=job)
+        assert setup.execute(plan).nodes[0].outcome is Outcome.APPLIED
+    with rig_for(lab, ssh_settings, tmp_path, wrap=wrap) as crashing, pytest.raises(Crash):
+        crashing.execute(plan, operation=Operation.REQUEUE)
+    shown = parse_show_job(lab.run(["scontrol", "-o", "show", "job", job]).stdout)
+    assert shown is not None and shown.held  # the hold went out, the release never did
+
+    with rig_for(lab, ssh_settings, tmp_path) as rig:
+        report = rig.execute(plan, operation=Operation.REQUEUE)
+        assert report.nodes[0].outcome is Outcome.APPLIED, report.nodes[0].message
+        records = [r for r in rig.audit.records() if r.operation is Operation.REQUEUE]
+    intents = [r for r in records if r.kind is AuditKind.INTENT]
+    results = {r.intent_seq: r for r in records if r.kind is AuditKind.RESULT}
+    assert len(intents) == 2 and all(i.seq in results for i in intents), [(r.kind, r.seq, r.intent_seq) for r in records]
+    assert results[intents[0].seq].outcome is Outcome.RECOVERED_NOT_APPLIED
+    assert report.recovered and "took effect" not in report.recovered[0].replace("did not take effect", "")
+    shown = parse_show_job(lab.run(["scontrol", "-o", "show", "job", job]).stdout)
+    assert shown is not None and node in shown.excluded and not shown.held
+    # The requeue's records reach the evidence store, like an isolation's.
+    assert (tmp_path / "store" / "audit" / "inc-lab" / "audit.jsonl").read_bytes() == rig.audit.path.read_bytes()

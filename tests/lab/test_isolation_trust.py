@@ -18,7 +18,7 @@ from denpex.cli import app
 from denpex.isolation.audit import AuditRecord, verify_audit_log
 from denpex.isolation.errors import ApprovalError, AuditChainError, PolicyMismatchError
 from denpex.isolation.executor import NodeDecision
-from denpex.isolation.plan import save_plan
+from denpex.isolation.plan import IsolationPlan, save_plan, utc_now
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import SshSettings
 from isolation.trust import APPROVERS_FILE, key_file, signed
@@ -291,3 +291,99 @@ def test_approval_errors_are_refusals_not_transient() -> None:
     assert issubclass(AuditChainError, RefusedError)
     assert not is_transient(ApprovalError("x")) and not is_transient(AuditChainError("x"))
     assert is_transient(TransientRemoteError("x")) and is_transient(BusyError("x"))
+
+
+# -- review: a prefect-ui approval is only as good as the flow run that was resumed -----------
+
+
+def test_a_prefect_ui_approval_written_to_a_file_is_refused_by_the_cli(rig: Rig, ssh_settings: SshSettings,
+                                                                     tmp_path: Path) -> None:
+    """Whoever can write beside a plan can write a 'prefect-ui' record naming a listed approver and
+    any flow run id: no signature, no resumed flow run. The CLI takes signed approvals only."""
+    from denpex.isolation.approval import save_approval, ui_approval
+    from denpex.isolation.policy import ApprovalRule
+    from isolation.trust import write_runbook
+
+    node = "gpu-node-010"
+    policy = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"})))
+    plan = rig.plan(xid79(node), policy=policy)
+    plan_path = tmp_path / "plan.json"
+    save_plan(plan, plan_path)
+    forged = ui_approval(plan, "alice", flow_run_id="00000000-0000-0000-0000-000000000000", at=utc_now(),
+                         ttl=policy.approval.ttl)
+    save_approval(forged, tmp_path / "plan.approval.json")
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, tmp_path / "state",
+                           runbook=str(write_runbook(tmp_path / "runbook.yaml", policy)))
+    refused(["isolate", str(plan_path), "--execute", "--config", str(config)],
+            "prefect-ui approval")
+    assert not drained(rig.lab, node) and not (tmp_path / "state" / "audit.jsonl").exists()
+
+
+def test_a_dry_run_writes_nothing_in_the_state_directory(rig: Rig, ssh_settings: SshSettings,
+                                                         tmp_path: Path) -> None:
+    """A dry run reads the machine-wide breaker (so its state dir must be the absolute, shared one)
+    but creates nothing there: an operator without write access to it can still dry-run."""
+    node = "gpu-node-011"
+    plan_path = tmp_path / "plan.json"
+    save_plan(rig.plan(xid79(node)), plan_path)
+    state = tmp_path / "state"
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, state)
+    done = runner.invoke(app, ["isolate", str(plan_path), "--dry-run", "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    assert "WOULD run: scontrol update NodeName=gpu-node-011 State=DRAIN" in done.stdout
+    assert not state.exists() and not drained(rig.lab, node)
+    # A tripped breaker in the shared state is seen by the dry run, which still writes nothing.
+    rig.breaker.path = state / "breaker.json"
+    rig.breaker.trip(reason="storm", incident_id="inc-other", at=utc_now())
+    before = sorted(p.name for p in state.iterdir())
+    blocked = runner.invoke(app, ["isolate", str(plan_path), "--dry-run", "--config", str(config)])
+    assert blocked.exit_code == 4 and "breaker" in blocked.stdout, blocked.output
+    assert sorted(p.name for p in state.iterdir()) == before
+
+
+def _other_incident(plan: IsolationPlan, incident: str) -> IsolationPlan:
+    return plan.model_copy(update={"incident_id": incident, "actions": tuple(
+        a.model_copy(update={"reason": a.reason.replace("denpex:inc-lab", f"denpex:{incident}")})
+        for a in plan.actions)})
+
+
+@pytest.mark.parametrize("tamper", ["truncated", "deleted"])
+def test_a_cut_or_deleted_audit_log_stops_the_next_incident_too(rig: Rig, ssh_settings: SshSettings,
+                                                                tmp_path: Path, tamper: str) -> None:
+    """The stored copy of incident A's run protects the log when incident B runs next: a log cut at
+    a record boundary (or removed) still chains, and B has no copy of its own yet."""
+    state = tmp_path / "state"
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, state, evidence_store=str(tmp_path / "store"))
+    first = tmp_path / "first.json"
+    save_plan(rig.plan(xid79("gpu-node-004")), first)
+    approve(first)
+    done = runner.invoke(app, ["isolate", str(first), "--execute", "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    log = state / "audit.jsonl"
+    if tamper == "truncated":
+        _write(log, _records(log)[:1])
+        assert verify_audit_log(log, key=bytes.fromhex((state / "audit.key").read_text().strip())).ok
+    else:
+        log.unlink()
+    second = tmp_path / "second.json"
+    save_plan(_other_incident(rig.plan(xid79("gpu-node-005")), "inc-other"), second)
+    approve(second)
+    line = refused(["isolate", str(second), "--execute", "--config", str(config)], "does not extend its stored copy")
+    assert "nothing was done" in line and not drained(rig.lab, "gpu-node-005")
+
+
+def test_a_plan_edited_after_its_approval_is_refused(rig: Rig, ssh_settings: SshSettings, tmp_path: Path) -> None:
+    """The plan file is rewritten after a person approved it, to drain another node: exit 2, one
+    line, nothing drained, nothing written to the audit log."""
+    plan = rig.plan(xid79("gpu-node-001"))
+    plan_path = tmp_path / "plan.json"
+    save_plan(plan, plan_path)
+    approve(plan_path)
+    [action] = plan.actions
+    edited = plan.model_copy(update={"actions": (action.model_copy(update={"node": "gpu-node-016"}),)})
+    save_plan(edited, plan_path)
+    config = settings_file(tmp_path / "s.yaml", ssh_settings, tmp_path / "state")
+    line = refused(["isolate", str(plan_path), "--execute", "--config", str(config)],
+                   "the plan changed after approval")
+    assert "execution refused" in line
+    assert drained_nodes(rig.lab) == set() and not (tmp_path / "state" / "audit.jsonl").exists()

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from denpex.cli import app
 from denpex.isolation.audit import Outcome
 from denpex.isolation.executor import NodeDecision
-from denpex.isolation.plan import Operation
+from denpex.isolation.plan import Operation, save_plan
 from denpex.isolation.slurm import SlurmAdapter
+from denpex.isolation.ssh import SshSettings
+from isolation.trust import key_file
 from lab.rig import Rig, drained, reason_of, xid79
+from lab.test_isolation_trust import settings_file
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +52,23 @@ def test_our_reason_text_set_by_another_user_is_not_ours(rig: Rig) -> None:
     # The user that did drain it may undo it.
     back = rig.execute(plan, operation=Operation.ROLLBACK)
     assert back.nodes[0].outcome is Outcome.APPLIED and not drained(rig.lab, node)
+
+
+def test_the_cli_judges_ownership_by_the_configured_slurm_user(rig: Rig, ssh_settings: SshSettings,
+                                                                tmp_path: Path) -> None:
+    node = "gpu-node-005"
+    plan_path = tmp_path / "plan.json"
+    plan = rig.plan(xid79(node))
+    save_plan(plan, plan_path)
+    assert rig.execute(plan).nodes[0].outcome is Outcome.APPLIED  # drained as root
+    runner = CliRunner()
+    assert runner.invoke(app, ["approve", str(plan_path), "--approver", "bob", "--key", key_file("bob"),
+                               "--operation", "rollback"]).exit_code == 0
+    # Commands run through sudo would be recorded as another user than the SSH one: say which.
+    as_denpex = settings_file(tmp_path / "s.yaml", ssh_settings, tmp_path / "state", slurm_user="denpex")
+    refused = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--rollback", "--config", str(as_denpex)])
+    assert refused.exit_code == 4 and f"{node} blocked" in refused.stderr and drained(rig.lab, node)
+    as_root = settings_file(tmp_path / "s.yaml", ssh_settings, tmp_path / "state", slurm_user="root")
+    back = runner.invoke(app, ["isolate", str(plan_path), "--execute", "--rollback", "--config", str(as_root)])
+    assert back.exit_code == 0, back.output
+    assert not drained(rig.lab, node)
