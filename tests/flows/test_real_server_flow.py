@@ -148,6 +148,10 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
                                    ".some(i => i.complete && i.naturalWidth > 0)")
             widths = dialog.locator("img").evaluate_all("els => els.map(e => e.naturalWidth)")
             assert widths and all(w > 0 for w in widths), widths
+            dialog.locator("img").first.scroll_into_view_if_needed()
+            chart_shot = tmp_path / "approval-chart.png"
+            page.screenshot(path=str(chart_shot))
+            print(f"screenshot: {chart_shot}")
 
             def field(label: str) -> Any:
                 return dialog.locator(".schema-form-property").filter(
@@ -163,7 +167,7 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             page.screenshot(path=str(form_shot))
             print(f"screenshots: {paused_shot} {form_shot}")
             dialog.get_by_role("button", name="Submit", exact=True).click()
-            expect(dialog).to_be_hidden()
+            expect(dialog).to_be_hidden(timeout=60_000)  # it validates, then resumes: slow on a busy box
             assert wait_for(run_id, {"COMPLETED"}) == "COMPLETED"
             expect(page.locator(".state-badge").filter(has_text="Completed").first).to_be_visible(timeout=30_000)
             done_shot = tmp_path / "completed-run.png"
