@@ -141,11 +141,13 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                        approval=answer.approval)
     if target is None:  # a plan is made only with a target; this keeps the type checker honest
         raise RuntimeError("a plan without a target")
-    return _remediate(ref, report, plan, target, answer, key, timing.remediation_retries)
+    log.info("recovery check before acting: %s", recovery.reason)
+    return _remediate(ref, report, plan, target, answer, key, timing.remediation_retries,
+                      recovery_note=f"recovery check: {recovery.reason}")
 
 
 def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, target: Target,
-               answer: ReviewedAnswer, key: str, retries: int) -> dict[str, Any]:
+               answer: ReviewedAnswer, key: str, retries: int, recovery_note: str = "") -> dict[str, Any]:
     approval = answer.approval
     if approval is None:
         raise RuntimeError("remediation without an approval")
@@ -169,6 +171,7 @@ def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, targ
               "outcome": node.outcome.value if node.outcome else None, "state": node.state_after})
     stage = IncidentStage.FAILED if execution.failed or execution.unfinished else IncidentStage.EXECUTED
     why = answer.reason + (f"; unfinished: {', '.join(execution.unfinished)}" if execution.unfinished else "")
+    why += f"; {recovery_note}" if recovery_note else ""
     return _finish(ref, report, stage, why, plan, key, approval=approval, execution=execution)
 
 
