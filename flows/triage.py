@@ -29,7 +29,7 @@ from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
-from denpex.workflow.recovery import check_recovery
+from denpex.workflow.recovery import check_recovery, newer_dumps
 from flows.approval import (
     Target,
     artifact_prefix,
@@ -133,7 +133,8 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                         approver=answer.approver, cluster=cluster)
         return _finish(ref, report, stage, answer.reason, plan, key)
     fresh = reread_inventory(evidence, world_size)
-    recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None))
+    recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None),
+                              newer_ranks=newer_dumps(inventory, fresh))
     if recovery.recovered:
         record_not_done(plan, operation=Operation.ISOLATE, outcome="withdrawn", reason=recovery.reason,
                         approver=answer.approver, cluster=cluster)
