@@ -29,7 +29,7 @@ from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
-from denpex.workflow.recovery import check_recovery
+from denpex.workflow.recovery import check_recovery, newer_dumps
 from flows.approval import (
     Target,
     artifact_prefix,
@@ -133,7 +133,8 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                         approver=answer.approver, cluster=cluster)
         return _finish(ref, report, stage, answer.reason, plan, key)
     fresh = reread_inventory(evidence, world_size)
-    recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None))
+    recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None),
+                              newer_ranks=newer_dumps(inventory, fresh))
     if recovery.recovered:
         record_not_done(plan, operation=Operation.ISOLATE, outcome="withdrawn", reason=recovery.reason,
                         approver=answer.approver, cluster=cluster)
@@ -141,11 +142,13 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                        approval=answer.approval)
     if target is None:  # a plan is made only with a target; this keeps the type checker honest
         raise RuntimeError("a plan without a target")
-    return _remediate(ref, report, plan, target, answer, key, timing.remediation_retries)
+    log.info("recovery check before acting: %s", recovery.reason)
+    return _remediate(ref, report, plan, target, answer, key, timing.remediation_retries,
+                      recovery_note=f"recovery check: {recovery.reason}")
 
 
 def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, target: Target,
-               answer: ReviewedAnswer, key: str, retries: int) -> dict[str, Any]:
+               answer: ReviewedAnswer, key: str, retries: int, recovery_note: str = "") -> dict[str, Any]:
     approval = answer.approval
     if approval is None:
         raise RuntimeError("remediation without an approval")
@@ -169,6 +172,7 @@ def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, targ
               "outcome": node.outcome.value if node.outcome else None, "state": node.state_after})
     stage = IncidentStage.FAILED if execution.failed or execution.unfinished else IncidentStage.EXECUTED
     why = answer.reason + (f"; unfinished: {', '.join(execution.unfinished)}" if execution.unfinished else "")
+    why += f"; {recovery_note}" if recovery_note else ""
     return _finish(ref, report, stage, why, plan, key, approval=approval, execution=execution)
 
 

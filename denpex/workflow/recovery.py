@@ -14,8 +14,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import TriageResult, Verdict
+from denpex.analysis.triage import EvidenceInventory
 
-__all__ = ["RecoveryCheck", "check_recovery"]
+__all__ = ["RecoveryCheck", "check_recovery", "newer_dumps"]
 
 
 class RecoveryCheck(BaseModel):
@@ -34,13 +35,27 @@ def _stuck_points(result: TriageResult) -> set[tuple[str, int]]:
     return points
 
 
-def check_recovery(before: TriageResult, after: TriageResult) -> RecoveryCheck:
+def newer_dumps(before: EvidenceInventory, after: EvidenceInventory) -> list[int]:
+    """Ranks whose dump is new, or was written again, since ``before`` was taken.
+
+    Judged on the store's own record of each object (name, size, modification time), not on the
+    times inside the dumps: a rank blocked since before the alert keeps its old entry times.
+    """
+    changed = []
+    for rank, ref in after.dumps.items():
+        old = before.dumps.get(rank)
+        if old is None or (old.name, old.size, old.modified) != (ref.name, ref.size, ref.modified):
+            changed.append(rank)
+    return sorted(changed)
+
+
+def check_recovery(before: TriageResult, after: TriageResult, *, newer_ranks: list[int]) -> RecoveryCheck:
     """Compare the triage the plan was made from with a triage of the evidence read again now.
 
-    Recovered only when the new evidence is newer, every candidate rank reported again, and no
-    group is still stuck at (or before) a collective that was stuck before.
+    Recovered only when some dump was written again (``newer_ranks``), every candidate rank has
+    reported, and no group is still stuck at (or before) a collective that was stuck before.
     """
-    if before.as_of is not None and (after.as_of is None or after.as_of <= before.as_of):
+    if not newer_ranks:
         return RecoveryCheck(recovered=False, reason="no newer evidence arrived since triage")
     culprits = sorted(c.rank for c in before.candidates)
     silent = [r for r in culprits if r not in after.ranks_with_evidence]
@@ -60,6 +75,6 @@ def check_recovery(before: TriageResult, after: TriageResult) -> RecoveryCheck:
     state = "no hang" if after.verdict is Verdict.NO_HANG else f"verdict {after.verdict.value}"
     return RecoveryCheck(
         recovered=True,
-        reason=f"the job recovered: newer dumps (as of {after.as_of.isoformat() if after.as_of else '?'}) "
-               f"show {moved}; ranks {culprits} reported again ({state})",
+        reason=f"the job recovered: newer dumps of ranks {newer_ranks} show {moved}; "
+               f"ranks {culprits} reported ({state})",
     )

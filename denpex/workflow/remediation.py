@@ -46,7 +46,7 @@ def _adapter(plan: IsolationPlan, settings: IsolationSettings, operator: Operato
             raise ConfigError("no SSH settings for the Slurm target: register a denpex-slurm-target block")
         with SshRunner(settings.ssh) as runner:
             yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff,
-                               actor=settings.ssh.username)
+                               actor=settings.slurm_user or settings.ssh.username)
         return
     if settings.kubernetes is None:
         raise ConfigError("no Kubernetes settings: register a denpex-kubernetes-target block")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
+from pathlib import Path
 
 from denpex.analysis.models import Candidate, CandidateKind, StuckCollective, TriageResult, Verdict
 from denpex.isolation.plan import utc_now
-from denpex.workflow.recovery import check_recovery
+from denpex.analysis.triage import take_inventory
+from denpex.evidence.store import LocalStore
+from denpex.workflow.recovery import check_recovery, newer_dumps
 
 T0 = utc_now()
 
@@ -28,24 +32,37 @@ def _healthy(as_of_delta: float) -> TriageResult:
 
 
 def test_moved_past_the_collective_is_a_recovery() -> None:
-    check = check_recovery(_hung(), _healthy(30))
+    check = check_recovery(_hung(), _healthy(30), newer_ranks=[0, 1, 2, 3])
     assert check.recovered and "group '2' past collective #3" in check.reason
 
 
 def test_a_later_hang_elsewhere_still_counts_as_recovered_from_this_one() -> None:
-    assert check_recovery(_hung(seq=3), _hung(as_of_delta=60, seq=9)).recovered
+    assert check_recovery(_hung(seq=3), _hung(as_of_delta=60, seq=9), newer_ranks=[3]).recovered
 
 
 def test_same_evidence_is_not_a_recovery() -> None:
-    check = check_recovery(_hung(), _hung())
+    check = check_recovery(_hung(), _healthy(30), newer_ranks=[])
     assert not check.recovered and "no newer evidence" in check.reason
 
 
 def test_still_stuck_is_not_a_recovery() -> None:
-    check = check_recovery(_hung(), _hung(as_of_delta=30))
+    check = check_recovery(_hung(), _hung(as_of_delta=30), newer_ranks=[0])
     assert not check.recovered and "still stuck: group '2' #3" in check.reason
 
 
 def test_a_silent_culprit_is_not_a_recovery() -> None:
     after = _healthy(30).model_copy(update={"ranks_with_evidence": [0, 1, 3], "missing_ranks": [2]})
-    assert not check_recovery(_hung(), after).recovered
+    assert not check_recovery(_hung(), after, newer_ranks=[0, 1, 3]).recovered
+
+
+def test_newer_dumps_are_judged_on_the_store_record(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    for rank in (0, 1):
+        (tmp_path / f"rank_{rank}.pkl").write_bytes(b"x")
+    os.utime(tmp_path / "rank_0.pkl", (1_000_000, 1_000_000))
+    os.utime(tmp_path / "rank_1.pkl", (1_000_000, 1_000_000))
+    before = take_inventory(store, world_size=3)
+    assert newer_dumps(before, take_inventory(store, world_size=3)) == []
+    (tmp_path / "rank_1.pkl").write_bytes(b"xy")
+    (tmp_path / "rank_2.pkl").write_bytes(b"z")
+    assert newer_dumps(before, take_inventory(store, world_size=3)) == [1, 2]
