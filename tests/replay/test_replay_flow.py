@@ -46,11 +46,12 @@ def small_catalog(tmp_path: Path, change_verdict: bool) -> Path:
     return path
 
 
-async def artifact_markdown(key: str) -> str:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+async def artifact_markdown(key: str, flow_run_id: object) -> str:
+    """The artifact ``key`` of this flow run (another run may have one with the same key)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
     async with get_client() as client:
-        found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
-                                            limit=1)
+        found = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     return str(found[0].data) if found else ""
 
 
@@ -71,9 +72,10 @@ async def test_a_changed_verdict_fails_the_run_with_a_drift_artifact(tmp_path: P
     assert state.is_failed()
     with pytest.raises(ReplayDrift, match="gloo-withheld-one .*verdict ambiguous -> localized"):
         await state.result()
-    drift = await artifact_markdown("replay-drift")
+    run_id = state.state_details.flow_run_id
+    drift = await artifact_markdown("replay-drift", run_id)
     assert "1 of 3 incidents drifted" in drift and "verdict_changed" in drift
-    overdue = await artifact_markdown("isolations-due-for-review")
+    overdue = await artifact_markdown("isolations-due-for-review", run_id)
     assert "gpu-node-002" in overdue and "inc-old" in overdue
 
 
