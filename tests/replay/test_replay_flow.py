@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -46,11 +47,12 @@ def small_catalog(tmp_path: Path, change_verdict: bool) -> Path:
     return path
 
 
-async def artifact_markdown(key: str) -> str:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+async def artifact_markdown(key: str, flow_run_id: UUID | None) -> str:
+    """The artifact ``key`` of this flow run (another run may have one with the same key)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
     async with get_client() as client:
-        found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
-                                            limit=1)
+        found = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id] if flow_run_id else [])))
     return str(found[0].data) if found else ""
 
 
@@ -70,10 +72,11 @@ async def test_a_changed_verdict_fails_the_run_with_a_drift_artifact(tmp_path: P
                    review_age_hours=24 * 7, return_state=True)
     assert state.is_failed()
     with pytest.raises(ReplayDrift, match="gloo-withheld-one .*verdict ambiguous -> localized"):
-        await state.result()
-    drift = await artifact_markdown("replay-drift")
+        await state.aresult()
+    run_id = state.state_details.flow_run_id
+    drift = await artifact_markdown("replay-drift", run_id)
     assert "1 of 3 incidents drifted" in drift and "verdict_changed" in drift
-    overdue = await artifact_markdown("isolations-due-for-review")
+    overdue = await artifact_markdown("isolations-due-for-review", run_id)
     assert "gpu-node-002" in overdue and "inc-old" in overdue
 
 
