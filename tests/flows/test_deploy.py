@@ -15,6 +15,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT, write_runbooks
 from flow_driver import alert, manifest_with_gpus, report_of, wait_for, xid79_log
+from prefect_servers import prefect_server
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +28,24 @@ def _env(api: str, state: Path, runbooks: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def worker(prefect_api: str, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+def worker(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    # A server of its own: `prefect deploy --all` creates the same deployment names and event
+    # triggers that the session's served deployments use, and must not leave them behind there.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with prefect_server(tmp_path / "server") as server, \
+            temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        yield from _deployed_worker(server.env(), server.api_url, tmp_path)
+
+
+def _deployed_worker(server_env: dict[str, str], api: str,
+                     tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
     state, runbooks = tmp_path / "state", tmp_path / "runbooks"
     state.mkdir()
     write_runbooks(runbooks)
-    env = _env(prefect_api, state, runbooks)
+    # The server's own PREFECT_HOME and API, never the session harness's.
+    env = {**{k: v for k, v in _env(api, state, runbooks).items() if not k.startswith("PREFECT_")},
+           **server_env, "PREFECT_API_URL": api}
     created = subprocess.run([PREFECT, "work-pool", "create", "denpex", "--type", "process", "--overwrite"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert created.returncode == 0, created.stdout + created.stderr
