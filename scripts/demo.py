@@ -342,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         if audit.exists():
             _say(f"audit log {audit}:")
             print(audit.read_text(), end="", flush=True)
-        print(f"report: {reports[-1]}", flush=True)
+    # Printed once everything is torn down, so that it stays the last line of the output whatever
+    # the teardown prints (callers, CI among them, read the report's path from the last line).
+    print(f"report: {reports[-1]}", flush=True)
     # Unattended (CI) runs must end with the culprit's node drained.
     return 0 if not args.approve or final["outcome"] == "executed" else 1
 
