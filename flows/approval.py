@@ -20,8 +20,8 @@ from prefect.runtime import flow_run
 
 from blocks import DenpexApprovalWebhook, DenpexKubernetesTarget, DenpexRunbook, DenpexSlurmTarget, block_name_for
 from blocks.runbook import DEFAULT_RUNBOOK, runbook_path
-from denpex.isolation.audit import AuditLog
 from denpex.isolation.config import IsolationSettings
+from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import Runbook, load_runbook
@@ -127,7 +127,7 @@ def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) ->
 def record_not_done(plan: IsolationPlan, *, operation: Operation, outcome: str, reason: str,
                     approver: str | None, cluster: str) -> None:
     """Audit log and event feed: why nothing was done."""
-    record_decision(AuditLog(state_dir() / "audit.jsonl"), plan, operation=operation, outcome=outcome,
+    record_decision(state_audit_log(state_dir()), plan, operation=operation, outcome=outcome,
                     reason=reason, approver=approver, at=utc_now())
     emit(f"denpex.remediation.{outcome}", plan.incident_id, cluster,
          {"plan_hash": plan.content_hash(), "operation": operation.value, "reason": reason})

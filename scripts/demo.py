@@ -17,8 +17,10 @@ Ctrl-C tears everything down. The last line is `report: PATH` (the final report 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -260,14 +262,29 @@ def _wait_state(run_id: Any, wanted: set[str], timeout_s: float | None = 600) ->
     raise SystemExit(f"demo: the run did not reach {wanted} in time")
 
 
-def _show_report(incident_id: str) -> None:
+_INLINE_PNG = re.compile(r"!\[([^\]]*)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
+
+
+def _show_report(incident_id: str, run_dir: Path) -> None:
+    """The report artifact's markdown; its inline charts are written to PNG files and named by path
+    (the UI renders them; a terminal would print kilobytes of base64)."""
     from prefect import get_client
 
     with get_client(sync_client=True) as client:
         for artifact in client.read_artifacts(limit=50):
             if artifact.key == f"denpex-{incident_id}-report":
-                print(artifact.data, flush=True)
+                print(_charts_to_files(str(artifact.data), run_dir / "charts"), flush=True)
                 return
+
+
+def _charts_to_files(markdown: str, folder: Path) -> str:
+    def to_file(match: re.Match[str]) -> str:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"chart-{len(list(folder.glob('*.png'))) + 1}.png"
+        path.write_bytes(base64.b64decode(match.group(2)))
+        return f"[{match.group(1) or 'chart'}: {path}]"
+
+    return _INLINE_PNG.sub(to_file, markdown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id = _find_run(incident_id)
         ui = f"http://127.0.0.1:{port}/runs/flow-run/{run_id}"
         state = _wait_state(run_id, {"PAUSED", "COMPLETED"})
-        _show_report(incident_id)
+        _show_report(incident_id, run_dir)
         if state == "PAUSED":
             plan = json.loads((run_dir / "state" / "plans" / f"{incident_id}.json").read_text())
             from denpex.isolation.plan import IsolationPlan

@@ -184,6 +184,10 @@ class AuditLog:
             entry = entry.model_copy(update={"output": entry.output[:MAX_OUTPUT_CHARS] + "...[cut]"})
         with self._locked() as handle:
             last = self._last_record(handle)
+            if self._key is None and last is not None and last.mac is not None:
+                # An unkeyed record after keyed ones would make every later execution refuse the log.
+                raise AuditChainError(f"the audit log {self.path} is keyed; append through the state "
+                                      "directory's audit key, never without it; nothing was written")
             record = AuditRecord(
                 **entry.model_dump(),
                 seq=last.seq + 1 if last else 1,

@@ -25,7 +25,8 @@ from denpex.isolation.policy import IsolationPolicy
 from denpex.isolation.runbook import load_runbook
 from denpex.state_dir import StateDirError, resolve_state_dir
 
-__all__ = ["AUDIT_LOG_NAME", "BREAKER_NAME", "AUDIT_KEY_NAME", "OperatorConfig", "load_operator_config"]
+__all__ = ["AUDIT_LOG_NAME", "BREAKER_NAME", "AUDIT_KEY_NAME", "OperatorConfig", "load_operator_config",
+           "state_audit_log"]
 
 AUDIT_LOG_NAME = "audit.jsonl"
 BREAKER_NAME = "breaker.json"
@@ -70,10 +71,16 @@ class OperatorConfig:
 
     def audit_log(self) -> AuditLog:
         """The keyed audit log; its key is created (mode 0600) on first use."""
-        return AuditLog(self.audit_path, key=load_or_create_audit_key(self.audit_key_path))
+        return state_audit_log(self.state_dir)
 
     def breaker(self) -> CircuitBreaker:
         return CircuitBreaker(self.breaker_path)
+
+
+def state_audit_log(state_dir: Path) -> AuditLog:
+    """The state directory's audit log with its HMAC key: every writer must append through this,
+    or its records carry no mac and the next execution refuses the whole log."""
+    return AuditLog(state_dir / AUDIT_LOG_NAME, key=load_or_create_audit_key(state_dir / AUDIT_KEY_NAME))
 
 
 def load_operator_config(settings: IsolationSettings, environ: Mapping[str, str]) -> OperatorConfig:

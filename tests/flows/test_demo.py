@@ -9,6 +9,7 @@ clone itself installed editable: what runs is the clone's code, never this check
 from __future__ import annotations
 
 import json
+import os
 import site
 import subprocess
 import sys
@@ -37,8 +38,11 @@ def _clone_with_venv(tmp_path: Path) -> Path:
 
 def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     clone = _clone_with_venv(tmp_path)
+    # As from a user's shell: under `make test` (CI), an inherited MAKELEVEL makes the demo's make
+    # print "make[1]: Leaving directory" after the report line.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     done = subprocess.run(["make", "demo", "DEMO_APPROVE=1"], cwd=clone, capture_output=True, text=True,
-                          timeout=1200)
+                          timeout=1200, env=env)
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-3000:]
     last = out.strip().splitlines()[-1]
@@ -51,3 +55,7 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     assert node["node"] == "gpu-node-003" and "DRAIN" in node["state_after"]
     assert "[demo] slurm: gpu-node-003 State=IDLE+DRAIN" in out
     assert '"kind":"intent"' in out and '"kind":"result"' in out  # the audit log is shown
+    assert "data:image/png;base64" not in out  # charts are named by path, not dumped as base64
+    charts = sorted((Path(last.removeprefix("report: ")).parents[2] / "charts").glob("chart-*.png"))
+    assert charts and all(c.read_bytes().startswith(b"\x89PNG") for c in charts)
+    assert f"{charts[0]}]" in out

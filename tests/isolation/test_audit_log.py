@@ -286,3 +286,19 @@ def test_two_runs_creating_the_audit_key_at_once_get_the_same_whole_key(tmp_path
             run.join()
         assert all(isinstance(key, bytes) for key in got) and len(set(got)) == 1, got
         assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_unkeyed_writer_cannot_append_to_a_keyed_log(tmp_path: Path) -> None:
+    # The flow once wrote its "not done" decisions without the key; the next approved drain then
+    # refused the whole log ("line 1: its mac does not verify").
+    from denpex.isolation.audit import AuditChainError
+    from denpex.isolation.operator import state_audit_log
+
+    keyed = state_audit_log(tmp_path)
+    keyed.append(entry(AuditKind.INTENT), at=NOW)
+    with pytest.raises(AuditChainError, match="is keyed"):
+        AuditLog(keyed.path).append(entry(AuditKind.DECISION), at=NOW)
+    again = state_audit_log(tmp_path)
+    again.append(entry(AuditKind.DECISION), at=NOW)
+    again.verify()
+    assert [r.seq for r in again.records()] == [1, 2]
