@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from denpex.isolation.adapter import ClusterAdapter
 from denpex.isolation.approval import (
     Approval,
     approve_plan,
@@ -36,15 +33,14 @@ from denpex.isolation.approval import (
     save_private_key,
 )
 from denpex.isolation.audit import verify_audit_log
-from denpex.isolation.config import IsolationSettings, load_settings
+from denpex.isolation.config import load_settings
+from denpex.isolation.connect import connect_adapter
 from denpex.isolation.errors import ApprovalError, ConfigError, IsolationError, RemoteError
 from denpex.isolation.execute import execute_approved
 from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
 from denpex.isolation.operator import OperatorConfig, load_operator_config
 from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
-from denpex.isolation.policy import ApprovalChannel, Scheduler
-from denpex.isolation.slurm import SlurmAdapter
-from denpex.isolation.ssh import SshRunner
+from denpex.isolation.policy import ApprovalChannel
 
 __all__ = [
     "EXIT_FAILED",
@@ -164,7 +160,7 @@ def isolate_command(
         approval = None
         if not dry_run:
             approval = _signed_approval(approval_path or _approval_path(plan_path))
-        with _adapter(plan, settings, operator) as adapter:
+        with connect_adapter(plan, settings, operator, missing_hint=_SETTINGS_HINT) as adapter:
             report = execute_approved(
                 plan, approval, operator=operator, adapter=adapter,
                 mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE, operation=operation,
@@ -312,26 +308,11 @@ def _read_audit_key(path: Path) -> bytes:
         raise ConfigError(f"{path}: cannot read the audit key: {exc}") from exc
 
 
-@contextmanager
-def _adapter(plan: IsolationPlan, settings: IsolationSettings, operator: OperatorConfig) -> Iterator[ClusterAdapter]:
-    # The operator's limits, never the plan's: an edited plan must not switch off an opt-out.
-    limits = operator.policy.limits
-    if plan.scheduler is Scheduler.SLURM:
-        if settings.ssh is None:
-            raise _config_missing("ssh", "DENPEX_SSH_HOST, DENPEX_SSH_KEY and DENPEX_SSH_KNOWN_HOSTS")
-        with SshRunner(settings.ssh) as runner:
-            yield SlurmAdapter(runner, opt_out_feature=limits.opt_out_feature, backoff=settings.ssh.backoff,
-                               actor=settings.slurm_user or settings.ssh.username)
-        return
-    if settings.kubernetes is None:
-        raise _config_missing("kubernetes", "DENPEX_KUBECONFIG (or DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)")
-    from denpex.isolation.kubernetes import KubernetesAdapter  # the client is slow to import
-
-    with KubernetesAdapter.connect(settings.kubernetes, opt_out_label=limits.opt_out_label,
-                                   eviction=operator.policy.remediation.eviction) as adapter:
-        yield adapter
-
-
-def _config_missing(section: str, variables: str) -> ConfigError:
-    return ConfigError(f"no {section} settings: pass --config FILE with a `{section}:` section, or set {variables}")
+# How a CLI user provides missing connection settings.
+_SETTINGS_HINT = {
+    "ssh": "pass --config FILE with a `ssh:` section, or set DENPEX_SSH_HOST, DENPEX_SSH_KEY and "
+           "DENPEX_SSH_KNOWN_HOSTS",
+    "kubernetes": "pass --config FILE with a `kubernetes:` section, or set DENPEX_KUBECONFIG (or "
+                  "DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)",
+}
 
