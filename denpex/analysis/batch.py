@@ -9,8 +9,8 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from denpex.analysis.models import SkippedFile
 from denpex.analysis.rank_runs import RankRuns
@@ -36,16 +36,49 @@ def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_B
     outcomes: list[RankOutcome] = []
     stores: dict[str, EvidenceStore] = {}
     rank_lists: dict[str, RankRuns | None] = {}
-    for ref in refs:
-        source = store if store is not None else _store_for(ref.store_uri, stores)
+    sources = [store if store is not None else _store_for(ref.store_uri, stores) for ref in refs]
+    for ref, data in _read_ahead(list(zip(refs, sources)), max_bytes):
         try:
-            data = source.read(ref.name, max_bytes=max_bytes)
+            if isinstance(data, DumpError):
+                raise data
             decoded = decode_dump(data, source=ref.name)
             del data  # the raw bytes are not needed once decoded; keep peak memory down
             outcomes.append(summarize_dump(decoded, rank=ref.rank, rank_lists=rank_lists))
         except DumpError as exc:
             outcomes.append(SkippedFile(path=ref.name, rank=ref.rank, reason=str(exc)))
     return outcomes
+
+
+_Fetched = bytes | DumpError | MemoryError
+
+
+def _read_ahead(work: list[tuple[DumpRef, EvidenceStore]],
+                max_bytes: int) -> Iterator[tuple[DumpRef, bytes | DumpError]]:
+    """Each dump's bytes, the next one fetched on a thread while this one is decoded.
+
+    Over S3 each read waits on the network and on the store's server; decoding holds the GIL but a
+    socket read does not, so one read in flight hides most of that wait. Only one dump ahead is
+    held, so peak memory grows by one raw dump, not by a batch.
+    """
+    if not work:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="denpex-read") as reader:
+        pending: Future[_Fetched] = reader.submit(_read, *work[0], max_bytes)
+        for index, (ref, source) in enumerate(work):
+            data = pending.result()
+            if index + 1 < len(work):
+                pending = reader.submit(_read, *work[index + 1], max_bytes)
+            if isinstance(data, MemoryError):
+                # The read overlapped a decode's memory cap (memory_budget); read again outside it.
+                data = _read(ref, source, max_bytes)
+            yield ref, DumpError("out of memory while reading") if isinstance(data, MemoryError) else data
+
+
+def _read(ref: DumpRef, source: EvidenceStore, max_bytes: int) -> _Fetched:
+    try:
+        return source.read(ref.name, max_bytes=max_bytes)
+    except (DumpError, MemoryError) as exc:
+        return exc
 
 
 def _store_for(uri: str, stores: dict[str, EvidenceStore]) -> EvidenceStore:

@@ -1,0 +1,52 @@
+"""A batch reads the next dump while decoding this one, and keeps order and per-file errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from denpex.analysis.batch import summarize_batch
+from denpex.analysis.models import SkippedFile
+from denpex.analysis.summary import RankSummary
+from denpex.evidence.discovery import DumpRef
+from denpex.evidence.store import LocalStore
+
+GLOO = Path(__file__).resolve().parents[1] / "fixtures" / "gloo" / "withheld_one"
+
+
+def _refs(folder: Path) -> list[DumpRef]:
+    return [DumpRef(str(folder), f"rank_{r}.pkl", r, (folder / f"rank_{r}.pkl").stat().st_size) for r in range(4)]
+
+
+def test_outcomes_keep_the_batch_order_and_a_bad_dump_is_skipped_alone(tmp_path: Path) -> None:
+    folder = tmp_path / "dumps"
+    shutil.copytree(GLOO, folder)
+    refs = _refs(folder)
+    (folder / "rank_1.pkl").write_bytes(b"\x80\x04not a pickle")
+    (folder / "rank_2.pkl").unlink()  # gone between listing and reading
+    outcomes = summarize_batch(refs)
+    assert [o.rank for o in outcomes] == [0, 1, 2, 3]
+    assert isinstance(outcomes[0], RankSummary) and isinstance(outcomes[3], RankSummary)
+    assert isinstance(outcomes[1], SkippedFile) and isinstance(outcomes[2], SkippedFile)
+    assert "cannot read" in outcomes[2].reason
+
+
+class _ReadFailsOnceForMemory(LocalStore):
+    """A read that lands while another dump's decode holds the process's memory cap."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.failed: set[str] = set()
+
+    def read(self, name: str, *, max_bytes: int) -> bytes:
+        if name not in self.failed:
+            self.failed.add(name)
+            raise MemoryError
+        return super().read(name, max_bytes=max_bytes)
+
+
+def test_a_read_that_raced_a_decode_cap_is_read_again_not_skipped() -> None:
+    store = _ReadFailsOnceForMemory(GLOO)
+    outcomes = summarize_batch(_refs(GLOO), store=store)
+    assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
+    assert store.failed == {f"rank_{r}.pkl" for r in range(4)}
