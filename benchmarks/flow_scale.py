@@ -132,6 +132,28 @@ def wait_paused(server: PrefectServer, incident: str, started: float, timeout: f
     raise TimeoutError(f"no PAUSED run for {incident} within {timeout} s")
 
 
+def timeline(server: PrefectServer, incident: str, fired: datetime) -> dict[str, Any]:
+    """Where the alert-to-pause time went: run created (trigger), running (runner and process
+    start), then each task's wall time inside the run, until PAUSED."""
+    [run] = runs_of(server, incident)
+    states = httpx.get(f"{server.api_url}/flow_run_states/", params={"flow_run_id": run["id"]}, timeout=10).json()
+    at = {s["type"]: datetime.fromisoformat(s["timestamp"]) for s in states}
+    tasks = httpx.post(f"{server.api_url}/task_runs/filter", timeout=10,
+                       json={"flow_runs": {"id": {"any_": [run["id"]]}}, "limit": 200}).json()
+    spent: dict[str, float] = {}
+    for task in tasks:
+        if task.get("start_time") and task.get("end_time"):
+            name = task["name"].rsplit("-", 1)[0]
+            wall = (datetime.fromisoformat(task["end_time"]) - datetime.fromisoformat(task["start_time"]))
+            spent[name] = round(max(spent.get(name, 0.0), wall.total_seconds()), 2)
+    created = datetime.fromisoformat(run["created"])
+    return {"alert_to_created_s": round((created - fired).total_seconds(), 2),
+            "created_to_running_s": round((at["RUNNING"] - created).total_seconds(), 2) if "RUNNING" in at else None,
+            "running_to_paused_s": round((at["PAUSED"] - at["RUNNING"]).total_seconds(), 2)
+            if {"RUNNING", "PAUSED"} <= at.keys() else None,
+            "longest_task_s": dict(sorted(spent.items(), key=lambda kv: -kv[1])[:6])}
+
+
 def cancel(server: PrefectServer, incident: str) -> None:
     for run in runs_of(server, incident):
         httpx.post(f"{server.api_url}/flow_runs/{run['id']}/set_state", timeout=10,
@@ -206,18 +228,22 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
                                   env={**env, **extra}, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         try:
             _wait_deployment(server, "on-alert", served, log)
-            times = []
+            times: list[float] = []
+            breakdown: list[dict[str, Any]] = []
             for attempt in range(args.repeats):
                 incident = f"lat-{len(results)}-{attempt}"
                 uri = upload_folder(endpoint, incident, GLOO, {"manifest.json": manifest_with_gpus(GLOO),
                                                                "kernel.log": xid79("gpu-node-003", alert_time - timedelta(minutes=1))})
                 event = AlertEvent(**alert_params(incident, uri, alert_time, 4))
                 started = time.perf_counter()
-                emit_alert(server.api_url, event, occurred=datetime.now(UTC))
+                fired = datetime.now(UTC)
+                emit_alert(server.api_url, event, occurred=fired)
                 times.append(wait_paused(server, incident, started, 300))
+                breakdown.append(timeline(server, incident, fired))
                 cancel(server, incident)
-                print(f"{label}: alert to PAUSED {times[-1]:.1f} s", flush=True)
-            results.append({"polling": label, "alert_to_pause_s": [round(t, 1) for t in times]})
+                print(f"{label}: alert to PAUSED {times[-1]:.1f} s: {breakdown[-1]}", flush=True)
+            results.append({"polling": label, "alert_to_pause_s": [round(t, 1) for t in times],
+                            "timeline": breakdown})
         finally:
             served.terminate()
             try:

@@ -1,20 +1,26 @@
 """The parse fan-out: one task per batch of dump references, decoded in worker processes.
 
 Only compact summaries come back. Batches are interleaved so that dump sizes that grow with the
-rank spread over all batches.
+rank spread over all batches. The workers live as long as the flow run's process (a runner starts
+one process per flow run), so the re-read before remediation reuses them.
 """
 
 from __future__ import annotations
 
+import atexit
+
 from prefect import task
 
-from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, split_batches, summarize_batch_isolated
+from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, IsolatedWorkers, RankOutcome, split_batches
 from denpex.evidence.discovery import DumpRef
 
 __all__ = ["summarize_dumps", "split_batches"]
+
+_WORKERS = IsolatedWorkers()
+atexit.register(_WORKERS.close)
 
 
 @task(name="summarize-dumps", retries=1, retry_delay_seconds=2)
 def summarize_dumps(refs: list[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
     """Summarize one batch in a worker process (never in the flow's process)."""
-    return summarize_batch_isolated(refs, max_bytes)
+    return _WORKERS.summarize(refs, max_bytes)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from denpex.analysis.models import SkippedFile
 from denpex.analysis.rank_runs import RankRuns
@@ -20,7 +22,7 @@ from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.store import EvidenceStore, open_store
 
-__all__ = ["RankOutcome", "Progress", "summarize_batch", "summarize_batch_isolated", "split_batches",
+__all__ = ["RankOutcome", "Progress", "summarize_batch", "IsolatedWorkers", "split_batches",
            "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
 
 DEFAULT_MAX_DUMP_BYTES = 256 * 1024 * 1024
@@ -130,20 +132,54 @@ def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_
     return outcomes
 
 
+# Modules the forkserver imports once, so that each worker starts from them instead of importing
+# the parser and boto3 again (seconds each on a busy machine).
 _WORKER_PRELOAD = ["denpex.analysis.batch", "boto3", "botocore.client"]
 
 
-def summarize_batch_isolated(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
-    """``summarize_batch`` in a worker process of its own, never in the caller's.
+class IsolatedWorkers:
+    """Worker processes that decode untrusted dumps away from the caller's process, kept for as
+    long as the caller runs (a flow run), one per core.
 
-    For callers that run batches on threads (a Prefect task runner): untrusted bytes are decoded
-    away from the orchestrating process, each batch gets the per-process decode memory budget,
-    and batches use every core instead of queueing on the GIL. The worker comes from a
-    forkserver, so it never inherits the caller's threads or locks.
+    For callers that run batches on threads (a Prefect task runner): each batch goes to a worker,
+    so batches use every core instead of queueing on the GIL, and each decode gets the per-process
+    memory budget. Workers come from a forkserver, so they never inherit the caller's threads or
+    locks, and they are started once: a process per batch paid the interpreter's start and the
+    caller's main-module import every time (most of a small incident's parse time).
     """
-    context = multiprocessing.get_context("forkserver")
-    # Children fork from a server that has already imported the parser and boto3, so each batch
-    # starts in milliseconds instead of re-importing them (seconds on a busy machine).
-    context.set_forkserver_preload(_WORKER_PRELOAD)
-    with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_init) as pool:
-        return pool.submit(summarize_batch, list(refs), max_bytes).result()
+
+    def __init__(self, workers: int | None = None) -> None:
+        self._workers = workers or (os.cpu_count() or 1)
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def summarize(self, refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
+        """``summarize_batch`` on a worker. A worker that died (a dump that crashed the decoder)
+        breaks only this pool: the error is raised and the next call starts fresh workers."""
+        pool = self._current()
+        try:
+            return pool.submit(summarize_batch, list(refs), max_bytes).result()
+        except BrokenProcessPool:
+            self._discard(pool)
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _current(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                context = multiprocessing.get_context("forkserver")
+                context.set_forkserver_preload(_WORKER_PRELOAD)
+                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=context,
+                                                 initializer=_worker_init)
+            return self._pool
+
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
