@@ -10,7 +10,9 @@ import argparse
 
 from prefect.blocks.core import Block
 
-from blocks import ALL_BLOCK_TYPES, DenpexEvidenceStore, DenpexRunbook
+from blocks import all_block_types
+from blocks.evidence import DenpexEvidenceStore
+from blocks.runbook import DenpexRunbook
 from blocks.runbook import DEFAULT_RUNBOOK
 
 __all__ = ["register_block_types", "create_local_defaults", "main"]
@@ -18,9 +20,10 @@ __all__ = ["register_block_types", "create_local_defaults", "main"]
 
 def register_block_types() -> list[str]:
     """Register every Denpex block type with the Prefect API; return their slugs."""
-    for kind in ALL_BLOCK_TYPES:
+    kinds: tuple[type[Block], ...] = all_block_types()
+    for kind in kinds:
         kind.register_type_and_schema()
-    return [kind.get_block_type_slug() for kind in ALL_BLOCK_TYPES]
+    return [kind.get_block_type_slug() for kind in kinds]
 
 
 def _save(block: Block, name: str, overwrite: bool) -> bool:

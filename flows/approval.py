@@ -18,8 +18,9 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
 
-from blocks import DenpexApprovalWebhook, DenpexKubernetesTarget, DenpexRunbook, DenpexSlurmTarget, block_name_for
-from blocks.runbook import DEFAULT_RUNBOOK, runbook_path
+from blocks.notify import DenpexApprovalWebhook
+from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, runbook_path
+from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget, block_name_for
 from denpex.isolation.config import IsolationSettings
 from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now

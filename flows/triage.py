@@ -30,6 +30,7 @@ from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
 from denpex.workflow.recovery import check_recovery, newer_dumps
+from flows import DASK_ADDRESS_ENV
 from flows.approval import (
     Target,
     artifact_prefix,
@@ -44,12 +45,11 @@ from flows.approval import (
     state_dir,
     webhook_url,
 )
-from flows.dask_parse import DASK_ADDRESS_ENV, parse_on_dask
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
 from tasks.charts import charts_markdown, publish_charts, render_charts
 from tasks.notify import notify_approvers
-from tasks.parse import summarize_dumps
+from tasks.parse import summarize_dumps, warm_parse_workers
 from tasks.remediate import execute_plan
 from tasks.report import publish_decision, publish_report
 
@@ -68,6 +68,9 @@ def _summaries(inventory: EvidenceInventory) -> list[Any]:
         return []
     address = os.environ.get(DASK_ADDRESS_ENV)
     if address:
+        # Imported here: prefect-dask and distributed take seconds to import, paid only with a cluster.
+        from flows.dask_parse import parse_on_dask
+
         return [parse_on_dask(split_batches(refs, DASK_BATCHES), address=address)]
     batches = split_batches(refs, min(len(refs), 2 * _CPUS))
     return [f.result() for f in summarize_dumps.map(batches, unmapped(256 * 1024 * 1024))]
@@ -93,6 +96,8 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
                       alert_id=alert_id or incident_id, flow_run_id=run_id())
     key = artifact_prefix(incident_id)
+    if not os.environ.get(DASK_ADDRESS_ENV):
+        warm_parse_workers()
     inventory = wait_for_evidence(evidence, world_size, timing.evidence_grace, timing.coverage_poll,
                                   f"{key}-coverage")
     batches = _summaries(inventory)

@@ -14,7 +14,7 @@ from prefect import task
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, IsolatedWorkers, RankOutcome, split_batches
 from denpex.evidence.discovery import DumpRef
 
-__all__ = ["summarize_dumps", "split_batches"]
+__all__ = ["summarize_dumps", "split_batches", "warm_parse_workers"]
 
 _WORKERS = IsolatedWorkers()
 atexit.register(_WORKERS.close)
@@ -24,3 +24,8 @@ atexit.register(_WORKERS.close)
 def summarize_dumps(refs: list[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
     """Summarize one batch in a worker process (never in the flow's process)."""
     return _WORKERS.summarize(refs, max_bytes)
+
+
+def warm_parse_workers() -> None:
+    """Start the parse workers in the background (they import for seconds on a busy machine)."""
+    _WORKERS.warm()

@@ -137,6 +137,10 @@ def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_
 _WORKER_PRELOAD = ["denpex.analysis.batch", "boto3", "botocore.client"]
 
 
+def _ready() -> None:
+    """A no-op run on a worker, so that the worker is started."""
+
+
 class IsolatedWorkers:
     """Worker processes that decode untrusted dumps away from the caller's process, kept for as
     long as the caller runs (a flow run), one per core.
@@ -162,6 +166,13 @@ class IsolatedWorkers:
         except BrokenProcessPool:
             self._discard(pool)
             raise
+
+    def warm(self) -> None:
+        """Start the workers now, without waiting: a flow calls this before it lists and waits for
+        evidence, so the workers' start overlaps that wait instead of delaying the first batch."""
+        pool = self._current()
+        for _ in range(self._workers):
+            pool.submit(_ready)
 
     def close(self) -> None:
         with self._lock:

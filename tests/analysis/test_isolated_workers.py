@@ -45,3 +45,13 @@ def test_a_killed_worker_fails_its_batch_and_the_next_batch_gets_fresh_workers()
         assert pid not in _worker_pids(workers)
     finally:
         workers.close()
+
+
+def test_warm_starts_every_worker_before_the_first_batch() -> None:
+    workers = IsolatedWorkers(2)
+    try:
+        workers.warm()
+        assert len(_worker_pids(workers)) == 2
+        assert workers.summarize(REFS) == summarize_batch(REFS)
+    finally:
+        workers.close()
