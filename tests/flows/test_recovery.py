@@ -97,7 +97,8 @@ def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
     _wait(lambda: all(_trigger(evidence, r) for r in (0, 1, 3)), "ranks 0, 1 and 3 to dump the hang")
     state = Path(f"/proc/{procs[STOPPED].pid}/status").read_text()
     assert "\nState:\tT" in state, "rank 2 is not stopped"
-    assert not (evidence / f"rank_{STOPPED}.pkl").exists()
+    assert not (evidence / f"rank_{STOPPED}.pkl").exists(), (
+        f"rank 2 dumped before SIGCONT: {_dumps_before(evidence, STUCK_SEQ)} (a false stall before the hang?)")
     _manifest(evidence, procs)
 
     incident = "inc-recovers"
