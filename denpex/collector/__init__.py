@@ -17,6 +17,7 @@ from denpex.collector.flight_recorder import (
 )
 from denpex.collector.fr_watchdog import HangDumper
 from denpex.collector.layout import dump_path, record_path, request_path, write_atomic
+from denpex.collector.moved_past import MovedPast
 from denpex.collector.spool import Spool, SpoolEntry
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
 from denpex.collector.uploader import Backoff, EvidenceUploader, UploadTarget, incident_id_for
@@ -35,6 +36,7 @@ __all__ = [
     "GroupProgress",
     "HangDumper",
     "InFlightOp",
+    "MovedPast",
     "Spool",
     "SpoolEntry",
     "StallWatch",

@@ -30,8 +30,9 @@ class DumpTrigger(StrEnum):
     MANUAL = "manual"
     """The job called :meth:`HangDumper.dump_now` itself."""
     RECOVERED = "recovered"
-    """Every op this rank had in flight at its first dump completed: the job moved on. The dump
-    replaces the first one, so a triage waiting for approval sees the recovery."""
+    """Every op this rank had in flight at its first dump completed (or, had it none when it
+    answered a request, it completed a new one): the job moved on. The dump replaces the first
+    one, so a triage waiting for approval sees the recovery (:mod:`denpex.collector.moved_past`)."""
 
 
 class DumpRecord(BaseModel):

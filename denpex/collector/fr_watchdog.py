@@ -13,7 +13,11 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
 - used as a context manager it also dumps (and signals) when the body raises;
 - after its dump it keeps watching the ops it had in flight then; once all of them completed
   (the job recovered, e.g. a stopped rank was continued) it dumps once more, trigger
-  ``recovered``, over the first dump, so that a flow waiting for approval sees the recovery.
+  ``recovered``, over the first dump, so that a flow waiting for approval sees the recovery;
+- a rank that answered a request with nothing in flight may be the one the others wait for (it
+  had not entered their collective yet: a stopped rank continued, whose watchdog thread won the
+  race to the first poll); it dumps once more as soon as it completes a collective it had not
+  enqueued at its dump. Without that, its dump would say "behind" for good.
 
 Files (see :mod:`denpex.collector.layout`): ``<out>/rank_<global rank>.pkl`` and ``.json``,
 and a :class:`~denpex.collector.dump_record.DumpRecord` per rank under ``<out>/collector/``, which
@@ -52,6 +56,7 @@ from denpex.collector.flight_recorder import (
 )
 from denpex.collector.job_identity import JobIdentity, read_job_identity
 from denpex.collector.layout import dump_path, record_path, request_path, write_atomic
+from denpex.collector.moved_past import MovedPast
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
 
 __all__ = ["HangDumper"]
@@ -62,8 +67,9 @@ _log = logging.getLogger(__name__)
 class HangDumper:
     """Per-rank watchdog: dumps FR on a stall, on a request from any rank, or on an error.
 
-    It dumps once, and once more if the ops in flight at that dump all complete. Nothing here is
-    process-global: create one per rank and pass in the
+    It dumps once, and once more if the ops in flight at that dump all complete (or, for a dump
+    that answered a request between collectives, once the rank completes a new one). Nothing here
+    is process-global: create one per rank and pass in the
     signal and recorder to use (defaults: a :class:`FileDumpSignal` in ``out_dir`` and the real
     :class:`TorchFlightRecorder`).
     """
@@ -117,8 +123,8 @@ class HangDumper:
         self._op_details: dict[tuple[str, int], InFlightOp | None] = {}
         self._lock = threading.Lock()
         self._record: DumpRecord | None = None
-        self._in_flight_at_dump: dict[str, int] = {}
-        """pg_id -> collective_seq_id in flight when this rank dumped; emptied by the re-dump."""
+        self._moved_past: MovedPast | None = None
+        """What this rank must complete to dump again (see :class:`MovedPast`); None: no re-dump."""
         self._warm = False
         self._dumped = threading.Event()
         self._stop = threading.Event()
@@ -188,9 +194,8 @@ class HangDumper:
         with self._lock:
             if self._record is not None:
                 return self._record
-            recorder = self._source()
-            self._in_flight_at_dump = {pg: p.in_flight for pg, p in recorder.progress().items()
-                                       if p.in_flight is not None}
+            self._moved_past = MovedPast.at_dump(self._source().progress(),
+                                                 answered_request=trigger is DumpTrigger.REQUEST)
             return self._write_dump(trigger, reason, request, publish=publish)
 
     def _write_dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None, *,
@@ -269,16 +274,14 @@ class HangDumper:
         return self.request(DumpTrigger.STALL, reason) if reason is not None else None
 
     def _redump_if_recovered(self) -> DumpRecord | None:
-        if not self._in_flight_at_dump:
+        if self._moved_past is None:
             return None
-        progress = self._source().progress()
-        done = all(pg in progress and progress[pg].last_completed >= seq
-                   for pg, seq in self._in_flight_at_dump.items())
-        if not done:
+        completed = self._moved_past.completed(self._source().progress())
+        if not completed:
             return None
         with self._lock:
-            ops = ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(self._in_flight_at_dump.items()))
-            self._in_flight_at_dump = {}
+            self._moved_past = None
+            ops = ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(completed.items()))
             return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {ops}")
 
     def _stall_reason(self, blocked: list[BlockedOp]) -> str | None:
@@ -315,7 +318,7 @@ class HangDumper:
         return self._recorder
 
     def _run(self) -> None:
-        while not self._stop.is_set() and (self._record is None or self._in_flight_at_dump):
+        while not self._stop.is_set() and (self._record is None or self._moved_past is not None):
             try:
                 self.poll_once()
             except Exception:  # noqa: BLE001 - the watchdog must never take the training down

@@ -41,6 +41,8 @@ class DumpRef:
     rank: int
     size: int
     modified: datetime | None = None
+    version: str | None = None
+    """The store's token for this write of the object (see ``StoredObject.version``)."""
 
 
 @dataclass(slots=True)
@@ -101,10 +103,11 @@ def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobMan
     for rank, files in sorted(claims.items()):
         chosen = _one_dump_per_rank(rank, files, inventory.skipped)
         if chosen is not None:
-            inventory.dumps[rank] = DumpRef(store_uri, chosen.name, rank, chosen.size, chosen.modified)
+            inventory.dumps[rank] = DumpRef(store_uri, chosen.name, rank, chosen.size, chosen.modified,
+                                            chosen.version)
             twin = next((f for f in files if f is not chosen), None)
             if twin is not None:
-                inventory.twins[rank] = DumpRef(store_uri, twin.name, rank, twin.size, twin.modified)
+                inventory.twins[rank] = DumpRef(store_uri, twin.name, rank, twin.size, twin.modified, twin.version)
     return inventory
 
 

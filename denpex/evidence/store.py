@@ -20,11 +20,17 @@ __all__ = ["StoredObject", "EvidenceStore", "LocalStore", "S3Store", "open_store
 
 @dataclass(frozen=True, slots=True)
 class StoredObject:
-    """One object in a store: its name relative to the store's root, size and modification time."""
+    """One object in a store: its name relative to the store's root, size and modification time.
+
+    ``version`` changes whenever the object is written again, even within the second and at the
+    same size, where ``modified`` may not (S3 keeps whole seconds): the S3 ETag, or a local file's
+    inode and nanosecond mtime (an atomic rewrite is a new inode).
+    """
 
     name: str
     size: int
     modified: datetime | None = None
+    version: str | None = None
 
 
 class EvidenceStore(Protocol):
@@ -67,7 +73,8 @@ class LocalStore:
             except OSError:
                 continue
             if path.is_file() and not path.is_symlink():
-                objects.append(StoredObject(name, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
+                objects.append(StoredObject(name, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC),
+                                            f"{st.st_ino}:{st.st_mtime_ns}"))
         return objects
 
     def read(self, name: str, *, max_bytes: int) -> bytes:
@@ -121,7 +128,8 @@ class S3Store:
                 for item in page.get("Contents", []):
                     name = item["Key"][len(base):]
                     if name:
-                        objects.append(StoredObject(name, int(item["Size"]), item.get("LastModified")))
+                        objects.append(StoredObject(name, int(item["Size"]), item.get("LastModified"),
+                                                    item.get("ETag")))
         except (ClientError, BotoCoreError) as exc:
             raise EvidenceSourceError(f"{self.uri}: cannot list ({exc})") from exc
         return sorted(objects, key=lambda o: o.name)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import TriageResult, Verdict
 from denpex.analysis.triage import EvidenceInventory
+from denpex.evidence.discovery import DumpRef
 
 __all__ = ["RecoveryCheck", "check_recovery", "newer_dumps"]
 
@@ -38,15 +39,18 @@ def _stuck_points(result: TriageResult) -> set[tuple[str, int]]:
 def newer_dumps(before: EvidenceInventory, after: EvidenceInventory) -> list[int]:
     """Ranks whose dump is new, or was written again, since ``before`` was taken.
 
-    Judged on the store's own record of each object (name, size, modification time), not on the
-    times inside the dumps: a rank blocked since before the alert keeps its old entry times.
+    Judged on the store's own record of each object (name, size, modification time and version),
+    not on the times inside the dumps: a rank blocked since before the alert keeps its old entry
+    times. The version (S3 ETag, a file's inode and nanosecond mtime) tells apart a re-dump that
+    lands within the same second at the same size, as a rank whose op completes just after its
+    first dump writes: S3 keeps whole seconds, and an FR dump's size barely depends on its state.
     """
-    changed = []
-    for rank, ref in after.dumps.items():
-        old = before.dumps.get(rank)
-        if old is None or (old.name, old.size, old.modified) != (ref.name, ref.size, ref.modified):
-            changed.append(rank)
-    return sorted(changed)
+    return sorted(rank for rank, ref in after.dumps.items() if _written_again(before.dumps.get(rank), ref))
+
+
+def _written_again(old: DumpRef | None, new: DumpRef) -> bool:
+    return old is None or (old.name, old.size, old.modified, old.version) != (
+        new.name, new.size, new.modified, new.version)
 
 
 def check_recovery(before: TriageResult, after: TriageResult, *, newer_ranks: list[int]) -> RecoveryCheck:

@@ -353,10 +353,30 @@ def test_dumps_again_once_the_ops_in_flight_at_the_dump_complete(tmp_path: Path)
     assert dumper.poll_once() is None and dumper.record == again
 
 
-def test_a_rank_with_nothing_in_flight_at_its_dump_never_dumps_again(tmp_path: Path) -> None:
+def test_a_rank_that_answered_a_request_between_collectives_dumps_again_once_it_completes_one(
+        tmp_path: Path) -> None:
+    """A stopped rank is continued: its watchdog answers the pending request before the main
+    thread re-enters the collective its peers wait in, so the dump shows it behind (#3 done,
+    nothing in flight). Once it completes #4, it dumps again: else it would look behind for good."""
     recorder, clock = MemoryRecorder({"0": GroupProgress(3, 3)}), Clock()
     dumper = make_dumper(tmp_path, recorder, clock)
-    request_dump(tmp_path, reason="look")
-    assert dumper.poll_once() is not None
-    recorder.status = {"0": GroupProgress(9, 9)}
+    request_dump(tmp_path, reason="rank 0 blocked in #4")
+    first = dumper.poll_once()
+    assert first is not None and first.trigger is DumpTrigger.REQUEST
+    recorder.status = {"0": GroupProgress(4, 3)}  # entered #4, not finished: the dump still holds
     assert dumper.poll_once() is None
+    recorder.status = {"0": GroupProgress(4, 4)}
+    again = dumper.poll_once()
+    assert again is not None and again.trigger is DumpTrigger.RECOVERED
+    assert again.reason == "completed since the first dump: local group 0 #4"
+    assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #2"  # over the first
+    recorder.status = {"0": GroupProgress(9, 9)}  # once more only
+    assert dumper.poll_once() is None and dumper.record == again
+
+
+def test_a_manual_dump_with_nothing_in_flight_never_dumps_again(tmp_path: Path) -> None:
+    recorder, clock = MemoryRecorder({"0": GroupProgress(3, 3)}), Clock()
+    dumper = make_dumper(tmp_path, recorder, clock)
+    first = dumper.dump_now(DumpTrigger.MANUAL, "end of a healthy run")
+    recorder.status = {"0": GroupProgress(9, 9)}
+    assert dumper.poll_once() is None and dumper.record == first

@@ -51,6 +51,17 @@ def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     return client
 
 
+def test_a_rewrite_at_the_same_size_gets_a_new_version(s3) -> None:  # noqa: ANN001
+    """What tells a re-dump from the first dump when both land in the same second at one size."""
+    store = S3Store("evidence", "incident-9", client=s3)
+    store.write("rank_0.pkl", b"ab")
+    (first,) = store.list()
+    store.write("rank_0.pkl", b"cd")
+    (second,) = store.list()
+    assert first.size == second.size and first.version and second.version
+    assert first.version != second.version
+
+
 def test_triage_from_s3(s3) -> None:  # noqa: ANN001
     result = triage_store(S3Store("evidence", "incident-7", client=s3))
     assert result.verdict is Verdict.LOCALIZED

@@ -3,9 +3,11 @@
     python recovery_job.py --rank R --work DIR
 
 Every rank runs the product's HangDumper into ``DIR/evidence`` (stall trigger 6 s, long collective
-timeout so the job can still recover). After two healthy steps rank 2 stops itself with a real
-SIGSTOP right before the world all_reduce; the others block in it and dump. When the test sends
-SIGCONT, rank 2 enters, the all_reduce completes everywhere, and each dumper dumps again.
+timeout so the job can still recover). After two healthy steps, a warm-up dump and a barrier (#3),
+the watchdog starts, and rank 2 stops itself with a real SIGSTOP right before the world all_reduce
+(#4); the others block in it and dump. When the test sends
+SIGCONT, rank 2 enters, the all_reduce completes everywhere, and the dumpers dump again what they
+see now (denpex.collector.moved_past).
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ def main() -> None:
                         host=f"gpu-node-{args.rank + 1:03d}", local_rank=0, formats=(DumpFormat.PICKLE,),
                         trigger_fraction=0.01, poll_interval=timedelta(seconds=0.25))
     tensor = torch.ones(16)
+    for _ in range(2):
+        dist.all_reduce(tensor)
+    # Warm up before the watchdog starts: on a loaded machine one rank's first dump takes seconds,
+    # and the others, waiting for it in the barrier, would dump a false stall (6 s trigger).
+    dumper.warm_up()
+    dist.barrier()
     with dumper:
-        for _ in range(2):
-            dist.all_reduce(tensor)
-        dumper.warm_up()
-        dist.barrier()
         (args.work / f"ready-{args.rank}").write_text(str(os.getpid()))
         if args.rank == STOPPED_RANK:
             os.kill(os.getpid(), signal.SIGSTOP)  # stopped here until the test sends SIGCONT

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from denpex.analysis.models import Candidate, CandidateKind, StuckCollective, TriageResult, Verdict
 from denpex.isolation.plan import utc_now
-from denpex.analysis.triage import take_inventory
+from denpex.analysis.triage import EvidenceInventory, take_inventory
+from denpex.evidence.discovery import DumpRef
+from denpex.evidence.files import write_atomic
 from denpex.evidence.store import LocalStore
 from denpex.workflow.recovery import check_recovery, newer_dumps
 
@@ -66,3 +68,31 @@ def test_newer_dumps_are_judged_on_the_store_record(tmp_path: Path) -> None:
     (tmp_path / "rank_1.pkl").write_bytes(b"xy")
     (tmp_path / "rank_2.pkl").write_bytes(b"z")
     assert newer_dumps(before, take_inventory(store, world_size=3)) == [1, 2]
+
+
+def _inventory(**versions: str | None) -> EvidenceInventory:
+    at = T0.replace(microsecond=0)  # S3 keeps whole seconds
+    return EvidenceInventory(store_uri="s3://evidence/inc", world_size=2, dumps={
+        int(r[-1]): DumpRef("s3://evidence/inc", f"rank_{r[-1]}.pkl", int(r[-1]), 4096, at, v)
+        for r, v in versions.items()})
+
+
+def test_a_redump_in_the_same_second_at_the_same_size_is_newer_by_its_version() -> None:
+    """A rank whose op completes just after its first dump writes again within the second, at the
+    same size (an FR dump's size barely depends on the ops' states): only the ETag differs."""
+    before = _inventory(r0='"etag-a"', r1='"etag-b"')
+    assert newer_dumps(before, _inventory(r0='"etag-a"', r1='"etag-b"')) == []
+    assert newer_dumps(before, _inventory(r0='"etag-c"', r1='"etag-b"')) == [0]
+
+
+def test_a_local_rewrite_at_the_same_size_and_mtime_is_newer(tmp_path: Path) -> None:
+    """An atomic rewrite is a new file (inode): newer even where the clock did not move."""
+    store, path = LocalStore(tmp_path), tmp_path / "rank_0.pkl"
+    write_atomic(path, b"ab")
+    os.utime(path, ns=(1_000_000_000_123, 1_000_000_000_123))
+    before = take_inventory(store, world_size=1)
+    write_atomic(path, b"cd")
+    os.utime(path, ns=(1_000_000_000_123, 1_000_000_000_123))
+    after = take_inventory(store, world_size=1)
+    assert (after.dumps[0].size, after.dumps[0].modified) == (before.dumps[0].size, before.dumps[0].modified)
+    assert newer_dumps(before, after) == [0]

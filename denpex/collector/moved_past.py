@@ -1,0 +1,64 @@
+"""When a rank that dumped has moved on, so that its dump no longer says where it is.
+
+A rank dumps once per incident. If the job then recovers (a stopped rank is continued), a flow
+waiting for approval must see it, so the rank dumps once more (trigger ``recovered``). What
+"moved on" means depends on what the rank was doing at its dump:
+
+- it had ops in flight (it was blocked): every one of them completed;
+- it had nothing in flight and answered another rank's request: it was between collectives,
+  perhaps *behind* the others (not yet in the collective they wait in); it moved on once it
+  completes any collective it had not enqueued at the dump. A stopped rank that is continued
+  shows this: its watchdog thread may answer the pending request before the main thread
+  re-enters the collective, and that dump alone would call it "behind" forever;
+- it had nothing in flight and dumped for another reason (a manual dump at the end of a healthy
+  run): nothing to wait for, no second dump.
+
+>>> from denpex.collector.flight_recorder import GroupProgress as P
+>>> watch = MovedPast.at_dump({"0": P(3, 3)}, answered_request=True)
+>>> watch.completed({"0": P(4, 3)})   # entered #4, not finished: still behind at the dump's view
+{}
+>>> watch.completed({"0": P(4, 4)})
+{'0': 4}
+>>> MovedPast.at_dump({"0": P(3, 3)}, answered_request=False) is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from denpex.collector.flight_recorder import GroupProgress
+
+__all__ = ["MovedPast"]
+
+# FR sequence ids start at 1: a group created after the dump has completed nothing at 0.
+_NOTHING_YET = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MovedPast:
+    """What a rank must complete after its dump before it dumps again (rank-local ``pg_id`` keys)."""
+
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+    """The op each group had in flight at the dump: all of them must complete."""
+    enqueued: Mapping[str, int] = field(default_factory=dict)
+    """With nothing in flight: each group's last enqueued op; completing any later one is enough."""
+
+    @classmethod
+    def at_dump(cls, progress: Mapping[str, GroupProgress], *, answered_request: bool) -> MovedPast | None:
+        """What to watch for after a dump taken at ``progress``; None when no second dump is due."""
+        in_flight = {pg: p.in_flight for pg, p in progress.items() if p.in_flight is not None}
+        if in_flight:
+            return cls(in_flight=in_flight)
+        if answered_request:
+            return cls(enqueued={pg: p.last_enqueued for pg, p in progress.items()})
+        return None
+
+    def completed(self, progress: Mapping[str, GroupProgress]) -> dict[str, int]:
+        """The ops completed since the dump that make it out of date; empty while it is not."""
+        if self.in_flight:
+            done = all(pg in progress and progress[pg].last_completed >= seq for pg, seq in self.in_flight.items())
+            return dict(self.in_flight) if done else {}
+        return {pg: p.last_completed for pg, p in progress.items()
+                if p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
