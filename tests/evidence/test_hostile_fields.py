@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from denpex.analysis.models import CandidateKind, Verdict
@@ -220,6 +220,7 @@ _FIELDS = ["record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_
                                                                   HealthCheck.function_scoped_fixture])
 @given(overrides=st.dictionaries(st.sampled_from(_FIELDS), _JSON_VALUES, min_size=1, max_size=4),
        as_json=st.booleans())
+@example(overrides={"record_id": None, "pg_id": None, "time_created_ns": 1764442807006000001}, as_json=False)
 def test_any_field_value_in_the_waiting_entry_is_survived(tmp_path_factory: pytest.TempPathFactory,
                                                           overrides: dict[str, Any], as_json: bool) -> None:
     body = rank2_waiting(**overrides)
@@ -228,7 +229,11 @@ def test_any_field_value_in_the_waiting_entry_is_survived(tmp_path_factory: pyte
     except ValueError:  # json cannot write HUGE; the pickle carries it
         data, as_json = _pickle(body), False
     result = triage_with_rank2(tmp_path_factory.mktemp("f"), data, "rank_2.json" if as_json else "rank_2.pkl")
-    assert sorted(result.ranks_with_evidence + result.missing_ranks) == [0, 1, 2, 3]
+    # Every rank is accounted for exactly once. A stale rank is neither fresh evidence nor missing:
+    # an in-flight entry 15 minutes newer than its peers' makes the default as-of that late, and
+    # the peers' dumps stale (found by hypothesis: time_created_ns 2025-11-29T19:00:07Z).
+    accounted = result.ranks_with_evidence + result.missing_ranks + result.stale_ranks
+    assert sorted(accounted) == [0, 1, 2, 3], (result.ranks_with_evidence, result.missing_ranks, result.stale_ranks)
 
 
 def test_shared_references_cannot_blow_up_the_summary() -> None:
