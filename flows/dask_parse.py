@@ -17,8 +17,8 @@ from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, summarize_batch
-from flows import DASK_ADDRESS_ENV
 from denpex.evidence.discovery import DumpRef
+from flows import DASK_ADDRESS_ENV
 
 __all__ = ["DASK_ADDRESS_ENV", "dask_task_runner", "parse_on_dask", "summarize_batch_on_worker"]
 

@@ -11,7 +11,8 @@ import atexit
 
 from prefect import task
 
-from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, IsolatedWorkers, RankOutcome, split_batches
+from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, split_batches
+from denpex.analysis.workers import IsolatedWorkers
 from denpex.evidence.discovery import DumpRef
 
 __all__ = ["summarize_dumps", "split_batches", "warm_parse_workers"]

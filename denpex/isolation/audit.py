@@ -392,7 +392,11 @@ def verify_audit_log(path: Path, *, reference: Path | None = None,
         if record.hash != record.expected_hash():
             problems.append(f"line {number} (seq {record.seq}): content does not match its hash; "
                             "the line was edited")
-        if key is not None and not hmac.compare_digest(record.mac or "", record.expected_mac(key)):
+        if key is not None and record.mac is None:
+            problems.append(f"line {number} (seq {record.seq}): it carries no mac: it was written "
+                            "without the log's key (by hand, or by a writer that did not use the state "
+                            "directory's audit.key), so nothing vouches for it")
+        elif key is not None and not hmac.compare_digest(record.mac or "", record.expected_mac(key)):
             problems.append(f"line {number} (seq {record.seq}): its mac does not verify with the log's "
                             "key; the record was forged or re-chained by hand")
         if previous_hash and record.prev_hash != previous_hash:

@@ -310,7 +310,7 @@ def _read_audit_key(path: Path) -> bytes:
 
 # How a CLI user provides missing connection settings.
 _SETTINGS_HINT = {
-    "ssh": "pass --config FILE with a `ssh:` section, or set DENPEX_SSH_HOST, DENPEX_SSH_KEY and "
+    "ssh": "pass --config FILE with an `ssh:` section, or set DENPEX_SSH_HOST, DENPEX_SSH_KEY and "
            "DENPEX_SSH_KNOWN_HOSTS",
     "kubernetes": "pass --config FILE with a `kubernetes:` section, or set DENPEX_KUBECONFIG (or "
                   "DENPEX_KUBE_HOST and DENPEX_KUBE_TOKEN)",

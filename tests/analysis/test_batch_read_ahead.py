@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from denpex.analysis.batch import summarize_batch
 from denpex.analysis.models import SkippedFile
 from denpex.analysis.summary import RankSummary
@@ -50,3 +52,45 @@ def test_a_read_that_raced_a_decode_cap_is_read_again_not_skipped() -> None:
     outcomes = summarize_batch(_refs(GLOO), store=store)
     assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
     assert store.failed == {f"rank_{r}.pkl" for r in range(4)}
+
+
+class _ReaderThreadDies(LocalStore):
+    """The first read of each dump ends its thread with nothing reported (as an error while the
+    thread hands its result over would)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.died: set[str] = set()
+
+    def read(self, name: str, *, max_bytes: int) -> bytes:
+        if name not in self.died:
+            self.died.add(name)
+            raise SystemExit  # ends the reader thread silently
+        return super().read(name, max_bytes=max_bytes)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_reader_thread_that_dies_unreported_cannot_hang_the_batch() -> None:
+    store = _ReaderThreadDies(GLOO)
+    outcomes = summarize_batch(_refs(GLOO), store=store)
+    assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
+
+
+def test_a_worker_frees_a_hostile_self_referencing_dump_after_its_batch(tmp_path: Path) -> None:
+    import gc
+    import pickle
+
+    from denpex.analysis.batch import summarize_in_worker
+
+    loop: list[object] = []
+    loop.append(loop)
+    (tmp_path / "rank_0.pkl").write_bytes(pickle.dumps({"version": "2.10", "entries": loop}, protocol=2))
+    ref = DumpRef(str(tmp_path), "rank_0.pkl", 0, 1)
+    gc.collect()
+    gc.disable()  # as in a worker (worker_init)
+    try:
+        [outcome] = summarize_in_worker([ref])
+        assert isinstance(outcome, SkippedFile)
+        assert gc.collect() == 0  # nothing the batch left behind was still waiting to be freed
+    finally:
+        gc.enable()

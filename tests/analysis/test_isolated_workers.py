@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
 
-from denpex.analysis.batch import IsolatedWorkers, summarize_batch
+from denpex.analysis.batch import summarize_batch
+from denpex.analysis.workers import IsolatedWorkers, WorkerDied
 from denpex.evidence.discovery import DumpRef
 
 GLOO = Path(__file__).resolve().parents[1] / "fixtures" / "gloo" / "withheld_one"
@@ -39,7 +39,7 @@ def test_a_killed_worker_fails_its_batch_and_the_next_batch_gets_fresh_workers()
         workers.summarize(REFS[:1])
         [pid] = _worker_pids(workers)
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(BrokenProcessPool):
+        with pytest.raises(WorkerDied, match="rank_0.pkl"):
             workers.summarize(REFS)
         assert workers.summarize(REFS) == summarize_batch(REFS)
         assert pid not in _worker_pids(workers)

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from denpex.isolation.audit import AuditLog, verify_audit_log
+from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, load_plan
 from denpex.workflow.alert_event import AlertEvent, emit_alert
 from lab.slurm_lab import SlurmLab
@@ -115,3 +117,11 @@ def report_of(state_dir: Path, incident_id: str, run_id: UUID) -> dict[str, Any]
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     return json.loads(path.read_text())
+
+
+def keyed_audit_log(state_dir: Path) -> AuditLog:
+    """The state directory's audit log, checked as the next execution checks it: with its key."""
+    log = state_audit_log(state_dir)
+    verification = verify_audit_log(log.path, key=log.key)
+    assert verification.ok, verification.problems
+    return log

@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 
 from conftest import AWS_ENV, FIXTURES, ROOT, _wait_for_deployments, register_blocks, upload, write_runbooks
-from denpex.isolation.audit import AuditKind, AuditLog, verify_audit_log
+from denpex.isolation.audit import AuditKind
 from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
     alert,
     find_run,
     fire,
+    keyed_audit_log,
     manifest_with_gpus,
     report_of,
     resume,
@@ -99,8 +100,7 @@ def assert_drained_and_audited(rig: ServerRig, lab: SlurmLab, incident: str, run
     assert report["outcome"] == "executed", report["reason"]
     assert report["approval"]["approver"] == approver and report["approval"]["channel"] == "prefect-ui"
     assert drained_nodes(lab) == {CULPRIT_NODE}
-    audit = AuditLog(rig.flows.state_dir / "audit.jsonl")
-    assert verify_audit_log(audit.path).ok
+    audit = keyed_audit_log(rig.flows.state_dir)
     assert [r.kind for r in audit.records() if r.incident_id == incident] == [AuditKind.INTENT, AuditKind.RESULT]
 
 

@@ -21,8 +21,8 @@ import pytest
 from conftest import ROOT
 from denpex.analysis.summary import summarize_dump
 from denpex.evidence.fr_dump import decode_dump
-from denpex.isolation.audit import AuditKind, AuditLog
-from flow_driver import FlowRig, alert, report_of, resume, saved_plan, start_manual, wait_for
+from denpex.isolation.audit import AuditKind
+from flow_driver import FlowRig, alert, keyed_audit_log, report_of, resume, saved_plan, start_manual, wait_for
 from lab.rig import drained_nodes
 from lab.slurm_lab import SlurmLab
 
@@ -126,6 +126,6 @@ def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
     assert report["outcome"] == "withdrawn", report["reason"]
     assert "the job recovered" in report["reason"] and report["execution"] is None
     assert drained_nodes(lab) == set()
-    decisions = [r for r in AuditLog(flow_rig.state_dir / "audit.jsonl").records()
+    decisions = [r for r in keyed_audit_log(flow_rig.state_dir).records()
                  if r.incident_id == incident]
     assert [(r.kind, r.action) for r in decisions] == [(AuditKind.DECISION, "withdrawn")]

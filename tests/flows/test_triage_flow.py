@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
-from denpex.isolation.audit import AuditKind, AuditLog, verify_audit_log
+from denpex.isolation.audit import AuditKind
 from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
     alert,
     find_run,
     fire,
+    keyed_audit_log,
     manifest_with_gpus,
     report_of,
     resume,
@@ -62,7 +63,9 @@ def _event_names(incident_id: str, wanted: set[str], *, timeout_s: float = 30) -
 
 
 def _decisions(rig: FlowRig, incident_id: str) -> list[str]:
-    return [r.message for r in AuditLog(rig.state_dir / "audit.jsonl").records()
+    # Checked with the key, as the next approved drain checks it: a decision written without the
+    # key once made that drain refuse the whole log.
+    return [r.message for r in keyed_audit_log(rig.state_dir).records()
             if r.incident_id == incident_id and r.kind is AuditKind.DECISION]
 
 
@@ -133,8 +136,7 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert drained_nodes(lab) == {CULPRIT_NODE}
     assert reason_of(lab, CULPRIT_NODE).startswith(f"denpex:{incident} rank 2: xid 79")
 
-    audit = AuditLog(flow_rig.state_dir / "audit.jsonl")
-    assert verify_audit_log(audit.path).ok
+    audit = keyed_audit_log(flow_rig.state_dir)
     mine = [r for r in audit.records() if r.incident_id == incident]
     assert [r.kind for r in mine] == [AuditKind.INTENT, AuditKind.RESULT]
     assert all(r.approver == "alice" and r.node == CULPRIT_NODE for r in mine)

@@ -302,3 +302,13 @@ def test_an_unkeyed_writer_cannot_append_to_a_keyed_log(tmp_path: Path) -> None:
     again.append(entry(AuditKind.DECISION), at=NOW)
     again.verify()
     assert [r.seq for r in again.records()] == [1, 2]
+
+
+def test_a_record_written_without_the_key_is_named_as_such(tmp_path: Path) -> None:
+    from denpex.isolation.operator import AUDIT_KEY_NAME, state_audit_log
+
+    AuditLog(tmp_path / "audit.jsonl").append(entry(AuditKind.DECISION), at=NOW)  # an unkeyed writer
+    keyed = state_audit_log(tmp_path)
+    key = bytes.fromhex((tmp_path / AUDIT_KEY_NAME).read_text().strip())
+    problems = verify_audit_log(keyed.path, key=key).problems
+    assert problems and "written without the log's key" in problems[0] and "forged" not in problems[0]
