@@ -196,10 +196,13 @@ def scale(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectSe
     code = "import json, sys; from flows.triage import triage; triage(**json.loads(sys.argv[1]))"
     params = alert_params("scale-1", uri, as_of, args.ranks)
     started = time.perf_counter()
+    fired = datetime.now(UTC)
     flow = subprocess.Popen([sys.executable, "-c", code, json.dumps(params)], cwd=REPO, env=flow_env,
                             stdout=(work / "flow.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         flow_wall = wait_paused(server, "scale-1", started, args.flow_timeout)
+        flow_timeline = timeline(server, "scale-1", fired)
+        print(f"flow timeline: {flow_timeline}", flush=True)
     finally:
         cancel(server, "scale-1")
         flow.terminate()
@@ -212,7 +215,7 @@ def scale(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectSe
             "expected_culprits": expected.get("culprits"),
             "cli_verdict": body["verdict"], "cli_culprits": {str(c["rank"]): c["kind"] for c in body["candidates"]},
             "cli_s": round(cli_wall, 1), "cli_with_kernel_log_s": round(cli_wall_2, 1),
-            "cli_plan": body_2["plan"], "flow_to_pause_s": round(flow_wall, 1),
+            "cli_plan": body_2["plan"], "flow_to_pause_s": round(flow_wall, 1), "flow_timeline": flow_timeline,
             "flow_over_cli": round(flow_wall / cli_wall_2, 2)}
 
 
