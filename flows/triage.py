@@ -49,7 +49,7 @@ from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_ta
 from tasks.evidence import reread_inventory, wait_for_evidence
 from tasks.charts import charts_markdown, publish_charts, render_charts
 from tasks.notify import notify_approvers
-from tasks.parse import summarize_dumps, warm_parse_workers
+from tasks.parse import release_parse_workers, summarize_dumps, warm_parse_workers
 from tasks.remediate import execute_plan
 from tasks.report import publish_decision, publish_report
 
@@ -73,7 +73,10 @@ def _summaries(inventory: EvidenceInventory) -> list[Any]:
 
         return [parse_on_dask(split_batches(refs, DASK_BATCHES), address=address)]
     batches = split_batches(refs, min(len(refs), 2 * _CPUS))
-    return [f.result() for f in summarize_dumps.map(batches, unmapped(256 * 1024 * 1024))]
+    try:
+        return [f.result() for f in summarize_dumps.map(batches, unmapped(256 * 1024 * 1024))]
+    finally:
+        release_parse_workers()
 
 
 def _triage(inventory: EvidenceInventory, batches: list[Any], as_of: datetime | None) -> TriageResult:

@@ -1,4 +1,4 @@
-"""Worker processes that decode untrusted dumps for a flow run, kept for as long as it runs.
+"""Worker processes that decode untrusted dumps for a flow run's parse fan-out.
 
 For callers that run batches on threads (a Prefect task runner): each batch goes to a worker, so
 batches use every core instead of queueing on the GIL, and each decode gets the per-process memory
