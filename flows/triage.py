@@ -20,6 +20,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from denpex.analysis.batch import split_batches
+from denpex.analysis.workers import usable_cpus
 from denpex.analysis.models import TriageResult
 from denpex.analysis.triage import EvidenceInventory
 from denpex.evidence.files import write_atomic
@@ -55,7 +56,7 @@ from tasks.report import publish_decision, publish_report
 
 __all__ = ["triage"]
 
-_CPUS = os.cpu_count() or 1
+_CPUS = usable_cpus()  # a container's or taskset's share, as the parse workers are sized
 # Coarse batches on Dask: each task costs a round trip to the cluster (notes/prefect.md).
 DASK_BATCHES = 64
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import json
 import os
 import re
@@ -278,9 +279,11 @@ def _show_report(incident_id: str, run_dir: Path) -> None:
 
 
 def _charts_to_files(markdown: str, folder: Path) -> str:
+    numbers = itertools.count(1)
+
     def to_file(match: re.Match[str]) -> str:
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"chart-{len(list(folder.glob('*.png'))) + 1}.png"
+        path = folder / f"chart-{next(numbers)}.png"
         path.write_bytes(base64.b64decode(match.group(2)))
         return f"[{match.group(1) or 'chart'}: {path}]"
 

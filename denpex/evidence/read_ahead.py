@@ -27,12 +27,15 @@ __all__ = ["read_ahead"]
 def read_ahead(work: Sequence[tuple[DumpRef, EvidenceStore]],
                max_bytes: int) -> Iterator[tuple[DumpRef, bytes | DumpError]]:
     """Each dump's bytes (or why they could not be read), in order, one read ahead."""
-    pending = _Read(*work[0], max_bytes) if work else None
+    if not work:
+        return
+    pending = _Read(*work[0], max_bytes)
     for index, (ref, _source) in enumerate(work):
         current = pending
-        pending = _Read(*work[index + 1], max_bytes) if index + 1 < len(work) else None
+        if index + 1 < len(work):
+            pending = _Read(*work[index + 1], max_bytes)
         # Not bound to a local: the consumer's ``del`` of the bytes then frees them.
-        yield ref, current.take() if current is not None else DumpError("not read")
+        yield ref, current.take()
 
 
 class _Read:
