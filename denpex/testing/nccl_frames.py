@@ -22,6 +22,8 @@ _BUFFER = _M + "core/distributed/param_and_grad_buffer.py"
 _DDP = _M + "core/distributed/distributed_data_parallel.py"
 _FINALIZE = _M + "core/distributed/finalize_model_grads.py"
 _TRAINING = _M + "training/training.py"
+_DISPATCHER = _M + "core/transformer/moe/token_dispatcher.py"
+_EXPERTS = _M + "core/transformer/moe/experts.py"
 
 Frame = tuple[str, str, int]
 
@@ -36,6 +38,9 @@ _TRAIN: tuple[Frame, ...] = (
 )
 _BLOCK: Frame = ("forward", _M + "core/transformer/transformer_block.py", 548)
 
+_A2A = ("all_to_all_single", _C10D, 4832)
+_MOE_FWD: tuple[Frame, ...] = (("forward", _M + "core/transformer/moe/moe_layer.py", 254), _BLOCK,
+                               _FORWARD_STEP)
 _SITES: dict[str, tuple[Frame, ...]] = {
     "barrier": (("barrier", _C10D, 5338), _LOGGER,
                 ("initialize_megatron", _M + "training/initialize.py", 112), *_TRAIN[3:]),
@@ -62,6 +67,27 @@ _SITES: dict[str, tuple[Frame, ...]] = {
     "embedding_grad": (("all_reduce", _C10D, 3245), _LOGGER,
                        ("_allreduce_word_embedding_grads", _FINALIZE, 141),
                        ("finalize_model_grads", _FINALIZE, 282), *_TRAIN),
+    "moe_dispatch": (_A2A, _LOGGER, ("all_to_all", _MAPPINGS, 470),
+                     ("token_permutation", _DISPATCHER, 612), *_MOE_FWD, *_TRAIN),
+    "moe_combine": (_A2A, _LOGGER, ("all_to_all", _MAPPINGS, 470),
+                    ("token_unpermutation", _DISPATCHER, 689), *_MOE_FWD, *_TRAIN),
+    "moe_dispatch_bwd": (_A2A, _LOGGER, ("backward", _MAPPINGS, 488), ("apply", _AUTOGRAD, 307)),
+    "moe_combine_bwd": (_A2A, _LOGGER, ("backward", _MAPPINGS, 488), ("apply", _AUTOGRAD, 307)),
+    "expert_tp_gather": (("all_gather_into_tensor", _C10D, 4460), _LOGGER,
+                         ("_gather_along_first_dim", _MAPPINGS, 117), ("forward", _EXPERTS, 801),
+                         *_MOE_FWD, *_TRAIN),
+    "expert_tp_scatter": (("reduce_scatter_tensor", _C10D, 5012), _LOGGER,
+                          ("_reduce_scatter_along_first_dim", _MAPPINGS, 169),
+                          ("forward", _EXPERTS, 812), *_MOE_FWD, *_TRAIN),
+    "expert_tp_gather_bwd": (("all_gather_into_tensor", _C10D, 4460), _LOGGER,
+                             ("_gather_along_first_dim", _MAPPINGS, 117), ("backward", _MAPPINGS, 308),
+                             ("apply", _AUTOGRAD, 307)),
+    "expert_tp_scatter_bwd": (("reduce_scatter_tensor", _C10D, 5012), _LOGGER,
+                              ("_reduce_scatter_along_first_dim", _MAPPINGS, 169),
+                              ("backward", _MAPPINGS, 262), ("apply", _AUTOGRAD, 307)),
+    "grad_reduce_scatter": (("_coalescing_manager", _C10D, 2909), ("start_grad_sync", _BUFFER, 331),
+                            ("finish_grad_sync", _DDP, 498), ("finalize_model_grads", _FINALIZE, 271),
+                            *_TRAIN),
     "grad_all_reduce": (("all_reduce", _C10D, 3245), _LOGGER, ("start_grad_sync", _BUFFER, 331),
                         ("finish_grad_sync", _DDP, 498), ("finalize_model_grads", _FINALIZE, 271),
                         *_TRAIN),

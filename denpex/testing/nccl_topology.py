@@ -39,6 +39,7 @@ __all__ = [
     "Layout",
     "Topology",
     "build_topology",
+    "megatron_desc",
 ]
 
 
@@ -55,6 +56,12 @@ class GroupKind(StrEnum):
     """Data parallel: parameter all-gather at step start, gradient all-reduce at step end."""
     EMBEDDING = "embedding"
     """First and last stage of one pipeline: the tied-embedding gradient all-reduce (2 ranks)."""
+    EP = "ep"
+    """Expert parallel (MoE): the token dispatch and combine ``all_to_all`` inside a stage."""
+    EXPERT_TP = "expert_tp"
+    """Expert tensor parallel: the experts' own all-gather / reduce-scatter."""
+    EXPERT_DP = "expert_dp"
+    """Expert data parallel: expert parameter gather and gradient reduce-scatter."""
 
 
 class NamingStyle(StrEnum):
@@ -71,6 +78,9 @@ _MEGATRON_DESC = {
     GroupKind.PP: "PIPELINE_MODEL_PARALLEL_GROUP",
     GroupKind.DP: "DATA_PARALLEL_GROUP",
     GroupKind.EMBEDDING: "EMBEDDING_GROUP",
+    GroupKind.EP: "EXPERT_MODEL_PARALLEL_GROUP",
+    GroupKind.EXPERT_TP: "EXPERT_TENSOR_PARALLEL_GROUP",
+    GroupKind.EXPERT_DP: "EXPERT_DATA_PARALLEL_GROUP",
 }
 _MESH_DESC = {
     GroupKind.TP: "mesh_tp",
@@ -179,6 +189,11 @@ def build_topology(layout: Layout) -> Topology:
         for rank in range(layout.world_size)
     }
     return Topology(layout=layout, groups=groups, creation_order=creation_order)
+
+
+def megatron_desc(kind: GroupKind) -> str:
+    """The desc Megatron's ``initialize_model_parallel`` gives a group of ``kind``."""
+    return "default_pg" if kind is GroupKind.DEFAULT else _MEGATRON_DESC[kind]
 
 
 def _megatron_order(dp_groups: Sequence[tuple[int, ...]], tp_groups: Sequence[tuple[int, ...]],
