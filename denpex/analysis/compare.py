@@ -35,6 +35,7 @@ class BlockageKind:
     P2P = "p2p"                # a send/recv whose peer has no matching op in flight
     OVERDUE = "overdue"        # everyone is in it, and it outlived its timeout
     UNKNOWN_MEMBERS = "unknown_members"  # every known member is in it: the others are unknown
+    STOPPED = "stopped"        # everyone is in it; these members' CPUs stopped there, the others' went on
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,8 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         if name in membership.inferred and (found[0] is None or found[0][0].kind is BlockageKind.OVERDUE):
             # A mismatch among the known members stands whatever the membership.
             found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
+        if found[0] is not None and found[0][0].tie and found[0][0].kind is BlockageKind.OVERDUE:
+            found.append(_stopped_at(found[0][0], progress, summaries))
         found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
         for blockage, ops in (f for f in found if f is not None):
             # A rank that left no dump may be dead: then a young wait proves nothing either way.
@@ -268,6 +271,13 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
         return Blockage(name, seq, BlockageKind.BEHIND, op_text, ready, queued, unknown=unknown,
                         detail=f"{ranks_phrase(queued)} enqueued it behind an earlier op that has "
                                "not finished"), [(r, waiting_ops[r]) for r in ready]
+    if unknown:
+        # Every member whose progress is known is in it. A collective completes once all members
+        # enqueued it, so the members whose rings wrapped past the group are the ones to follow:
+        # each either never entered or is itself blocked (its own blockages continue the chain).
+        return Blockage(name, seq, BlockageKind.BEHIND, op_text, waiting, unknown, unknown=unknown,
+                        detail=f"every member whose dump shows the group entered it; "
+                               f"{ranks_phrase(unknown)} left no entry of it in their wrapped rings"), ops
     overdue = _overdue(name, seq, op_text, waiting_ops, clock.as_of_ns, unknown)
     if overdue is None:
         return _all_in_of_unknown_age(name, seq, op_text, waiting_ops, unknown, clock)
@@ -293,6 +303,36 @@ def _all_in_of_unknown_age(name: str, seq: int, op: str, ops: dict[int, PendingO
                     age_unknown=True,
                     detail="every member entered it and none had finished when they dumped; how "
                            "long it had waited is unknown"), []
+
+
+def _stopped_at(tie: Blockage, progress: dict[int, GroupProgress],
+                summaries: dict[int, RankSummary]) -> _Found | None:
+    """Direction inside an all-in op: the members whose CPU never got past it while the others' did.
+
+    Every member enqueued collective ``#seq`` and none finished it; with timing off (every entry
+    ``scheduled``, which tells what was enqueued, not what started) nothing says whose GPU never
+    ran it. But NCCL enqueues asynchronously: a rank whose CPU still runs goes on enqueuing its
+    next ops, in this group or others, until it syncs, and members of a group run the same
+    program around the group's collectives. Members that enqueued anything after ``#seq`` prove
+    the program goes on past it without a sync; a member whose newest entry is ``#seq`` itself
+    has a CPU that stopped there (a lost GPU blocks its next driver call, or the process hung).
+    That is a directed lead, unlike the tie: the others wait on it.
+    """
+    stopped: list[int] = []
+    passed: list[int] = []
+    for rank in tie.waiting:
+        op = _op_at(progress[rank], tie.seq) if rank in progress else None
+        newest = summaries[rank].newest_record_id if rank in summaries else None
+        if op is None or op.record_id is None or newest is None:
+            return None
+        (stopped if newest == op.record_id else passed).append(rank)
+    if not stopped or not passed:
+        return None
+    return Blockage(tie.group, tie.seq, BlockageKind.STOPPED, tie.op, tuple(passed), tuple(stopped),
+                    unknown=tie.unknown, age_unknown=tie.age_unknown,
+                    detail=f"every member entered it; {ranks_phrase(tuple(passed))} went on to "
+                           f"enqueue later ops, while {ranks_phrase(tuple(stopped))} enqueued nothing "
+                           f"after it: {'its CPU' if len(stopped) == 1 else 'their CPUs'} stopped there"), []
 
 
 def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: dict[int, RankSummary],

@@ -171,6 +171,8 @@ class RankSummary(BaseModel):
     # When the dump was taken, where the dump itself shows it: NCCL stamps the ``time_discovered_*``
     # of ops that are still live with the dump's own query time.
     dumped_at_ns: int | None = None
+    # The ``record_id`` of the newest entry: the last op the rank's CPU enqueued, in any group.
+    newest_record_id: int | None = None
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
     rejected_entries: dict[str, int] = Field(default_factory=dict)
 
@@ -204,6 +206,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         timing_enabled=scan.timing_seen,
         newest_time_ns=scan.newest_ns,
         oldest_time_ns=_oldest_time(entries),
+        newest_record_id=_newest_record_id(entries),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
@@ -362,6 +365,15 @@ def _oldest_time(entries: list[Any]) -> int | None:
         created = e.get("time_created_ns") if type(e) is dict else None
         if type(created) is int and 0 < created < _INT64:
             return created
+    return None
+
+
+def _newest_record_id(entries: list[Any]) -> int | None:
+    """The last entry's ``record_id``: the ring keeps entries in the order they were recorded."""
+    for e in reversed(entries[-8:]):
+        record_id = e.get("record_id") if type(e) is dict else None
+        if type(record_id) is int and 0 <= record_id < _INT64:
+            return record_id
     return None
 
 

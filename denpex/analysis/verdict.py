@@ -130,6 +130,11 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
         return f"rank {rank} called something other than the majority at the same sequence id"
     if kind is CandidateKind.STALLED:
         where = _in_flight(summaries[rank]) or "an op that never finished"
+        if first is not None and first.kind == BlockageKind.STOPPED:
+            # Everyone is in the op: it waits on the members' GPUs, and this one's CPU stopped.
+            return (f"rank {rank} is itself blocked in {where}; every member entered it, but only "
+                    "its peers went on to enqueue later ops: its CPU stopped there (a lost GPU or "
+                    "a hung process), so the others wait on it")
         return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
     group = summaries[rank].groups.get(first.group) if first else None
     last = group.last_enqueued if group else -1

@@ -4,8 +4,15 @@ Culprits are the ranks in *terminal* strongly connected components: they wait on
 their component. A single rank there is pinned down; several ranks in one component (a 1-vs-1
 mismatch, an all-in collective that timed out, a cross-group deadlock) cannot be told apart.
 
+A cycle of waits explains nothing by itself. When a terminal component holds several ranks, it
+is condensed again without its *ties* (all-in ops where every member waits on every other: they
+carry no direction) and the culprits are the ranks of the *source* sub-components, the ones that
+directed waits inside the cycle end on: the members that never got past a group's op while the
+others did, or a peer that never posted its side. Only when no directed wait picks anyone out
+(a 1-vs-1 mismatch, a timed-out op everyone is in) does the whole component stay ambiguous.
+
 Blockages are nodes rather than rank-to-rank edges so that a group of 32,768 ranks waiting on a
-few laggards costs linear, not quadratic, edges.
+few laggards costs linear, not quadratic, edges. Both condensations are linear in the graph.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from denpex.analysis.compare import Blockage
+from denpex.analysis.compare import Blockage, BlockageKind
 
 __all__ = ["Culprit", "find_culprits"]
 
@@ -42,10 +49,37 @@ def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
         members = set(component)
         if any(succ not in members for node in component for succ in graph[node]):
             continue
-        ranks = sorted(n for n in component if isinstance(n, int))
-        for rank in ranks:
-            culprits.append(Culprit(rank, tuple(waited_on.get(rank, ())), len(ranks)))
+        groups = _sources(component, members, graph, blockages) if len(component) > 1 else [component]
+        refined = groups[0] is not component
+        for group in groups:
+            ranks = sorted(n for n in group if isinstance(n, int))
+            for rank in ranks:
+                blocking = waited_on.get(rank, [])
+                if refined:
+                    # The directed waits that picked the rank out of its cycle explain it best.
+                    blocking = sorted(blocking, key=lambda b: (b.tie, b.kind != BlockageKind.STOPPED))
+                culprits.append(Culprit(rank, tuple(blocking), len(ranks)))
     return sorted(culprits, key=lambda c: c.rank)
+
+
+def _sources(component: list[_Node], members: set[_Node], graph: dict[_Node, list[_Node]],
+             blockages: Sequence[Blockage]) -> list[list[_Node]]:
+    """The source sub-components of a terminal component, or the component itself if none.
+
+    Ties are dropped; what is left are directed waits. A sub-component that nothing directed
+    leaves and that some directed wait ends on is a source: the cycle hangs from it.
+    """
+    def is_tie(node: _Node) -> bool:
+        return isinstance(node, tuple) and blockages[node[1]].tie
+
+    directed = {node: [s for s in graph[node] if s in members and not is_tie(s)]
+                for node in component if not is_tie(node)}
+    targeted = {s for node, succs in directed.items() if isinstance(node, tuple) for s in succs}
+    sources = [sub for sub in _strongly_connected(directed)
+               if not any(s not in sub for node in sub for s in directed[node])
+               and any(node in targeted for node in sub)]
+    has_rank = [sub for sub in sources if any(isinstance(n, int) for n in sub)]
+    return has_rank or [component]
 
 
 _Node = int | tuple[str, int]

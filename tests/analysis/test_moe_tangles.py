@@ -1,0 +1,119 @@
+"""Family 9: tangled waits in Megatron MoE jobs (NCCL-format, timing off, rings of 20).
+
+GPUs stop inside an expert-parallel all_to_all; the other ranks end blocked in p2p ops and
+collectives whose waits point at each other. The triage must name exactly the failed ranks.
+The second half checks the reproductions themselves (layout, format, what each rank enqueued).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from denpex.analysis.models import CandidateKind, Verdict
+from denpex.analysis.triage import triage_path
+from denpex.testing.nccl_dump import DumpFormat, encode_dump
+from denpex.testing.nccl_moe import MOE_SCENARIOS, BuiltMoE, build_moe_scenario, write_moe_scenario
+from denpex.testing.nccl_topology import GroupKind
+
+NAMES = list(MOE_SCENARIOS)
+FORMATS = [DumpFormat.PICKLE, DumpFormat.JSON]
+
+
+@cache
+def built(name: str) -> BuiltMoE:
+    """Each reproduction is simulated once per session; tests must not mutate it."""
+    return build_moe_scenario(name)
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "no-manifest"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.value for f in FORMATS])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_failed_gpus_are_named_and_nothing_else(name: str, fmt: DumpFormat, manifest: bool,
+                                                    tmp_path: Path) -> None:
+    scenario = built(name)
+    result = triage_path(write_moe_scenario(scenario, tmp_path / name, fmt, manifest=manifest))
+    faulty = {f.rank for f in scenario.scenario.faults}
+    assert result.verdict is Verdict.LOCALIZED, scenario.scenario.description
+    assert {c.rank: c.kind for c in result.candidates} == {r: CandidateKind.STALLED for r in faulty}
+    for candidate in result.candidates:
+        # The candidate points at the expert all_to_all it stopped in, not at a victim's op.
+        assert candidate.process_group is not None
+        assert scenario.topology.groups[candidate.process_group].kind is GroupKind.EP
+        assert any("its CPU stopped there" in reason for reason in candidate.reasons)
+    if manifest:
+        assert {c.host for c in result.candidates} == {scenario.manifest.host_of(r) for r in faulty}
+
+
+def test_the_victims_wait_in_cycles_through_p2p_and_collectives() -> None:
+    """What made every rank a candidate: the stuck ops cross pipeline p2p, tp, dp and ep groups."""
+    scenario = built("moe16_one_gpu")
+    pending = {r: [e for e in d["entries"] if e["state"] != "completed"] for r, d in scenario.dumps.items()}
+    names = {e["profiling_name"].split(" ")[0] for entries in pending.values() for e in entries}
+    assert {"nccl:all_to_all", "nccl:recv", "nccl:reduce_scatter_tensor_coalesced"} <= names
+    assert sum(1 for entries in pending.values() if entries) >= 12
+
+
+# -- the reproductions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_timing_is_off_and_rings_of_20_have_wrapped(name: str) -> None:
+    scenario = built(name)
+    for dump in scenario.dumps.values():
+        entries = dump["entries"]
+        assert len(entries) == 20 and entries[0]["record_id"] > 0
+        assert all(e["state"] in ("scheduled", "completed") for e in entries)
+        assert all("duration_ms" not in e and e["time_discovered_started_ns"] is None for e in entries)
+        assert all(status["last_started_collective"] == -1 for status in dump["pg_status"].values())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_megatron_moe_layout(name: str) -> None:
+    """Dense ranks tp-dp-pp, expert ranks etp-ep-edp-pp (Megatron-Core's RankGenerator)."""
+    scenario = built(name)
+    layout, groups = scenario.scenario.layout, scenario.topology.groups
+    by_kind: dict[GroupKind, set[tuple[int, ...]]] = {}
+    for info in groups.values():
+        by_kind.setdefault(info.kind, set()).add(info.ranks)
+    per_stage = layout.tp * layout.dp
+    assert (tuple(range(layout.tp)) in by_kind[GroupKind.TP]
+            and tuple(range(0, per_stage, layout.tp)) in by_kind[GroupKind.DP])
+    assert tuple(range(0, layout.world_size, per_stage)) in by_kind[GroupKind.PP]
+    assert tuple(range(0, layout.ep * layout.etp, layout.etp)) in by_kind[GroupKind.EP]
+    if layout.etp > 1:
+        assert tuple(range(layout.etp)) in by_kind[GroupKind.EXPERT_TP]
+    assert tuple(range(0, per_stage, layout.ep * layout.etp)) in by_kind[GroupKind.EXPERT_DP]
+    for rank, dump in scenario.dumps.items():
+        config = {name: cfg["ranks"] for name, cfg in dump["pg_config"].items()}
+        assert config == {info.name: info.ranks_str() for info in scenario.topology.groups_of(rank)}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_failed_rank_stopped_right_after_enqueuing_its_all_to_all(name: str) -> None:
+    scenario = built(name)
+    faults = scenario.scenario.faults
+    ep_groups = {scenario.topology.group_of(f.rank, GroupKind.EP) for f in faults}
+    assert len(ep_groups) == len(faults)  # two faults sit in different ep groups
+    assert set(scenario.simulation.hung) == {f.rank for f in faults}
+    for fault in faults:
+        newest = scenario.dumps[fault.rank]["entries"][-1]
+        assert newest["profiling_name"] == "nccl:all_to_all" and newest["state"] == "scheduled"
+        group = scenario.topology.group_of(fault.rank, GroupKind.EP)
+        assert group is not None and newest["process_group"][0] == group.name
+        for peer in group.ranks:
+            held = [e for e in scenario.dumps[peer]["entries"] if e["process_group"][0] == group.name
+                    and e["collective_seq_id"] == newest["collective_seq_id"]]
+            assert held and held[0]["state"] == "scheduled"
+            if peer != fault.rank:
+                assert scenario.dumps[peer]["entries"][-1]["record_id"] > held[0]["record_id"]
+
+
+def test_reproductions_are_deterministic() -> None:
+    again = build_moe_scenario("moe16_two_gpus")
+    first = built("moe16_two_gpus")
+    for rank, dump in first.dumps.items():
+        for fmt in FORMATS:
+            assert encode_dump(again.dumps[rank], fmt) == encode_dump(dump, fmt)
