@@ -342,21 +342,35 @@ def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: d
     all entered completes (a one-member group's at once), so members that left no entry in the
     group exist and did not enter. They are among the ranks with nothing in flight anywhere (an
     idle rank cannot be blocked elsewhere) and the ranks without evidence. Gloo's own records
-    cannot name them: its ``pg_config`` holds only the last-created group, as ``[]`` for a
-    subgroup, and ``pg_status`` registers a group only once the rank records an entry in it.
+    cannot name the group, but they do say who built one: Gloo's ``pg_config`` holds the
+    last-built backend only, ``[]`` for a subgroup and the world's ranks for the default group
+    (non-members build no backend), so a rank that shows the world's list is a member of no
+    subgroup, and one that shows ``[]`` is a member of some. Such a rank may be blocked in another
+    group (it skipped this one's op and went on): it stays a suspect even when not idle.
+    ``pg_status`` registers a group only once the rank records an entry in it, so it cannot tell
+    a member that never entered from a non-member.
     """
     ops = {r: p.oldest_pending_collective() for r, p in progress.items()}
     seqs = {op.collective_seq_id for op in ops.values() if op is not None}
     if None in ops.values() or len(seqs) != 1:
         return None
     seq = seqs.pop()
-    idle = tuple(sorted(r for r, s in summaries.items() if name not in s.groups
+    outside = {r: s for r, s in summaries.items() if name not in s.groups}
+    built = tuple(sorted(r for r, s in outside.items() if s.built_subgroup))
+    idle = tuple(sorted(r for r, s in outside.items() if s.built_subgroup is None
                         and not any(g.pending for g in s.groups.values())))
-    suspects = idle + tuple(sorted(missing))
+    suspects = tuple(sorted(built + idle)) + tuple(sorted(missing))
     op = next(o for o in ops.values() if o is not None)
     waiting = tuple(sorted(ops))
-    where = (f"; its other members are among {ranks_phrase(suspects)} (idle or without evidence)"
-             if suspects else "; no idle rank could be one")
+    why = []
+    if built:
+        why.append(f"Gloo's pg_config shows that {ranks_phrase(built)} built a subgroup")
+    if idle:
+        why.append(f"{ranks_phrase(idle)} {'is' if len(idle) == 1 else 'are'} idle")
+    if missing:
+        why.append(f"{ranks_phrase(tuple(sorted(missing)))} left no evidence")
+    where = (f"; its other members are among {ranks_phrase(suspects)} ({'; '.join(why)})"
+             if suspects else "; no rank could be one (none idle, none built a subgroup)")
     return Blockage(name, seq, BlockageKind.UNKNOWN_MEMBERS, op.signature.describe(), waiting, suspects,
                     undecided=True,
                     detail=f"membership is unknown: only {ranks_phrase(waiting)} mention the group, "

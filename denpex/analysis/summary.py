@@ -173,6 +173,8 @@ class RankSummary(BaseModel):
     dumped_at_ns: int | None = None
     # The ``record_id`` of the newest entry: the last op the rank's CPU enqueued, in any group.
     newest_record_id: int | None = None
+    # Gloo only: whether the rank built a backend for a subgroup (see ``_gloo_built_subgroup``).
+    built_subgroup: bool | None = None
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
     rejected_entries: dict[str, int] = Field(default_factory=dict)
 
@@ -207,6 +209,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         newest_time_ns=scan.newest_ns,
         oldest_time_ns=_oldest_time(entries),
         newest_record_id=_newest_record_id(entries),
+        built_subgroup=_gloo_built_subgroup(raw.get("pg_config")) if scan.backend == "gloo" else None,
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
@@ -366,6 +369,24 @@ def _oldest_time(entries: list[Any]) -> int | None:
         if type(created) is int and 0 < created < _INT64:
             return created
     return None
+
+
+def _gloo_built_subgroup(pg_config: object) -> bool | None:
+    """What Gloo's ``pg_config`` does tell (torch 2.13, measured): one unnamed entry, overwritten
+    by every backend the process builds, because Gloo records it before Python names the group.
+    The default group's backend knows its ranks (``"[0, 1, 2, 3]"``); a ``new_group`` backend
+    records ``"[]"``; non-members of a subgroup build no backend. So ``"[]"`` means the rank is a
+    member of some subgroup, a rank list means it is a member of none. None when it says neither.
+    """
+    if not isinstance(pg_config, dict) or len(pg_config) != 1:
+        return None
+    cfg = next(iter(pg_config.values()))
+    text = cfg.get("ranks") if isinstance(cfg, dict) else None
+    if not isinstance(text, str):
+        return None
+    if text.strip() == "[]":
+        return True
+    return False if parse_rank_list(text) else None
 
 
 def _newest_record_id(entries: list[Any]) -> int | None:

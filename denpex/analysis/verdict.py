@@ -69,7 +69,7 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
     reasons = [_why_waited(b, membership) for b in culprit.blocking[:3]]
     if len(culprit.blocking) > 3:
         reasons.append(f"... and {len(culprit.blocking) - 3} more stuck ops wait on it")
-    reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first))
+    reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first, culprit.component_size))
     if culprit.component_size > 1:
         reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart")
     confidence = _BASE_CONFIDENCE[kind] / culprit.component_size
@@ -120,7 +120,7 @@ def _why_waited(blockage: Blockage, membership: GroupMembership) -> str:
 
 
 def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
-              missing: dict[int, str], first: Blockage | None) -> str:
+              missing: dict[int, str], first: Blockage | None, component_size: int = 1) -> str:
     if kind is CandidateKind.STOPPED_REPORTING:
         return f"rank {rank}: {missing[rank]}, so whether it entered is unknown"
     if kind is CandidateKind.MISMATCH:
@@ -135,6 +135,9 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
             return (f"rank {rank} is itself blocked in {where}; every member entered it, but only "
                     "its peers went on to enqueue later ops: its CPU stopped there (a lost GPU or "
                     "a hung process), so the others wait on it")
+        if component_size > 1:
+            return (f"rank {rank} is itself blocked in {where}, which waits on ranks that wait on "
+                    "it in turn: a cycle the dumps cannot break")
         return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
     group = summaries[rank].groups.get(first.group) if first else None
     last = group.last_enqueued if group else -1

@@ -132,6 +132,7 @@ PROGRAMS: dict[str, Callable[[CaseContext], None]] = {
     "mismatch_and_skip": _roles(_world, r3=_all_gather, r2=_idle),
     "tie_and_skip": _roles(_idle, r0=_world, r1=_all_gather),
     "subgroup_unknown": _roles(_world, r0=_sub_all_reduce, r1=_idle),
+    "subgroup_skipped": _roles(_world, r0=_sub_all_reduce),
     "slow_rank": _roles(_world, r3=_idle),
 }
 

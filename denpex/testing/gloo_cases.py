@@ -45,6 +45,7 @@ WORKER_MODULE = "denpex.testing.gloo_case_worker"
 _log = logging.getLogger(__name__)
 
 NE, MM, SR = CandidateKind.NOT_ENTERED, CandidateKind.MISMATCH, CandidateKind.STOPPED_REPORTING
+ST = CandidateKind.STALLED
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ CASES: dict[str, GlooCase] = {c.name: c for c in (
     GlooCase("subgroup_unknown", 5, "rank 0 waits in the pair [0, 1]'s all_reduce, which rank 1 "
              "never calls; ranks 2, 3 wait in the world all_reduce. Without a manifest the pair "
              "looks like a one-member group", Verdict.INCOMPLETE, {1: NE}),
+    GlooCase("subgroup_skipped", 5, "rank 0 waits in the pair [0, 1]'s all_reduce; rank 1 skips it "
+             "and waits in the world all_reduce with ranks 2, 3. Without a manifest the pair looks "
+             "like a one-member group and rank 1 is not idle; Gloo's pg_config shows that rank 1 "
+             "built a subgroup and ranks 2, 3 did not, so rank 1 is the pair's other member. Ranks 0 "
+             "and 1 wait on each other: either could be out of program order",
+             Verdict.INCOMPLETE, {0: ST, 1: ST}),
     GlooCase("slow_rank", 6, "rank 3 has not called the world all_reduce yet when everyone is asked "
              "to dump, one second in: as likely slow as hung", Verdict.LOCALIZED, {3: NE},
              request_after_s=1.0),
