@@ -99,7 +99,8 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
     heads = _heads(summaries)
     for name in sorted(membership.members):
         members = membership.members[name]
-        progress, unknown = _known_progress(name, members, summaries)
+        is_default = membership.descs.get(name) in _DEFAULT_DESCS
+        progress, unknown, from_status = _known_progress(name, members, summaries, is_default)
         if not progress:
             continue
         found = [_collective_blockage(name, progress, members, missing, unknown, clock, heads)]
@@ -109,6 +110,12 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         if found[0] is not None and found[0][0].tie and found[0][0].kind is BlockageKind.OVERDUE:
             found.append(_stopped_at(found[0][0], progress, summaries))
         found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
+        if from_status and any(f is not None for f in found):
+            their = "its" if len(from_status) == 1 else "their"
+            result.notes.append(f"{ranks_phrase(from_status)} left no entry of process group {name!r} "
+                                f"in {their} wrapped ring{'' if len(from_status) == 1 else 's'}; "
+                                f"{their} progress there is read from Gloo's pg_status for the "
+                                "default group (pg_id 0)")
         for blockage, ops in (f for f in found if f is not None):
             # A rank that left no dump may be dead: then a young wait proves nothing either way.
             young = None if missing.intersection(blockage.targets) else _young(ops, clock)
@@ -212,11 +219,17 @@ def _queued_behind(rank: int, op: PendingOp, heads: dict[int, int]) -> bool:
     return head is not None and op.record_id is not None and op.record_id > head
 
 
-def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
-                    ) -> tuple[dict[int, GroupProgress], tuple[int, ...]]:
-    """Members whose progress in ``name`` is known. A wrapped ring without the group says nothing."""
+_DEFAULT_DESCS = frozenset({"default_pg"})
+
+
+def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary],
+                    is_default: bool = False
+                    ) -> tuple[dict[int, GroupProgress], tuple[int, ...], tuple[int, ...]]:
+    """Members whose progress in ``name`` is known, those whose is not, and those whose progress
+    came from ``pg_status``. A wrapped ring without the group says nothing by itself."""
     known: dict[int, GroupProgress] = {}
     unknown: list[int] = []
+    from_status: list[int] = []
     for rank in members:
         summary = summaries.get(rank)
         if summary is None:
@@ -224,12 +237,19 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
         group = summary.groups.get(name)
         if group is not None and group.entry_count:
             known[rank] = group
+        elif summary.ring_wrapped and is_default and summary.default_status is not None:
+            # pg_status outlives the ring. Only the default group's pg_id (0) is the same on every
+            # rank, and only Gloo's counters are pure collective sequence ids (NCCL's mix in p2p).
+            enqueued, completed = summary.default_status
+            known[rank] = GroupProgress(name=name, last_enqueued=enqueued, last_completed=completed,
+                                        last_completed_by_all=completed)
+            from_status.append(rank)
         elif summary.ring_wrapped:
             unknown.append(rank)
         else:
             # The whole history is in the ring and the group is not in it: nothing enqueued.
             known[rank] = group or GroupProgress(name=name)
-    return known, tuple(unknown)
+    return known, tuple(unknown), tuple(from_status)
 
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
@@ -277,7 +297,8 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
         # each either never entered or is itself blocked (its own blockages continue the chain).
         return Blockage(name, seq, BlockageKind.BEHIND, op_text, waiting, unknown, unknown=unknown,
                         detail=f"every member whose dump shows the group entered it; "
-                               f"{ranks_phrase(unknown)} left no entry of it in their wrapped rings"), ops
+                               f"{ranks_phrase(unknown)} left no entry of the group in "
+                               f"{'its wrapped ring' if len(unknown) == 1 else 'their wrapped rings'}"), ops
     overdue = _overdue(name, seq, op_text, waiting_ops, clock.as_of_ns, unknown)
     if overdue is None:
         return _all_in_of_unknown_age(name, seq, op_text, waiting_ops, unknown, clock)

@@ -69,7 +69,8 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
     reasons = [_why_waited(b, membership) for b in culprit.blocking[:3]]
     if len(culprit.blocking) > 3:
         reasons.append(f"... and {len(culprit.blocking) - 3} more stuck ops wait on it")
-    reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first, culprit.component_size))
+    desc = membership.descs.get(first.group) if first else None
+    reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first, culprit.component_size, desc))
     if culprit.component_size > 1:
         reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart")
     confidence = _BASE_CONFIDENCE[kind] / culprit.component_size
@@ -120,7 +121,8 @@ def _why_waited(blockage: Blockage, membership: GroupMembership) -> str:
 
 
 def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
-              missing: dict[int, str], first: Blockage | None, component_size: int = 1) -> str:
+              missing: dict[int, str], first: Blockage | None, component_size: int = 1,
+              desc: str | None = None) -> str:
     if kind is CandidateKind.STOPPED_REPORTING:
         return f"rank {rank}: {missing[rank]}, so whether it entered is unknown"
     if kind is CandidateKind.MISMATCH:
@@ -147,6 +149,10 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
                 "send, recv and batch it enqueued there completed")
     elif last >= 0:
         seen = f"its last enqueued op in that group is #{last}"
+    elif group is None and summaries[rank].ring_wrapped:
+        status = summaries[rank].default_status if desc == "default_pg" else None
+        seen = ("its ring wrapped past that group's entries" + (
+            f"; its pg_status shows #{status[0]} as its last enqueued op there" if status else ""))
     else:
         seen = "it has no op in that group"
     return f"rank {rank} dumped (it is alive) with nothing in flight; {seen}"

@@ -97,6 +97,17 @@ def _sub_all_reduce(ctx: CaseContext) -> None:
     ctx.dist.all_reduce(ctx.torch.ones(16), group=ctx.subgroup)
 
 
+def _pair_steps(ctx: CaseContext) -> None:
+    """More pair all_reduces than the 64-entry ring holds: the world's entries wrap away."""
+    for _ in range(70):
+        ctx.dist.all_reduce(ctx.torch.ones(4), group=ctx.subgroup)
+
+
+def _pair_steps_then_world(ctx: CaseContext) -> None:
+    _pair_steps(ctx)
+    ctx.world_all_reduce()
+
+
 def _stale_then_world(ctx: CaseContext) -> None:
     """Take an old dump, then run three more steps: the final hang happens much later."""
     if ctx.rank == 2:
@@ -133,6 +144,7 @@ PROGRAMS: dict[str, Callable[[CaseContext], None]] = {
     "tie_and_skip": _roles(_idle, r0=_world, r1=_all_gather),
     "subgroup_unknown": _roles(_world, r0=_sub_all_reduce, r1=_idle),
     "subgroup_skipped": _roles(_world, r0=_sub_all_reduce),
+    "world_wrapped": _roles(_world, r0=_pair_steps_then_world, r1=_pair_steps),
     "slow_rank": _roles(_world, r3=_idle),
 }
 

@@ -109,6 +109,11 @@ CASES: dict[str, GlooCase] = {c.name: c for c in (
              "built a subgroup and ranks 2, 3 did not, so rank 1 is the pair's other member. Ranks 0 "
              "and 1 wait on each other: either could be out of program order",
              Verdict.INCOMPLETE, {0: ST, 1: ST}),
+    GlooCase("world_wrapped", 5, "ranks 0 and 1 run 70 all_reduces in the pair, which wraps their "
+             "64-entry rings past every world entry; then ranks 0, 2, 3 wait in the world all_reduce "
+             "and rank 1 never calls it. Rank 1's dump holds no world entry; its pg_status for the "
+             "default group (pg_id 0) still tells how far it got there",
+             Verdict.LOCALIZED, {1: NE}),
     GlooCase("slow_rank", 6, "rank 3 has not called the world all_reduce yet when everyone is asked "
              "to dump, one second in: as likely slow as hung", Verdict.LOCALIZED, {3: NE},
              request_after_s=1.0),

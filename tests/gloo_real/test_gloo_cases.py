@@ -132,3 +132,46 @@ def test_conflicting_or_mixed_evidence_is_set_aside_with_its_reason(name: str, s
     [entry] = [s for s in result.skipped_files if s.path == skipped]
     assert reason in entry.reason and entry.copy_of is None
     assert reason.split(",")[0] in " ".join(result.notes) or "more than one attempt" in " ".join(result.notes)
+
+
+def _dump(name: str, rank: int) -> dict[str, Any]:
+    dump = safe_loads((FIXTURES / name / f"rank_{rank}.pkl").read_bytes())
+    assert isinstance(dump, dict)
+    return dump
+
+
+def test_gloo_pg_config_tells_who_built_a_subgroup() -> None:
+    """Family 5: what Gloo's pg_config does tell. Its one unnamed entry is the last backend the
+    process built: ``[]`` for a subgroup, the world's ranks for a rank in no subgroup."""
+    ranks = {r: next(iter(_dump("subgroup_skipped", r)["pg_config"].values()))["ranks"] for r in range(4)}
+    assert ranks == {0: "[]", 1: "[]", 2: "[0, 1, 2, 3]", 3: "[0, 1, 2, 3]"}
+    assert _dump("subgroup_skipped", 1)["entries"][-1]["process_group"][0] == "0"  # blocked, not idle
+    result = triage_path(FIXTURES / "subgroup_skipped")
+    pair = next(s for s in result.stuck if s.process_group == "1")
+    assert pair.behind_ranks == (1,) and "pg_config shows that rank 1 built a subgroup" in pair.detail
+
+
+def test_gloo_pg_status_outlives_the_ring() -> None:
+    """Family 5: rank 1's 64-entry ring wrapped past every world entry; its pg_status for the
+    default group (pg_id 0) still says it never enqueued the world's stuck all_reduce."""
+    lost = _dump("world_wrapped", 1)
+    assert {e["process_group"][0] for e in lost["entries"]} == {"1"}
+    stuck_seq = _dump("world_wrapped", 2)["entries"][-1]["collective_seq_id"]
+    assert lost["pg_status"]["0"]["last_enqueued_collective"] < stuck_seq
+    result = triage_path(FIXTURES / "world_wrapped")
+    assert [(s.process_group, s.waiting_ranks, s.behind_ranks) for s in result.stuck] == [("0", (0, 2, 3), (1,))]
+    assert any("pg_status" in note for note in result.notes)
+    assert any("its pg_status shows #3" in reason for reason in result.candidates[0].reasons)
+
+
+def test_pg_status_in_json_form_reads_the_same(tmp_path: Path) -> None:
+    """torch's JSON dump writes pg_status values as strings."""
+    for rank in range(4):
+        dump = _dump("world_wrapped", rank)
+        dump["pg_status"] = {pg: {k: str(v) for k, v in s.items()} for pg, s in dump["pg_status"].items()}
+        for e in dump["entries"]:
+            e.pop("frames", None)
+            e["process_group"] = list(e["process_group"])
+        (tmp_path / f"rank_{rank}.json").write_text(json.dumps(dump))
+    assert outcome(tmp_path) == expected(FIXTURES / "world_wrapped")
+    assert any("pg_status" in note for note in triage_path(tmp_path).notes)
