@@ -515,6 +515,12 @@ def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple
                     found.append((replace(overdue, is_p2p=True, detail=_overdue_pair_detail(
                         rank, op, peer, match, overdue)), []))
                 continue
+            if _queued_behind(rank, op, heads):
+                # The rank is blocked in an earlier op (NCCL runs a rank's work in order on its
+                # streams); that op's blockage says what it waits on. An edge from this later op
+                # would let a victim of one fault point at another fault's chain and hide the
+                # first fault's source from the condensation.
+                continue
             verb = "send to" if op.kind is OpKind.SEND else "recv from"
             why = ("has no matching op in flight" if match is None else
                    "enqueued the matching op behind an earlier op that has not finished")

@@ -182,6 +182,12 @@ MOE_SCENARIOS: dict[str, MoEScenario] = {s.name: s for s in (
                 "dispatch of microbatch 1, layer 0 (ep [0, 2, 4, 6], stage 0) and rank 27's in the "
                 "combine of microbatch 0, layer 0 (ep [25, 27, 29, 31], stage 1).",
                 _L32, (MoEFault(6, "fwd1.l0.dispatch"), MoEFault(27, "fwd0.l0.combine"))),
+    MoEScenario("moe32_two_gpus_crossed", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 5's GPU stops in "
+                "the backward dispatch of microbatch 0, layer 0 (ep [1, 3, 5, 7], stage 0) and rank "
+                "20's in the forward dispatch of microbatch 1, layer 1 (ep [16, 18, 20, 22], stage 1). "
+                "Rank 20's ep peers have later recvs from stage 0 queued behind their stuck all_to_all; "
+                "those recvs wait on rank 5's chain and must not hide rank 20.",
+                _L32, (MoEFault(5, "bwd0.l0.dispatch"), MoEFault(20, "fwd1.l1.dispatch"))),
 )}
 
 
