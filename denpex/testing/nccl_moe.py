@@ -26,6 +26,10 @@ One step (Megatron 1F1B over 4 microbatches, 2 transformer layers per stage)::
               group (odd steps: Megatron's ``_p2p_ops`` without a group), each followed by a sync
     end     : embedding all_reduce, dp and expert-dp reduce_scatter_tensor_coalesced, CPU sync
 
+Write them for a manual look (``denpex triage OUT/<name>/pickle``)::
+
+    python -m denpex.testing.nccl_moe OUT [--scenario NAME ...] [--no-manifest]
+
 The fault: a rank's GPU stops while the rank issues an expert-parallel ``all_to_all``. The CPU
 enqueued it (the entry is in the ring), the GPU never runs it, and the CPU then stalls in its next
 driver call, so the rank enqueues nothing more. The FR dump is written from host memory by the
@@ -34,7 +38,10 @@ watchdog thread, so the rank still dumps.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,7 +78,7 @@ from denpex.testing.nccl_topology import (
 )
 
 __all__ = ["MoELayout", "MoEFault", "MoEScenario", "MOE_SCENARIOS", "BuiltMoE", "build_moe_topology",
-           "build_moe_scenario", "write_moe_scenario"]
+           "build_moe_scenario", "write_moe_scenario", "main"]
 
 BASE_STEP = 31_000
 WINDOW_START = datetime(2026, 11, 30, 2, 10, 0, tzinfo=UTC)
@@ -473,3 +480,24 @@ def _manifest(scenario: MoEScenario, topology: Topology, dump_ns: dict[int, int]
     groups = {name: ProcessGroupSpec(desc=info.desc, ranks=info.ranks) for name, info in topology.groups.items()}
     return JobManifest(job_id=f"moe-{scenario.name}", world_size=layout.world_size, ranks=ranks,
                        process_groups=groups)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write every (or the named) reproduction as pickle and JSON folders; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m denpex.testing.nccl_moe",
+                                     description="Write the MoE NCCL-format reproductions.")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--scenario", action="append", choices=list(MOE_SCENARIOS))
+    parser.add_argument("--no-manifest", action="store_true", help="dumps only, as production leaves them")
+    args = parser.parse_args(argv)
+    for name in args.scenario or list(MOE_SCENARIOS):
+        built = build_moe_scenario(name)
+        for fmt in DumpFormat:
+            path = write_moe_scenario(built, args.out_dir / name / fmt.value, fmt, manifest=not args.no_manifest)
+            print(f"{path}: {len(built.dumps)} dumps, expected {built.expected.verdict.value} "
+                  f"{ {r: k.value for r, k in built.expected.culprits.items()} }")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
