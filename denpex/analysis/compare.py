@@ -24,7 +24,7 @@ from denpex.analysis.models import StuckCollective
 from denpex.analysis.op_rules import AgreementKey, agreement_key
 from denpex.analysis.summary import GroupProgress, OpKind, OpSignature, OpState, PendingOp, RankSummary
 
-__all__ = ["AGE_UNKNOWN_NOTE", "Blockage", "BlockageKind", "Comparison", "compare_groups"]
+__all__ = ["AGE_UNKNOWN_NOTE", "Blockage", "BlockageKind", "Comparison", "compare_groups", "progress_from_status"]
 
 
 class BlockageKind:
@@ -99,8 +99,7 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
     heads = _heads(summaries)
     for name in sorted(membership.members):
         members = membership.members[name]
-        is_default = membership.descs.get(name) in _DEFAULT_DESCS
-        progress, unknown, from_status = _known_progress(name, members, summaries, is_default)
+        progress, unknown, from_status = _known_progress(name, members, summaries)
         if not progress:
             continue
         found = [_collective_blockage(name, progress, members, missing, unknown, clock, heads)]
@@ -114,8 +113,8 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
             their = "its" if len(from_status) == 1 else "their"
             result.notes.append(f"{ranks_phrase(from_status)} left no entry of process group {name!r} "
                                 f"in {their} wrapped ring{'' if len(from_status) == 1 else 's'}; "
-                                f"{their} progress there is read from Gloo's pg_status for the "
-                                "default group (pg_id 0)")
+                                f"{their} progress there is read from pg_status, under the pg_id "
+                                "the group's other members record for it")
         for blockage, ops in (f for f in found if f is not None):
             # A rank that left no dump may be dead: then a young wait proves nothing either way.
             young = None if missing.intersection(blockage.targets) else _young(ops, clock)
@@ -219,17 +218,12 @@ def _queued_behind(rank: int, op: PendingOp, heads: dict[int, int]) -> bool:
     return head is not None and op.record_id is not None and op.record_id > head
 
 
-_DEFAULT_DESCS = frozenset({"default_pg"})
-
-
-def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary],
-                    is_default: bool = False
+def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
                     ) -> tuple[dict[int, GroupProgress], tuple[int, ...], tuple[int, ...]]:
     """Members whose progress in ``name`` is known, those whose is not, and those whose progress
     came from ``pg_status``. A wrapped ring without the group says nothing by itself."""
     known: dict[int, GroupProgress] = {}
-    unknown: list[int] = []
-    from_status: list[int] = []
+    wrapped: list[int] = []
     for rank in members:
         summary = summaries.get(rank)
         if summary is None:
@@ -237,19 +231,59 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
         group = summary.groups.get(name)
         if group is not None and group.entry_count:
             known[rank] = group
-        elif summary.ring_wrapped and is_default and summary.default_status is not None:
-            # pg_status outlives the ring. Only the default group's pg_id (0) is the same on every
-            # rank, and only Gloo's counters are pure collective sequence ids (NCCL's mix in p2p).
-            enqueued, completed = summary.default_status
-            known[rank] = GroupProgress(name=name, last_enqueued=enqueued, last_completed=completed,
-                                        last_completed_by_all=completed)
-            from_status.append(rank)
         elif summary.ring_wrapped:
-            unknown.append(rank)
+            wrapped.append(rank)
         else:
             # The whole history is in the ring and the group is not in it: nothing enqueued.
             known[rank] = group or GroupProgress(name=name)
+    pg_id = _shared_pg_id(known) if wrapped else None
+    from_status = []
+    unknown = []
+    for rank in wrapped:
+        counters = _status_in(summaries[rank], pg_id)
+        if counters is None:
+            unknown.append(rank)
+            continue
+        enqueued, completed = counters
+        known[rank] = GroupProgress(name=name, pg_id=pg_id, last_enqueued=enqueued,
+                                    last_completed=completed, last_completed_by_all=completed)
+        from_status.append(rank)
     return known, tuple(unknown), tuple(from_status)
+
+
+def progress_from_status(name: str, rank: int, summaries: dict[int, RankSummary]) -> GroupProgress | None:
+    """``rank``'s progress in ``name`` from its ``pg_status``, when its ring wrapped past the group
+    (as :func:`compare_groups` reads it); None when pg_status cannot say."""
+    summary = summaries.get(rank)
+    if summary is None or not summary.ring_wrapped or name in summary.groups:
+        return None
+    known = {r: g for r, s in summaries.items() if (g := s.groups.get(name)) is not None and g.entry_count}
+    pg_id = _shared_pg_id(known)
+    counters = _status_in(summary, pg_id)
+    if pg_id is None or counters is None:
+        return None
+    return GroupProgress(name=name, pg_id=pg_id, last_enqueued=counters[0], last_completed=counters[1],
+                         last_completed_by_all=counters[1])
+
+
+def _shared_pg_id(known: dict[int, GroupProgress]) -> int | None:
+    """The group's ``pg_id`` when every member that shows it records the same one and it carries
+    collectives only (so that ``pg_status`` counts collective sequence ids). ``pg_id`` is
+    rank-local (how many backends the process built before), but ranks that create the same
+    groups in the same order, as Megatron's members of one group do, share it; ``_status_in``
+    refuses it on a rank whose ring gives that id to another group."""
+    ids = {g.pg_id for g in known.values() if g.entry_count}
+    if len(ids) != 1 or any(g.last_p2p_enqueued >= 0 for g in known.values()):
+        return None
+    return ids.pop()
+
+
+def _status_in(summary: RankSummary, pg_id: int | None) -> tuple[int, int] | None:
+    if pg_id is None or pg_id not in summary.pg_status:
+        return None
+    if any(g.pg_id == pg_id for g in summary.groups.values() if g.entry_count):
+        return None  # this rank's ring shows another group under that id
+    return summary.pg_status[pg_id]
 
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],

@@ -175,9 +175,9 @@ class RankSummary(BaseModel):
     newest_record_id: int | None = None
     # Gloo only: whether the rank built a backend for a subgroup (see ``_gloo_built_subgroup``).
     built_subgroup: bool | None = None
-    # Gloo only: (last enqueued, last completed) collective in the default group, from
-    # ``pg_status["0"]``; it outlives the ring (see ``_gloo_default_status``).
-    default_status: tuple[int, int] | None = None
+    # ``pg_status``: rank-local pg_id -> (last enqueued, last completed) work sequence number. It
+    # outlives the ring (see ``_pg_status``).
+    pg_status: dict[int, tuple[int, int]] = Field(default_factory=dict)
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
     rejected_entries: dict[str, int] = Field(default_factory=dict)
 
@@ -213,7 +213,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         oldest_time_ns=_oldest_time(entries),
         newest_record_id=_newest_record_id(entries),
         built_subgroup=_gloo_built_subgroup(raw.get("pg_config")) if scan.backend == "gloo" else None,
-        default_status=_gloo_default_status(raw.get("pg_status")) if scan.backend == "gloo" else None,
+        pg_status=_pg_status(raw.get("pg_status")),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
@@ -393,23 +393,29 @@ def _gloo_built_subgroup(pg_config: object) -> bool | None:
     return False if parse_rank_list(text) else None
 
 
-def _gloo_default_status(pg_status: object) -> tuple[int, int] | None:
-    """``pg_status`` counters of the default group: keyed by the rank-local ``pg_id``, which is 0
-    for the default group on every rank; ints in a pickle, strings in JSON. On Gloo they are
-    collective sequence ids (Gloo records no p2p), so they compare with ``collective_seq_id``."""
-    status = pg_status.get("0") if isinstance(pg_status, dict) else None
-    if not isinstance(status, dict):
-        return None
-    values = []
-    for key in ("last_enqueued_collective", "last_completed_collective"):
-        value = status.get(key)
-        if isinstance(value, str) and value.lstrip("-").isdigit():
-            value = int(value)
-        if type(value) is not int or not -1 <= value < _INT64:
-            return None
-        values.append(value)
-    enqueued, completed = values
-    return (enqueued, completed) if completed <= enqueued else None
+def _pg_status(pg_status: object) -> dict[int, tuple[int, int]]:
+    """``pg_status`` as (last enqueued, last completed) per rank-local ``pg_id``: ints in a
+    pickle, strings in JSON. The values are ``WorkNCCL::seq_`` of the group's last works: pure
+    collective sequence ids in a group without p2p (and always on Gloo, which records no p2p),
+    p2p sequence ids mixed in otherwise (NCCL_FORMAT.md). A group is registered on its first
+    recorded entry and never leaves, so the counters outlive the ring."""
+    out: dict[int, tuple[int, int]] = {}
+    if not isinstance(pg_status, dict):
+        return out
+    for key, status in list(pg_status.items())[:4096]:
+        if not isinstance(key, str) or not key.isdigit() or not isinstance(status, dict):
+            continue
+        values = []
+        for field_name in ("last_enqueued_collective", "last_completed_collective"):
+            value = status.get(field_name)
+            if isinstance(value, str) and value.lstrip("-").isdigit():
+                value = int(value)
+            if type(value) is not int or not -1 <= value < _INT64:
+                break
+            values.append(value)
+        if len(values) == 2 and values[1] <= values[0]:
+            out[int(key)] = (values[0], values[1])
+    return out
 
 
 def _newest_record_id(entries: list[Any]) -> int | None:

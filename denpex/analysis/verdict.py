@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from denpex.analysis.compare import Blockage, BlockageKind, Comparison
+from denpex.analysis.compare import Blockage, BlockageKind, Comparison, progress_from_status
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
 from denpex.analysis.models import Candidate, CandidateKind, Verdict
@@ -150,9 +150,11 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
     elif last >= 0:
         seen = f"its last enqueued op in that group is #{last}"
     elif group is None and summaries[rank].ring_wrapped:
-        status = summaries[rank].default_status if desc == "default_pg" else None
-        seen = ("its ring wrapped past that group's entries" + (
-            f"; its pg_status shows #{status[0]} as its last enqueued op there" if status else ""))
+        seen = "its ring wrapped past that group's entries"
+        status = progress_from_status(first.group, rank, summaries) if first else None
+        if status is not None:
+            seen += (f"; its pg_status (pg_id {status.pg_id}) shows #{status.last_enqueued} as its "
+                     "last enqueued op there")
     else:
         seen = "it has no op in that group"
     return f"rank {rank} dumped (it is alive) with nothing in flight; {seen}"

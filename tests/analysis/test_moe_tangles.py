@@ -117,3 +117,17 @@ def test_reproductions_are_deterministic() -> None:
     for rank, dump in first.dumps.items():
         for fmt in FORMATS:
             assert encode_dump(again.dumps[rank], fmt) == encode_dump(dump, fmt)
+
+
+def test_pg_status_tells_where_wrapped_rings_stood(tmp_path: Path) -> None:
+    """Ranks 12 and 14 (stage 1) are blocked in a recv; their rings of 20 hold no entry of their dp
+    group, whose step-end reduce_scatter ranks 8 and 10 wait in. pg_status outlives the ring: under
+    the pg_id ranks 8 and 10 record for the group, it says 12 and 14 never enqueued it."""
+    scenario = built("moe16_one_gpu")
+    dp = next(g for g in scenario.topology.groups.values() if g.kind is GroupKind.DP and 12 in g.ranks)
+    assert not any(e["process_group"][0] == dp.name for e in scenario.dumps[12]["entries"])
+    result = triage_path(write_moe_scenario(scenario, tmp_path, DumpFormat.JSON, manifest=False))
+    stuck = next(s for s in result.stuck if s.process_group == dp.name)
+    assert (stuck.waiting_ranks, stuck.behind_ranks) == ((8, 10), (12, 14))
+    assert stuck.detail == "ranks 12, 14 never enqueued it"
+    assert any("read from pg_status" in note and repr(dp.name) in note for note in result.notes)

@@ -151,7 +151,7 @@ def test_gloo_pg_config_tells_who_built_a_subgroup() -> None:
     assert pair.behind_ranks == (1,) and "pg_config shows that rank 1 built a subgroup" in pair.detail
 
 
-def test_gloo_pg_status_outlives_the_ring() -> None:
+def test_gloo_pg_status_survives_the_ring() -> None:
     """Family 5: rank 1's 64-entry ring wrapped past every world entry; its pg_status for the
     default group (pg_id 0) still says it never enqueued the world's stuck all_reduce."""
     lost = _dump("world_wrapped", 1)
@@ -161,7 +161,7 @@ def test_gloo_pg_status_outlives_the_ring() -> None:
     result = triage_path(FIXTURES / "world_wrapped")
     assert [(s.process_group, s.waiting_ranks, s.behind_ranks) for s in result.stuck] == [("0", (0, 2, 3), (1,))]
     assert any("pg_status" in note for note in result.notes)
-    assert any("its pg_status shows #3" in reason for reason in result.candidates[0].reasons)
+    assert any("its pg_status (pg_id 0) shows #3" in reason for reason in result.candidates[0].reasons)
 
 
 def test_pg_status_in_json_form_reads_the_same(tmp_path: Path) -> None:
