@@ -97,12 +97,15 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
     clock = _Clock(as_of_ns, as_of_given, dumped_at_ns)
     when = "at the incident time" if as_of_given else "when the ranks dumped"
     heads = _heads(summaries)
+    deferred: list[tuple[str, _Found]] = []
     for name in sorted(membership.members):
         members = membership.members[name]
-        progress, unknown, from_status = _known_progress(name, members, summaries)
+        progress, unknown, from_status, contradicted = _known_progress(name, members, summaries)
         if not progress:
             continue
-        found = [_collective_blockage(name, progress, members, missing, unknown, clock, heads)]
+        later: list[_Found] = []
+        found = [_collective_blockage(name, progress, members, missing, unknown, clock, heads, later)]
+        deferred += [(name, f) for f in later]
         if name in membership.inferred and (found[0] is None or found[0][0].kind is BlockageKind.OVERDUE):
             # A mismatch among the known members stands whatever the membership.
             found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
@@ -113,23 +116,38 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
             their = "its" if len(from_status) == 1 else "their"
             result.notes.append(f"{ranks_phrase(from_status)} left no entry of process group {name!r} "
                                 f"in {their} wrapped ring{'' if len(from_status) == 1 else 's'}; "
-                                f"{their} progress there is read from pg_status, under the pg_id "
-                                "the group's other members record for it")
-        for blockage, ops in (f for f in found if f is not None):
-            # A rank that left no dump may be dead: then a young wait proves nothing either way.
-            young = None if missing.intersection(blockage.targets) else _young(ops, clock)
-            if young:
-                result.notes.append(f"process group {name!r} {blockage.op} #{blockage.seq} is partly "
-                                    f"entered but was at most {young} old {when}: "
-                                    "still in progress, not counted as a hang")
-            else:
-                result.blockages.append(replace(blockage, enqueued_ns=_oldest(ops),
-                                                age_unknown=blockage.age_unknown or (
-                                                    blockage.kind in _AGE_MATTERS
-                                                    and clock.age_unknown(ops))))
+                                f"{their} progress there is read from pg_status (each rank's own, "
+                                "under the pg_id its own dump proves for the group)")
+        if contradicted:
+            result.notes.append(f"the pg_status of {ranks_phrase(contradicted)} shows more collectives "
+                                f"completed in process group {name!r} than the op its other members "
+                                "are stuck in: read as another group's counters (a pg_id mapping "
+                                "error), not as progress")
+        _add(result, name, found, missing, clock, when)
+    if not result.blockages:
+        # Every stuck op sat behind an earlier op of its holders that is not stuck itself (it
+        # was young, or nothing could be read of it): the queued ones are the only lead left.
+        for name, queued in deferred:
+            _add(result, name, [queued], missing, clock, when)
     if any(b.age_unknown for b in result.blockages):
         result.notes.append(AGE_UNKNOWN_NOTE)
     return result
+
+
+def _add(result: Comparison, name: str, found: list[_Found | None], missing: set[int],
+         clock: _Clock, when: str) -> None:
+    for blockage, ops in (f for f in found if f is not None):
+        # A rank that left no dump may be dead: then a young wait proves nothing either way.
+        young = None if missing.intersection(blockage.targets) else _young(ops, clock)
+        if young:
+            result.notes.append(f"process group {name!r} {blockage.op} #{blockage.seq} is partly "
+                                f"entered but was at most {young} old {when}: "
+                                "still in progress, not counted as a hang")
+        else:
+            result.blockages.append(replace(blockage, enqueued_ns=_oldest(ops),
+                                            age_unknown=blockage.age_unknown or (
+                                                blockage.kind in _AGE_MATTERS
+                                                and clock.age_unknown(ops))))
 
 
 AGE_UNKNOWN_NOTE = ("how long the stuck op has waited is unknown: the dumps record no dump time and "
@@ -219,9 +237,10 @@ def _queued_behind(rank: int, op: PendingOp, heads: dict[int, int]) -> bool:
 
 
 def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
-                    ) -> tuple[dict[int, GroupProgress], tuple[int, ...], tuple[int, ...]]:
-    """Members whose progress in ``name`` is known, those whose is not, and those whose progress
-    came from ``pg_status``. A wrapped ring without the group says nothing by itself."""
+                    ) -> tuple[dict[int, GroupProgress], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Members whose progress in ``name`` is known, those whose is not, those whose progress came
+    from ``pg_status``, and those whose ``pg_status`` contradicted their peers (read under the
+    wrong pg_id). A wrapped ring without the group says nothing by itself."""
     known: dict[int, GroupProgress] = {}
     wrapped: list[int] = []
     for rank in members:
@@ -236,59 +255,89 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
         else:
             # The whole history is in the ring and the group is not in it: nothing enqueued.
             known[rank] = group or GroupProgress(name=name)
-    pg_id = _shared_pg_id(known) if wrapped else None
-    from_status = []
-    unknown = []
+    if not wrapped:
+        return known, (), (), ()
+    # In a group with p2p the counters mix in p2p sequence ids: they say nothing about collectives.
+    p2p = any(g.last_p2p_enqueued >= 0 for g in known.values())
+    stuck = min((op.collective_seq_id for g in known.values() for op in g.pending
+                 if op.kind is OpKind.COLLECTIVE), default=None)
+    from_status: list[int] = []
+    unknown: list[int] = []
+    contradicted: list[int] = []
     for rank in wrapped:
-        counters = _status_in(summaries[rank], pg_id)
-        if counters is None:
+        status = None if p2p else progress_from_status(name, rank, summaries)
+        if status is not None and stuck is not None and status.last_completed > stuck:
+            # A collective completes nowhere before every member enqueued it, so counters past
+            # the op the peers are stuck in belong to another group: a mapping error.
+            contradicted.append(rank)
+            status = None
+        if status is None:
             unknown.append(rank)
             continue
-        enqueued, completed = counters
-        known[rank] = GroupProgress(name=name, pg_id=pg_id, last_enqueued=enqueued,
-                                    last_completed=completed, last_completed_by_all=completed)
+        known[rank] = status
         from_status.append(rank)
-    return known, tuple(unknown), tuple(from_status)
+    return known, tuple(unknown), tuple(from_status), tuple(contradicted)
 
 
 def progress_from_status(name: str, rank: int, summaries: dict[int, RankSummary]) -> GroupProgress | None:
-    """``rank``'s progress in ``name`` from its ``pg_status``, when its ring wrapped past the group
-    (as :func:`compare_groups` reads it); None when pg_status cannot say."""
+    """``rank``'s progress in ``name`` from its own ``pg_status``, when its ring wrapped past the
+    group; None when pg_status cannot say. Only the rank's own dump is read: ``pg_id`` is
+    rank-local, so another rank's id for the group proves nothing about this one's."""
     summary = summaries.get(rank)
-    if summary is None or not summary.ring_wrapped or name in summary.groups:
+    if summary is None or not summary.ring_wrapped:
         return None
-    known = {r: g for r, s in summaries.items() if (g := s.groups.get(name)) is not None and g.entry_count}
-    pg_id = _shared_pg_id(known)
-    counters = _status_in(summary, pg_id)
-    if pg_id is None or counters is None:
+    group = summary.groups.get(name)
+    if group is not None and group.entry_count:
         return None
-    return GroupProgress(name=name, pg_id=pg_id, last_enqueued=counters[0], last_completed=counters[1],
-                         last_completed_by_all=counters[1])
-
-
-def _shared_pg_id(known: dict[int, GroupProgress]) -> int | None:
-    """The group's ``pg_id`` when every member that shows it records the same one and it carries
-    collectives only (so that ``pg_status`` counts collective sequence ids). ``pg_id`` is
-    rank-local (how many backends the process built before), but ranks that create the same
-    groups in the same order, as Megatron's members of one group do, share it; ``_status_in``
-    refuses it on a rank whose ring gives that id to another group."""
-    ids = {g.pg_id for g in known.values() if g.entry_count}
-    if len(ids) != 1 or any(g.last_p2p_enqueued >= 0 for g in known.values()):
-        return None
-    return ids.pop()
-
-
-def _status_in(summary: RankSummary, pg_id: int | None) -> tuple[int, int] | None:
+    pg_id = _own_pg_id(summary, name)
     if pg_id is None or pg_id not in summary.pg_status:
         return None
     if any(g.pg_id == pg_id for g in summary.groups.values() if g.entry_count):
         return None  # this rank's ring shows another group under that id
-    return summary.pg_status[pg_id]
+    enqueued, completed = summary.pg_status[pg_id]
+    return GroupProgress(name=name, pg_id=pg_id, last_enqueued=enqueued, last_completed=completed,
+                         last_completed_by_all=completed)
+
+
+def _own_pg_id(summary: RankSummary, name: str) -> int | None:
+    """The rank-local ``pg_id`` of group ``name`` on this rank, where its own dump proves it.
+
+    The default group ``"0"`` is the first backend every process builds: pg_id 0, on Gloo and
+    NCCL. Any other group only on NCCL: ``pg_id`` counts the ProcessGroupNCCL objects the process
+    built before, and counter-named groups (``new_group``: ``"1"``, ``"2"``, ...) are built in the
+    order of their names, so the group's index among the names in the rank's own ``pg_config``
+    is its pg_id, provided no group was built and never used (lazy init leaves it out of
+    ``pg_config`` but it still took an id). So some group after it must show, in the rank's own
+    ring, exactly the pg_id its index predicts, and none may contradict. Hashed names
+    (DeviceMesh, ``split_group``) give no creation order: refused. Gloo's ``pg_config`` holds only
+    the last-built backend, so its subgroups' ids cannot be derived: refused.
+    """
+    if name == "0":
+        return 0
+    names = summary.config_groups
+    if summary.backend == "gloo" or name not in names or not all(n.isascii() and n.isdigit() for n in names):
+        return None
+    index = {n: i for i, n in enumerate(sorted(set(names), key=int))}
+    witnessed = False
+    for group in summary.groups.values():
+        if not group.entry_count or group.pg_id is None:
+            continue
+        if index.get(group.name) != group.pg_id:
+            return None
+        witnessed = witnessed or group.pg_id > index[name]
+    return index[name] if witnessed else None
 
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
-                         missing: set[int], unknown: tuple[int, ...],
-                         clock: _Clock, heads: dict[int, int]) -> _Found | None:
+                         missing: set[int], unknown: tuple[int, ...], clock: _Clock,
+                         heads: dict[int, int], deferred: list[_Found]) -> _Found | None:
+    """The group's stuck collective and who it waits on.
+
+    An op that every member holding it enqueued behind an earlier op of its own that has not
+    finished is not what any of them is blocked in (NCCL runs a rank's work in order): its
+    blockage goes to ``deferred``, used only when nothing else is stuck. Edges from it would let
+    mere enqueue order break ties elsewhere.
+    """
     last_enqueued = max(p.last_enqueued for p in progress.values())
     floor = min(p.last_enqueued for p in progress.values())
     if any(p.last_completed > floor for p in progress.values()):
@@ -309,31 +358,56 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
             return None
     behind = tuple(r for r, p in sorted(progress.items()) if p.last_enqueued < seq)
     absent = tuple(r for r in members if r in missing)
-    waiting = tuple(waiting_ops)
-    ops = list(waiting_ops.items())
+    ready = {r: o for r, o in waiting_ops.items() if not _queued_behind(r, o, heads)}
+    found = _blockage_at(name, seq, waiting_ops, ready, behind, absent, unknown, clock)
+    if found is not None and not ready and found[0].kind is not BlockageKind.MISMATCH:
+        # Judged young or old on every holder's op: none is ready, but they are all it has.
+        deferred.append((replace(found[0], waiting=tuple(waiting_ops)) if not found[0].waiting else found[0],
+                         found[1] or list(waiting_ops.items())))
+        return None
+    return found
+
+
+def _blockage_at(name: str, seq: int, waiting_ops: dict[int, PendingOp], ready: dict[int, PendingOp],
+                 behind: tuple[int, ...], absent: tuple[int, ...], unknown: tuple[int, ...],
+                 clock: _Clock) -> _Found | None:
+    """What op ``#seq`` waits on. ``ready`` are the holders for which it is the oldest op in
+    flight: only they wait in it (the others wait wherever their oldest op is)."""
+    ops = list(ready.items())
     mismatch = _mismatch(name, seq, waiting_ops, behind, absent, unknown)
     if mismatch is not None:
-        return mismatch, ops
+        # A mismatch is a hang whatever the order; but only ready ranks wait in it now.
+        stripped = tuple(r for r in mismatch.waiting if r in ready)
+        if not mismatch.tie and stripped:
+            mismatch = replace(mismatch, waiting=stripped)
+        return mismatch, ops or list(waiting_ops.items())
     op_text = next(iter(waiting_ops.values())).signature.describe()
     if behind or absent:
-        return Blockage(name, seq, BlockageKind.BEHIND, op_text, waiting, behind + absent,
+        return Blockage(name, seq, BlockageKind.BEHIND, op_text, tuple(ready), behind + absent,
                         detail=_behind_detail(behind, absent), unknown=unknown), ops
-    queued = tuple(r for r, o in waiting_ops.items() if _queued_behind(r, o, heads))
-    if queued and len(queued) < len(waiting_ops):
+    queued = tuple(r for r in waiting_ops if r not in ready)
+    if queued and ready:
         # Everyone enqueued it, but on these ranks it sits behind an op that is itself stuck.
-        ready = tuple(r for r in waiting_ops if r not in queued)
-        return Blockage(name, seq, BlockageKind.BEHIND, op_text, ready, queued, unknown=unknown,
+        return Blockage(name, seq, BlockageKind.BEHIND, op_text, tuple(ready), queued, unknown=unknown,
                         detail=f"{ranks_phrase(queued)} enqueued it behind an earlier op that has "
-                               "not finished"), [(r, waiting_ops[r]) for r in ready]
-    if unknown:
-        # Every member whose progress is known is in it. A collective completes once all members
-        # enqueued it, so the members whose rings wrapped past the group are the ones to follow:
-        # each either never entered or is itself blocked (its own blockages continue the chain).
-        return Blockage(name, seq, BlockageKind.BEHIND, op_text, waiting, unknown, unknown=unknown,
-                        detail=f"every member whose dump shows the group entered it; "
-                               f"{ranks_phrase(unknown)} left no entry of the group in "
-                               f"{'its wrapped ring' if len(unknown) == 1 else 'their wrapped rings'}"), ops
+                               "not finished"), ops
     overdue = _overdue(name, seq, op_text, waiting_ops, clock.as_of_ns, unknown)
+    if overdue is not None and not overdue.tie:
+        # A kernel that never started on some ranks singles them out whatever the wrapped
+        # members did: their GPU never ran it though their stream was free to.
+        return replace(overdue, unknown=unknown), []
+    if unknown:
+        # Every member whose progress is known is in it, and the op completes once all members
+        # entered: the members whose rings wrapped past the group hold the answer. Each never
+        # entered it, or entered it (NCCL enqueues asynchronously) and ran enough ops in other
+        # groups since that its ring no longer shows it; nothing here says which.
+        their = "its wrapped ring" if len(unknown) == 1 else "their wrapped rings"
+        return Blockage(name, seq, BlockageKind.BEHIND, op_text, tuple(ready), unknown, unknown=unknown,
+                        undecided=True,
+                        detail=f"every member whose dump shows the group entered it; "
+                               f"{ranks_phrase(unknown)} left no entry of the group in {their} and "
+                               f"no usable pg_status: {'it' if len(unknown) == 1 else 'each'} never "
+                               "entered it, or entered it and its ring has wrapped since"), ops
     if overdue is None:
         return _all_in_of_unknown_age(name, seq, op_text, waiting_ops, unknown, clock)
     # An overdue op is old by definition: no dump-time test may excuse it.
@@ -362,32 +436,45 @@ def _all_in_of_unknown_age(name: str, seq: int, op: str, ops: dict[int, PendingO
 
 def _stopped_at(tie: Blockage, progress: dict[int, GroupProgress],
                 summaries: dict[int, RankSummary]) -> _Found | None:
-    """Direction inside an all-in op: the members whose CPU never got past it while the others' did.
+    """Direction inside an all-in op: the one member whose CPU never got past it while the others' did.
 
-    Every member enqueued collective ``#seq`` and none finished it; with timing off (every entry
-    ``scheduled``, which tells what was enqueued, not what started) nothing says whose GPU never
-    ran it. But NCCL enqueues asynchronously: a rank whose CPU still runs goes on enqueuing its
-    next ops, in this group or others, until it syncs, and members of a group run the same
+    Every member enqueued collective ``#seq`` and none finished it; with NCCL timing off (every
+    entry ``scheduled``, which tells what was enqueued, not what started) nothing says whose GPU
+    never ran it. But NCCL enqueues asynchronously: a rank whose CPU still runs goes on enqueuing
+    its next ops, in this group or others, until it syncs, and members of a group run the same
     program around the group's collectives. Members that enqueued anything after ``#seq`` prove
     the program goes on past it without a sync; a member whose newest entry is ``#seq`` itself
-    has a CPU that stopped there (a lost GPU blocks its next driver call, or the process hung).
-    That is a directed lead, unlike the tie: the others wait on it.
+    has a CPU that stopped there: a lost GPU blocks its next driver call, or the process hung,
+    or it synchronised right after the op (``loss.item()`` on one rank only) while the fault is
+    elsewhere. The last cannot be told apart, so this is a weak lead, and it is read only where
+    its premise holds:
+
+    - NCCL (Gloo's collectives are synchronous: a later entry only means ``async_op=True``);
+    - timing off on every member and every member's entry ``scheduled`` (with timing on, which
+      kernels started says more, and a started kernel means the GPU ran it);
+    - exactly one stopped member, against at least two that went on (a program that syncs on
+      most ranks, or on half, says nothing about any one of them).
     """
+    if tie.unknown or len(tie.waiting) < 3:
+        return None
     stopped: list[int] = []
     passed: list[int] = []
     for rank in tie.waiting:
+        summary = summaries.get(rank)
         op = _op_at(progress[rank], tie.seq) if rank in progress else None
-        newest = summaries[rank].newest_record_id if rank in summaries else None
-        if op is None or op.record_id is None or newest is None:
+        if (summary is None or summary.backend != "nccl" or summary.timing_enabled or op is None
+                or op.state is not OpState.SCHEDULED or op.record_id is None
+                or summary.newest_record_id is None):
             return None
-        (stopped if newest == op.record_id else passed).append(rank)
-    if not stopped or not passed:
+        (stopped if summary.newest_record_id == op.record_id else passed).append(rank)
+    if len(stopped) != 1 or len(passed) < 2:
         return None
     return Blockage(tie.group, tie.seq, BlockageKind.STOPPED, tie.op, tuple(passed), tuple(stopped),
                     unknown=tie.unknown, age_unknown=tie.age_unknown,
                     detail=f"every member entered it; {ranks_phrase(tuple(passed))} went on to "
-                           f"enqueue later ops, while {ranks_phrase(tuple(stopped))} enqueued nothing "
-                           f"after it: {'its CPU' if len(stopped) == 1 else 'their CPUs'} stopped there"), []
+                           f"enqueue later ops, while rank {stopped[0]} enqueued nothing after it: "
+                           f"its CPU stopped there (a lost GPU or a hung process), or its process "
+                           "synchronised right after the op, e.g. .item(), and the fault is elsewhere"), []
 
 
 def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: dict[int, RankSummary],

@@ -62,6 +62,11 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
     return Decision(verdict, candidates)
 
 
+# A member whose CPU enqueued nothing after an all-in op may have lost its GPU, or merely
+# synchronised there while the fault is elsewhere: that lead alone is never a near-certainty.
+_STOPPED_FACTOR = 0.5
+
+
 def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dict[int, str],
                membership: GroupMembership, host: str | None) -> Candidate:
     first = culprit.blocking[0] if culprit.blocking else None
@@ -69,11 +74,12 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
     reasons = [_why_waited(b, membership) for b in culprit.blocking[:3]]
     if len(culprit.blocking) > 3:
         reasons.append(f"... and {len(culprit.blocking) - 3} more stuck ops wait on it")
-    desc = membership.descs.get(first.group) if first else None
-    reasons.append(_why_kind(culprit.rank, kind, summaries, missing, first, culprit.component_size, desc))
+    reasons.append(_why_kind(culprit, kind, summaries, missing))
     if culprit.component_size > 1:
         reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart")
     confidence = _BASE_CONFIDENCE[kind] / culprit.component_size
+    if first is not None and first.kind == BlockageKind.STOPPED:
+        confidence *= _STOPPED_FACTOR
     if any(b.undecided for b in culprit.blocking):
         confidence /= 2
     if culprit.blocking and all(b.age_unknown for b in culprit.blocking):
@@ -120,9 +126,10 @@ def _why_waited(blockage: Blockage, membership: GroupMembership) -> str:
     return f"{ranks_phrase(blockage.waiting)} {verb} in {where} {what} {blockage.op}: {blockage.detail}"
 
 
-def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
-              missing: dict[int, str], first: Blockage | None, component_size: int = 1,
-              desc: str | None = None) -> str:
+def _why_kind(culprit: Culprit, kind: CandidateKind, summaries: dict[int, RankSummary],
+              missing: dict[int, str]) -> str:
+    rank = culprit.rank
+    first = culprit.blocking[0] if culprit.blocking else None
     if kind is CandidateKind.STOPPED_REPORTING:
         return f"rank {rank}: {missing[rank]}, so whether it entered is unknown"
     if kind is CandidateKind.MISMATCH:
@@ -131,33 +138,50 @@ def _why_kind(rank: int, kind: CandidateKind, summaries: dict[int, RankSummary],
                     "have not called yet decide which side is out of step")
         return f"rank {rank} called something other than the majority at the same sequence id"
     if kind is CandidateKind.STALLED:
-        where = _in_flight(summaries[rank]) or "an op that never finished"
-        if first is not None and first.kind == BlockageKind.STOPPED:
-            # Everyone is in the op: it waits on the members' GPUs, and this one's CPU stopped.
-            return (f"rank {rank} is itself blocked in {where}; every member entered it, but only "
-                    "its peers went on to enqueue later ops: its CPU stopped there (a lost GPU or "
-                    "a hung process), so the others wait on it")
-        if component_size > 1:
-            return (f"rank {rank} is itself blocked in {where}, which waits on ranks that wait on "
-                    "it in turn: a cycle the dumps cannot break")
-        return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
+        return _why_stalled(culprit, summaries)
     group = summaries[rank].groups.get(first.group) if first else None
     last = group.last_enqueued if group else -1
+    alive = f"rank {rank} dumped (it is alive) with nothing in flight"
     if first is not None and first.is_p2p and group is not None and group.last_p2p_enqueued >= 0:
         # A pipeline group counts p2p work in p2p_seq_id only; its collective count stays 0.
         seen = (f"its last p2p op in that group is p2p_seq_id {group.last_p2p_enqueued}, and every "
                 "send, recv and batch it enqueued there completed")
     elif last >= 0:
         seen = f"its last enqueued op in that group is #{last}"
-    elif group is None and summaries[rank].ring_wrapped:
+    elif first is not None and summaries[rank].ring_wrapped:
+        # An op in flight may have left a wrapped ring too: never say "nothing in flight" here.
+        alive = f"rank {rank} dumped (it is alive)"
         seen = "its ring wrapped past that group's entries"
-        status = progress_from_status(first.group, rank, summaries) if first else None
+        status = None if rank in first.unknown else progress_from_status(first.group, rank, summaries)
         if status is not None:
             seen += (f"; its pg_status (pg_id {status.pg_id}) shows #{status.last_enqueued} as its "
                      "last enqueued op there")
+        else:
+            seen += (f": it never entered #{first.seq}, or entered it and its ring has wrapped "
+                     "since; nothing left says which")
     else:
         seen = "it has no op in that group"
-    return f"rank {rank} dumped (it is alive) with nothing in flight; {seen}"
+    return f"{alive}; {seen}"
+
+
+def _why_stalled(culprit: Culprit, summaries: dict[int, RankSummary]) -> str:
+    rank = culprit.rank
+    first = culprit.blocking[0] if culprit.blocking else None
+    if first is not None and first.kind == BlockageKind.STOPPED:
+        # Everyone is in the op: it waits on the members' GPUs, and this one's CPU stopped.
+        return (f"rank {rank} is itself blocked in collective #{first.seq} {first.op} in process group "
+                f"{first.group!r}; every member entered it, but only its peers went on to enqueue "
+                "later ops: its CPU stopped there (a lost GPU or a hung process), or its process "
+                "synchronised right after the op, e.g. .item(), while the fault is elsewhere; the "
+                "dumps cannot tell these apart")
+    where = _in_flight(summaries[rank]) or "an op that never finished"
+    if culprit.component_size > 1 and all(b.tie for b in culprit.blocking):
+        return (f"rank {rank} is itself blocked in {where}, an op every member entered and none "
+                "finished; the dumps cannot say whose GPU or link stopped it")
+    if culprit.component_size > 1:
+        return (f"rank {rank} is itself blocked in {where}, which waits on ranks that wait on "
+                "it in turn: a cycle the dumps cannot break")
+    return f"rank {rank} is itself blocked in {where}, which waits on no other rank"
 
 
 def _share_blame_with_silent_ranks(candidates: list[Candidate], culprits: list[Culprit],

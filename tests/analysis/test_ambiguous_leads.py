@@ -1,0 +1,275 @@
+"""Evidence that tells two stories must not name one culprit (issue 9 review, cases A-G).
+
+Each case is honestly ambiguous, or names its culprit only through a rule whose premise holds.
+A wrong ``localized`` can get a healthy node drained; a wrong ``no_hang`` misses a hang.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from denpex.analysis.models import CandidateKind as K
+from denpex.analysis.models import TriageResult
+from denpex.analysis.models import Verdict as V
+from denpex.analysis.triage import triage_path
+from dumps import T0, dump, entry, write
+
+S = 10**9
+OLD = T0 - 700 * S  # created 700 s before the incident; the timeout is 600 s
+AS_OF = datetime.fromtimestamp(T0 / 1e9, UTC)
+W4 = {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}
+
+
+def nccl(pg: str, seq: int, rec: int, *, pending: bool = False, state: str | None = None,
+         op: str = "nccl:all_reduce", pg_id: int = 0) -> dict[str, Any]:
+    e = entry(pg, seq, op=op, record_id=rec, retired=not pending,
+              state=state or ("scheduled" if pending else "completed"),
+              t=OLD + rec * 1000 if pending else OLD - 100 * S + rec * 1000, timeout_ms=600_000)
+    e["pg_id"] = pg_id
+    return e
+
+
+def started(pg: str, seq: int, rec: int) -> dict[str, Any]:
+    e = nccl(pg, seq, rec, pending=True, state="started")
+    e["time_discovered_started_ns"] = T0 - S
+    return e
+
+
+def done5(op: str = "nccl:all_reduce") -> list[dict[str, Any]]:
+    return [nccl("0", s, s - 1, op=op) for s in range(1, 6)]
+
+
+def triage(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]], groups: dict[str, Any],
+           extra: dict[int, dict[str, Any]] | None = None, as_of: datetime | None = AS_OF) -> TriageResult:
+    dumps = {r: dump(e, **(extra or {}).get(r, {})) for r, e in per_rank.items()}
+    write(tmp_path, dumps, manifest={"world_size": len(per_rank), "process_groups": groups})
+    return triage_path(tmp_path, as_of=as_of)
+
+
+def kinds(result: TriageResult) -> dict[int, K]:
+    return {c.rank: c.kind for c in result.candidates}
+
+
+def nccl_config(*names: str) -> dict[str, Any]:
+    return {"pg_config": {n: {"name": n, "desc": "default_pg" if n == "0" else "undefined",
+                              "ranks": "[0, 1, 2, 3]"} for n in names}}
+
+
+# -- B1: a rank whose CPU enqueued nothing after an all-in op -------------------------------------
+
+
+def _stopped_world(stopped: set[int], **kw: Any) -> dict[int, list[dict[str, Any]]]:
+    return {r: done5(**kw) + [nccl("0", 6, 5, pending=True, **kw)]
+            + ([] if r in stopped else [nccl("0", 7, 6, pending=True, **kw)]) for r in range(4)}
+
+
+def test_a_lone_stopped_rank_is_a_weak_lead_that_says_it_may_have_synced(tmp_path: Path) -> None:
+    """Case A: NCCL, timing off; rank 0 enqueued nothing after #6. A lost GPU or a hung process
+    looks like this, and so does a loss.item() right after the op while a link failed: the lead
+    stands (the MoE reproductions need it) but says so, at a confidence that drains nothing alone."""
+    result = triage(tmp_path, _stopped_world({0}), W4)
+    assert result.verdict is V.LOCALIZED and kinds(result) == {0: K.STALLED}
+    [candidate] = result.candidates
+    assert candidate.confidence <= 0.35
+    text = " ".join(candidate.reasons)
+    assert "synchronised right after the op, e.g. .item()" in text
+
+
+def test_three_stopped_of_four_is_no_lead(tmp_path: Path) -> None:
+    """Case A3: only rank 0 enqueued a later op (it has no sync there, the others do)."""
+    result = triage(tmp_path, _stopped_world({1, 2, 3}), W4)
+    assert result.verdict is V.AMBIGUOUS and kinds(result) == {r: K.STALLED for r in range(4)}
+
+
+def test_half_stopped_is_no_lead(tmp_path: Path) -> None:
+    result = triage(tmp_path, _stopped_world({0, 1}), W4)
+    assert result.verdict is V.AMBIGUOUS and set(kinds(result)) == {0, 1, 2, 3}
+
+
+def test_with_timing_on_every_kernel_started_so_no_cpu_stop_is_read(tmp_path: Path) -> None:
+    """Case B: every member's kernel started: all GPUs ran it; rank 0 synced after it."""
+    per_rank = {r: done5() + [started("0", 6, 5)] + ([nccl("0", 7, 6, pending=True)] if r else [])
+                for r in range(4)}
+    result = triage(tmp_path, per_rank, W4)
+    assert result.verdict is V.AMBIGUOUS and set(kinds(result)) == {0, 1, 2, 3}
+
+
+def test_gloo_collectives_are_synchronous_so_no_cpu_stop_is_read(tmp_path: Path) -> None:
+    """Case C: on Gloo a later entry only means async_op=True; nothing about a stopped CPU."""
+    world = {"pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}}
+    result = triage(tmp_path, _stopped_world({0}, op="gloo:all_reduce"), W4,
+                    extra={r: world for r in range(4)})
+    assert result.verdict is V.AMBIGUOUS and set(kinds(result)) == {0, 1, 2, 3}
+
+
+# -- B2: members whose rings wrapped past the group -----------------------------------------------
+
+D_GROUPS = {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}, "1": {"ranks": [2, 3]}}
+
+
+def _wrapped_tp(r: int) -> list[dict[str, Any]]:
+    return [nccl("1", s, 100 + s, pg_id=1) for s in range(1, 21)]
+
+
+def _assert_wrapped_is_undecided(result: TriageResult) -> None:
+    assert result.verdict is V.INCOMPLETE, result.model_dump_json(indent=1)
+    assert set(kinds(result)) == {2, 3}
+    for candidate in result.candidates:
+        text = " ".join(candidate.reasons)
+        assert "or entered it and its ring has wrapped since" in text
+        assert "nothing in flight" not in text
+        assert candidate.confidence < 0.5
+
+
+def test_members_whose_rings_wrapped_may_have_entered(tmp_path: Path) -> None:
+    """Case D: ranks 2 and 3 entered world #6 (NCCL enqueues asynchronously), then ran 20 tp ops
+    that completed; their rings of 20 no longer show the world group, and no pg_status says more."""
+    per_rank = {0: done5() + [nccl("0", 6, 5, pending=True)], 1: done5() + [nccl("0", 6, 5, pending=True)],
+                2: _wrapped_tp(2), 3: _wrapped_tp(3)}
+    _assert_wrapped_is_undecided(triage(tmp_path, per_rank, D_GROUPS))
+
+
+def test_pg_status_of_a_group_with_p2p_is_refused_and_leaves_it_undecided(tmp_path: Path) -> None:
+    """Case D2: pg_status says ranks 2 and 3 enqueued #6, but the world group carries p2p, so its
+    counters mix p2p sequence ids and are not read."""
+    p2p = entry("0", 0, op="nccl:send 0->1", record_id=4, p2p_seq_id=1, is_p2p=True, retired=True,
+                state="completed")
+    head = [*done5()[:4], p2p, nccl("0", 5, 5), nccl("0", 6, 6, pending=True)]
+    per_rank = {0: head, 1: head, 2: _wrapped_tp(2), 3: _wrapped_tp(3)}
+    status = {"pg_status": {"0": {"last_enqueued_collective": 6, "last_started_collective": -1,
+                                  "last_completed_collective": 5},
+                            "1": {"last_enqueued_collective": 20, "last_started_collective": -1,
+                                  "last_completed_collective": 20}}}
+    _assert_wrapped_is_undecided(triage(tmp_path, per_rank, D_GROUPS,
+                                        extra={2: {**status, **nccl_config("0", "1")},
+                                               3: {**status, **nccl_config("0", "1")}}))
+
+
+# -- B3: whose pg_id is it ------------------------------------------------------------------------
+
+
+def _gloo(pg: str, seq: int, rec: int, pg_id: int, pending: bool = False) -> dict[str, Any]:
+    e = entry(pg, seq, record_id=rec, retired=not pending, t=T0 + rec * 1_000_000)
+    e["pg_id"] = pg_id
+    return e
+
+
+def test_gloo_pg_ids_differ_per_rank_so_only_the_default_groups_status_is_read(tmp_path: Path) -> None:
+    """Case E: groups "1"=[0,1] then "2"=[1,2]. Rank 1 built both (pg_ids 1 and 2); rank 2 built
+    only "2" (pg_id 1). Rank 2 waits in "2" #4; rank 1's 64-entry ring holds world entries only.
+    Rank 1's pg_status[1] counts group "1", not "2": it must not read as progress in "2"."""
+    groups = {"0": {"desc": "default_pg", "ranks": [0, 1, 2]}, "1": {"ranks": [0, 1]}, "2": {"ranks": [1, 2]}}
+    per_rank = {
+        0: [_gloo("1", s, s - 1, 1) for s in range(1, 11)] + [_gloo("0", s, 9 + s, 0) for s in range(1, 71)],
+        1: [_gloo("0", s, 12 + s, 0) for s in range(7, 71)],
+        2: [_gloo("2", s, s - 1, 1) for s in range(1, 4)] + [_gloo("0", s, 2 + s, 0) for s in range(1, 71)]
+        + [_gloo("2", 4, 73, 1, pending=True)],
+    }
+    sub = {"pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+    status = {"pg_status": {str(i): {"last_enqueued_collective": n, "last_started_collective": -1,
+                                     "last_completed_collective": n} for i, n in ((0, 70), (1, 10), (2, 3))}}
+    result = triage(tmp_path, per_rank, groups, extra={0: sub, 1: {**sub, **status}, 2: sub},
+                    as_of=datetime.fromtimestamp(T0 / 1e9 + 60, UTC))
+    assert result.verdict is V.INCOMPLETE, result.model_dump_json(indent=1)
+    assert set(kinds(result)) == {1}
+    assert not any("read from pg_status" in n for n in result.notes)
+
+
+def _nccl_wrapped_past_dp(config: dict[str, Any], witness_pg_id: int) -> dict[int, list[dict[str, Any]]]:
+    """NCCL, counter-named groups "1"=[0,1,2,3] (dp) and "2"=[2,3] (tp). Ranks 0, 1 wait in dp #6;
+    ranks 2 and 3 never enqueued it and ran 20 tp ops since, so their rings hold tp entries only."""
+    dp = [nccl("1", s, s - 1, pg_id=1) for s in range(1, 6)] + [nccl("1", 6, 5, pending=True, pg_id=1)]
+    tp = [nccl("2", s, 100 + s, pg_id=witness_pg_id) for s in range(1, 21)]
+    return {0: dp, 1: dp, 2: tp, 3: tp}
+
+
+NCCL_GROUPS = {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}, "1": {"ranks": [0, 1, 2, 3]},
+               "2": {"ranks": [2, 3]}}
+DP_STATUS = {"pg_status": {"1": {"last_enqueued_collective": 5, "last_started_collective": -1,
+                                 "last_completed_collective": 5}}}
+
+
+def test_nccl_reads_a_wrapped_ranks_status_under_its_own_pg_id(tmp_path: Path) -> None:
+    """The rank's own pg_config (counter names in creation order) gives "1" pg_id 1, and its ring
+    confirms the count: "2" is recorded under pg_id 2. Its pg_status then says it stopped at #5."""
+    extra = {r: {**DP_STATUS, **nccl_config("0", "1", "2")} for r in (2, 3)}
+    result = triage(tmp_path, _nccl_wrapped_past_dp({}, 2), NCCL_GROUPS, extra=extra)
+    assert result.verdict is V.LOCALIZED and kinds(result) == {2: K.NOT_ENTERED, 3: K.NOT_ENTERED}
+    assert any("read from pg_status" in n for n in result.notes)
+
+
+def test_nccl_refuses_a_pg_id_its_ring_contradicts(tmp_path: Path) -> None:
+    """A group built but never used has a pg_id and no pg_config entry (lazy init): the ring
+    records "2" under pg_id 3 while pg_config counts 2 groups before it, so the index is wrong."""
+    extra = {r: {**DP_STATUS, **nccl_config("0", "1", "2")} for r in (2, 3)}
+    result = triage(tmp_path, _nccl_wrapped_past_dp({}, 3), NCCL_GROUPS, extra=extra)
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+    assert not any("read from pg_status" in n for n in result.notes)
+
+
+def test_nccl_refuses_hashed_group_names(tmp_path: Path) -> None:
+    extra = {r: {**DP_STATUS, **nccl_config("0", "1", "2", "5f1e0c9a")} for r in (2, 3)}
+    result = triage(tmp_path, _nccl_wrapped_past_dp({}, 2), NCCL_GROUPS, extra=extra)
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+
+
+def test_counters_past_the_peers_stuck_op_are_a_mapping_error(tmp_path: Path) -> None:
+    status = {"pg_status": {"1": {"last_enqueued_collective": 9, "last_started_collective": -1,
+                                  "last_completed_collective": 9}}}
+    extra = {r: {**status, **nccl_config("0", "1", "2")} for r in (2, 3)}
+    result = triage(tmp_path, _nccl_wrapped_past_dp({}, 2), NCCL_GROUPS, extra=extra)
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+    assert not any("read from pg_status" in n for n in result.notes)
+
+
+# -- B4: ops queued behind the rank's own stuck op ------------------------------------------------
+
+
+def test_collectives_queued_behind_a_stuck_op_do_not_break_a_tie(tmp_path: Path) -> None:
+    """Case F: everyone is in world #6 (a tie). Afterwards each CPU enqueued whatever it reached:
+    0, 1: "1" #3; 2: "2" #3; 3: "3" #1. "2" and "3" show 2 -> 3 -> 1 purely from enqueue order."""
+    groups = {**W4, "1": {"ranks": [0, 1]}, "2": {"ranks": [2, 3]}, "3": {"ranks": [1, 3]}}
+
+    def hist(pg: str, pg_id: int) -> list[dict[str, Any]]:
+        return [nccl(pg, s, 0, pg_id=pg_id) for s in range(1, 3)]
+
+    per_rank = {
+        0: hist("1", 1) + done5() + [nccl("0", 6, 0, pending=True), nccl("1", 3, 0, pending=True, pg_id=1)],
+        1: hist("1", 1) + done5() + [nccl("0", 6, 0, pending=True), nccl("1", 3, 0, pending=True, pg_id=1)],
+        2: hist("2", 1) + done5() + [nccl("0", 6, 0, pending=True), nccl("2", 3, 0, pending=True, pg_id=1)],
+        3: hist("2", 1) + done5() + [nccl("0", 6, 0, pending=True), nccl("3", 1, 0, pending=True, pg_id=2)],
+    }
+    for entries in per_rank.values():
+        for i, e in enumerate(entries):
+            e["record_id"] = i  # process-wide, in enqueue order
+    result = triage(tmp_path, per_rank, groups)
+    assert result.verdict is V.AMBIGUOUS, result.model_dump_json(indent=1)
+    assert kinds(result) == {r: K.STALLED for r in range(4)}
+
+
+# -- timing on: a kernel that never started -------------------------------------------------------
+
+
+def test_a_kernel_that_never_started_is_read_before_wrapped_members(tmp_path: Path) -> None:
+    """Case G: ranks 0, 1's kernels started in world #6, rank 2's never did though its earlier
+    work completed: rank 2's GPU. Rank 3's ring wrapped past the world group."""
+    tp = [nccl("1", s, 4 + s, pg_id=1) for s in range(1, 21)]
+    per_rank = {0: done5() + [started("0", 6, 5)], 1: done5() + [started("0", 6, 5)],
+                2: done5() + tp + [nccl("0", 6, 25, pending=True)], 3: tp}
+    result = triage(tmp_path, per_rank, D_GROUPS)
+    assert result.verdict is V.LOCALIZED, result.model_dump_json(indent=1)
+    assert kinds(result) == {2: K.STALLED}
+
+
+def test_an_op_queued_behind_one_nothing_can_read_is_still_a_hang(tmp_path: Path) -> None:
+    """Rank 0 holds world #6 behind a send whose peer cannot be resolved (no blockage of its own);
+    rank 1 never enqueued #6. The queued op is the only lead left: it must not read as no_hang."""
+    send = entry("1", 0, op="nccl:send 0->5", record_id=5, p2p_seq_id=1, is_p2p=True, retired=False,
+                 t=OLD, timeout_ms=600_000)
+    per_rank = {0: done5() + [send, nccl("0", 6, 6, pending=True)], 1: done5()}
+    groups = {"0": {"desc": "default_pg", "ranks": [0, 1]}, "1": {"ranks": [0, 1]}}
+    result = triage(tmp_path, per_rank, groups)
+    assert result.verdict is V.LOCALIZED and kinds(result) == {1: K.NOT_ENTERED}
+    assert result.stuck[0].waiting_ranks == (0,)
