@@ -395,7 +395,9 @@ def _blockage_at(name: str, seq: int, waiting_ops: dict[int, PendingOp], ready: 
     if overdue is not None and not overdue.tie:
         # A kernel that never started on some ranks singles them out whatever the wrapped
         # members did: their GPU never ran it though their stream was free to.
-        return replace(overdue, unknown=unknown), []
+        wrapped = (f"; {ranks_phrase(unknown)} left no entry of the group in "
+                   f"{'its wrapped ring' if len(unknown) == 1 else 'their wrapped rings'}") if unknown else ""
+        return replace(overdue, unknown=unknown, detail=overdue.detail + wrapped), []
     if unknown:
         # Every member whose progress is known is in it, and the op completes once all members
         # entered: the members whose rings wrapped past the group hold the answer. Each never

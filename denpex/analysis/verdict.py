@@ -141,7 +141,8 @@ def _why_kind(culprit: Culprit, kind: CandidateKind, summaries: dict[int, RankSu
         return _why_stalled(culprit, summaries)
     group = summaries[rank].groups.get(first.group) if first else None
     last = group.last_enqueued if group else -1
-    alive = f"rank {rank} dumped (it is alive) with nothing in flight"
+    # A wrapped ring may have dropped an op still in flight: only a whole history shows there is none.
+    alive = f"rank {rank} dumped (it is alive)" + ("" if summaries[rank].ring_wrapped else " with nothing in flight")
     if first is not None and first.is_p2p and group is not None and group.last_p2p_enqueued >= 0:
         # A pipeline group counts p2p work in p2p_seq_id only; its collective count stays 0.
         seen = (f"its last p2p op in that group is p2p_seq_id {group.last_p2p_enqueued}, and every "
@@ -149,8 +150,6 @@ def _why_kind(culprit: Culprit, kind: CandidateKind, summaries: dict[int, RankSu
     elif last >= 0:
         seen = f"its last enqueued op in that group is #{last}"
     elif first is not None and summaries[rank].ring_wrapped:
-        # An op in flight may have left a wrapped ring too: never say "nothing in flight" here.
-        alive = f"rank {rank} dumped (it is alive)"
         seen = "its ring wrapped past that group's entries"
         status = None if rank in first.unknown else progress_from_status(first.group, rank, summaries)
         if status is not None:
