@@ -75,6 +75,7 @@ def test_a_lone_stopped_rank_is_a_weak_lead_that_says_it_may_have_synced(tmp_pat
     assert candidate.confidence <= 0.35
     text = " ".join(candidate.reasons)
     assert "synchronised right after the op, e.g. .item()" in text
+    assert "blocked in collective #6 nccl:all_reduce Float[4] in process group '0'" in text
 
 
 def test_three_stopped_of_four_is_no_lead(tmp_path: Path) -> None:
@@ -94,6 +95,10 @@ def test_with_timing_on_every_kernel_started_so_no_cpu_stop_is_read(tmp_path: Pa
                 for r in range(4)}
     result = triage(tmp_path, per_rank, W4)
     assert result.verdict is V.AMBIGUOUS and set(kinds(result)) == {0, 1, 2, 3}
+    # A plain tie is not a cycle of waits.
+    assert not any("cycle" in r for c in result.candidates for r in c.reasons)
+    assert all(any("none finished; the dumps cannot say whose GPU or link" in r for r in c.reasons)
+               for c in result.candidates)
 
 
 def test_gloo_collectives_are_synchronous_so_no_cpu_stop_is_read(tmp_path: Path) -> None:
