@@ -271,12 +271,25 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
             # the op the peers are stuck in belong to another group: a mapping error.
             contradicted.append(rank)
             status = None
+        if status is not None and stuck is not None and status.last_enqueued < stuck and _counters_mix_p2p(rank, summaries):
+            # NCCL's counter holds the seq id of the rank's last op, a p2p one after any send or
+            # recv in the group (seqP2P_, not seqCollective_): a low counter may be a p2p count.
+            # It can show the rank entered, never that it is behind.
+            status = None
         if status is None:
             unknown.append(rank)
             continue
         known[rank] = status
         from_status.append(rank)
     return known, tuple(unknown), tuple(from_status), tuple(contradicted)
+
+
+def _counters_mix_p2p(rank: int, summaries: dict[int, RankSummary]) -> bool:
+    """Whether ``rank``'s pg_status counter may hold a p2p seq id. Gloo's counter is the Gloo seq
+    of its last collective, which counts every op before it, sends and recvs too: never below its
+    collective count, so a low one proves the rank behind. NCCL's is whichever op came last."""
+    summary = summaries.get(rank)
+    return summary is None or summary.backend != "gloo"
 
 
 def progress_from_status(name: str, rank: int, summaries: dict[int, RankSummary]) -> GroupProgress | None:

@@ -3,6 +3,8 @@
 Rules (documented so that operators can predict them):
 - no blockage and every rank reported          -> ``no_hang``, no candidates;
 - no blockage but some ranks left no dump      -> ``incomplete``; the silent ranks are the only lead;
+- a CPU that stopped in an op all entered      -> ``ambiguous``: that rank first, the op's other
+                                                  members after it (it may only have synchronised);
 - a culprit without usable evidence            -> ``incomplete`` (it may be the cause, or not);
 - culprits that the evidence cannot separate   -> ``ambiguous``;
 - otherwise                                    -> ``localized``.
@@ -10,6 +12,7 @@ Rules (documented so that operators can predict them):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from denpex.analysis.compare import Blockage, BlockageKind, Comparison, progress_from_status
@@ -52,7 +55,13 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
     culprits = find_culprits(comparison.blockages)
     candidates = [_candidate(c, summaries, missing, membership, host(c.rank)) for c in culprits]
     _share_blame_with_silent_ranks(candidates, culprits, missing)
-    if any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates) or any(
+    stopped = [b for c in culprits for b in c.blocking if b.kind is BlockageKind.STOPPED and c.rank in b.targets]
+    candidates += _alternatives_to_stopped(stopped, {c.rank for c in candidates}, host)
+    if stopped:
+        # A CPU that stopped in an op is also what a rank that synchronised after it looks like
+        # while a link or another GPU holds the op: a lead to check, never a culprit to act on.
+        verdict = Verdict.AMBIGUOUS
+    elif any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates) or any(
             b.undecided for c in culprits for b in c.blocking):
         verdict = Verdict.INCOMPLETE
     elif any(c.component_size > 1 for c in culprits):
@@ -65,6 +74,29 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
 # A member whose CPU enqueued nothing after an all-in op may have lost its GPU, or merely
 # synchronised there while the fault is elsewhere: that lead alone is never a near-certainty.
 _STOPPED_FACTOR = 0.5
+
+
+def _alternatives_to_stopped(stopped: list[Blockage], named: set[int],
+                             host: Callable[[int], str | None]) -> list[Candidate]:
+    """The other members of an op one member's CPU stopped in: their GPUs or links may hold it."""
+    alternatives: dict[int, Candidate] = {}
+    for blockage in stopped:
+        lead = ranks_phrase(blockage.targets)
+        for rank in blockage.waiting:
+            if rank in named or rank in alternatives:
+                continue
+            confidence = _BASE_CONFIDENCE[CandidateKind.STALLED] * _STOPPED_FACTOR / (len(blockage.waiting) + 1)
+            if blockage.age_unknown:
+                confidence /= 2
+            alternatives[rank] = Candidate(
+                rank=rank, kind=CandidateKind.STALLED, process_group=blockage.group,
+                collective_seq_id=blockage.seq, confidence=max(round(confidence, 3), 0.05), host=host(rank),
+                reasons=[f"rank {rank} is blocked in collective #{blockage.seq} {blockage.op} in process "
+                         f"group {blockage.group!r}, which every member entered and none finished; with "
+                         f"NCCL timing off nothing records whose GPU ran it, so if {lead} merely "
+                         "synchronised after the op (e.g. .item()), this rank's GPU or a link to it may "
+                         "be what holds it"])
+    return list(alternatives.values())
 
 
 def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dict[int, str],

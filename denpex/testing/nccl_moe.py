@@ -165,8 +165,10 @@ class MoEScenario:
     ring_size: int = 20
 
     def expected(self) -> Expected:
+        # Timing off: a CPU that stopped in the all_to_all is also what a sync right after it
+        # looks like, so the failed ranks lead an ambiguous verdict (their ep peers follow).
         culprits = {f.rank: CandidateKind.STALLED for f in self.faults}
-        return Expected(scenario=self.name, verdict=Verdict.LOCALIZED, culprits=culprits,
+        return Expected(scenario=self.name, verdict=Verdict.AMBIGUOUS, culprits=culprits,
                         description=self.description, timing_enabled=False,
                         naming=NamingStyle.MEGATRON, fault_step_p2p=P2PMode.PLAIN)
 

@@ -65,17 +65,30 @@ def _stopped_world(stopped: set[int], **kw: Any) -> dict[int, list[dict[str, Any
             + ([] if r in stopped else [nccl("0", 7, 6, pending=True, **kw)]) for r in range(4)}
 
 
-def test_a_lone_stopped_rank_is_a_weak_lead_that_says_it_may_have_synced(tmp_path: Path) -> None:
+def test_a_lone_stopped_rank_is_a_lead_never_a_localized_culprit(tmp_path: Path) -> None:
     """Case A: NCCL, timing off; rank 0 enqueued nothing after #6. A lost GPU or a hung process
-    looks like this, and so does a loss.item() right after the op while a link failed: the lead
-    stands (the MoE reproductions need it) but says so, at a confidence that drains nothing alone."""
+    looks like this, and so does a loss.item() right after the op while a link failed: rank 0
+    leads, its peers stay as alternatives, and the verdict is ambiguous (the gate drains nothing)."""
     result = triage(tmp_path, _stopped_world({0}), W4)
-    assert result.verdict is V.LOCALIZED and kinds(result) == {0: K.STALLED}
-    [candidate] = result.candidates
-    assert candidate.confidence <= 0.35
-    text = " ".join(candidate.reasons)
+    assert result.verdict is V.AMBIGUOUS and kinds(result) == {r: K.STALLED for r in range(4)}
+    lead, *others = result.candidates
+    assert lead.rank == 0 and lead.confidence <= 0.35
+    assert all(o.confidence < lead.confidence and (o.process_group, o.collective_seq_id) == ("0", 6)
+               for o in others)
+    text = " ".join(lead.reasons)
     assert "synchronised right after the op, e.g. .item()" in text
     assert "blocked in collective #6 nccl:all_reduce Float[4] in process group '0'" in text
+    assert "if rank 0 merely synchronised after the op" in " ".join(others[0].reasons)
+
+
+def test_a_last_stage_that_syncs_on_the_loss_is_not_drained(tmp_path: Path) -> None:
+    """Review case: a 3-rank job whose last pipeline stage (rank 2) syncs on the loss after the
+    world all_reduce while a link holds it; ranks 0 and 1 went on. No localized verdict."""
+    per_rank = {r: done5() + [nccl("0", 6, 5, pending=True)] + ([] if r == 2 else [nccl("0", 7, 6, pending=True)])
+                for r in range(3)}
+    result = triage(tmp_path, per_rank, {"0": {"desc": "default_pg", "ranks": [0, 1, 2]}})
+    assert result.verdict is V.AMBIGUOUS and result.candidates[0].rank == 2
+    assert set(kinds(result)) == {0, 1, 2}
 
 
 def test_three_stopped_of_four_is_no_lead(tmp_path: Path) -> None:
@@ -182,6 +195,23 @@ def test_gloo_pg_ids_differ_per_rank_so_only_the_default_groups_status_is_read(t
     assert not any("read from pg_status" in n for n in result.notes)
 
 
+def test_a_low_gloo_counter_proves_a_wrapped_rank_behind(tmp_path: Path) -> None:
+    """Gloo numbers every op, sends and recvs too (tests/gloo_real/test_gloo_pg_status.py), and its
+    counter is that number for the last collective: never below the collective count. Ranks 2 and
+    3 read 5 in the world group (pg_id 0 everywhere) while 0 and 1 wait in #6: they never entered."""
+    world = [_gloo("0", s, s - 1, 0) for s in range(1, 6)]
+    waiting = world + [_gloo("0", 6, 5, 0, pending=True)]
+    pair = [_gloo("1", s, 100 + s, 1) for s in range(1, 65)]
+    status = {"pg_status": {"0": {"last_enqueued_collective": 5, "last_started_collective": -1,
+                                  "last_completed_collective": 5}},
+              "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+    result = triage(tmp_path, {0: waiting, 1: waiting, 2: pair, 3: pair}, D_GROUPS,
+                    extra={2: status, 3: status}, as_of=datetime.fromtimestamp(T0 / 1e9 + 700, UTC))
+    assert result.verdict is V.LOCALIZED, result.model_dump_json(indent=1)
+    assert kinds(result) == {2: K.NOT_ENTERED, 3: K.NOT_ENTERED}
+    assert any("read from pg_status" in n for n in result.notes)
+
+
 def _nccl_wrapped_past_dp(config: dict[str, Any], witness_pg_id: int) -> dict[int, list[dict[str, Any]]]:
     """NCCL, counter-named groups "1"=[0,1,2,3] (dp) and "2"=[2,3] (tp). Ranks 0, 1 wait in dp #6;
     ranks 2 and 3 never enqueued it and ran 20 tp ops since, so their rings hold tp entries only."""
@@ -198,11 +228,27 @@ DP_STATUS = {"pg_status": {"1": {"last_enqueued_collective": 5, "last_started_co
 
 def test_nccl_reads_a_wrapped_ranks_status_under_its_own_pg_id(tmp_path: Path) -> None:
     """The rank's own pg_config (counter names in creation order) gives "1" pg_id 1, and its ring
-    confirms the count: "2" is recorded under pg_id 2. Its pg_status then says it stopped at #5."""
+    confirms the count: "2" is recorded under pg_id 2. Its pg_status then says it enqueued #6:
+    ranks 2 and 3 entered and are not behind; every member is in the op, and nothing separates
+    ranks 0 and 1, still blocked in it."""
+    status = {"pg_status": {"1": {"last_enqueued_collective": 6, "last_started_collective": -1,
+                                  "last_completed_collective": 5}}}
+    extra = {r: {**status, **nccl_config("0", "1", "2")} for r in (2, 3)}
+    result = triage(tmp_path, _nccl_wrapped_past_dp({}, 2), NCCL_GROUPS, extra=extra)
+    assert result.verdict is V.AMBIGUOUS and set(kinds(result)) == {0, 1}
+    assert all(not {2, 3} & set(s.behind_ranks) for s in result.stuck)
+    assert any("read from pg_status" in n for n in result.notes)
+
+
+def test_a_low_nccl_counter_never_proves_a_rank_behind(tmp_path: Path) -> None:
+    """Review case: NCCL's counter holds the seq id of the rank's last op, a p2p one after a send
+    or recv in the group (seqP2P_). Ranks 2 and 3 sent to each other in the group after entering
+    #6, so it reads 3: that is no proof they never entered #6. Their progress stays unknown."""
     extra = {r: {**DP_STATUS, **nccl_config("0", "1", "2")} for r in (2, 3)}
     result = triage(tmp_path, _nccl_wrapped_past_dp({}, 2), NCCL_GROUPS, extra=extra)
-    assert result.verdict is V.LOCALIZED and kinds(result) == {2: K.NOT_ENTERED, 3: K.NOT_ENTERED}
-    assert any("read from pg_status" in n for n in result.notes)
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+    assert result.stuck[0].unknown_ranks == (2, 3)
+    assert all(c.confidence <= 0.45 for c in result.candidates)
 
 
 def test_nccl_refuses_a_pg_id_its_ring_contradicts(tmp_path: Path) -> None:

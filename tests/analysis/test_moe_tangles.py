@@ -31,20 +31,29 @@ def built(name: str) -> BuiltMoE:
 @pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "no-manifest"])
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.value for f in FORMATS])
 @pytest.mark.parametrize("name", NAMES)
-def test_the_failed_gpus_are_named_and_nothing_else(name: str, fmt: DumpFormat, manifest: bool,
-                                                    tmp_path: Path) -> None:
+def test_the_failed_gpus_lead_and_only_their_ep_peers_follow(name: str, fmt: DumpFormat, manifest: bool,
+                                                             tmp_path: Path) -> None:
+    """Of 16 or 32 blocked ranks, the failed ones lead; the only others named are the members of
+    the all_to_all each stopped in (their GPU or link may hold it if the failed rank only synced).
+    With timing off nothing tells a lost GPU from a sync, so the verdict is ambiguous."""
     scenario = built(name)
     result = triage_path(write_moe_scenario(scenario, tmp_path / name, fmt, manifest=manifest))
     faulty = {f.rank for f in scenario.scenario.faults}
-    assert result.verdict is Verdict.LOCALIZED, scenario.scenario.description
-    assert {c.rank: c.kind for c in result.candidates} == {r: CandidateKind.STALLED for r in faulty}
+    assert result.verdict is Verdict.AMBIGUOUS is scenario.expected.verdict, scenario.scenario.description
+    leads = result.candidates[:len(faulty)]
+    assert {c.rank for c in leads} == faulty
+    peers = {r for f in faulty for r in scenario.topology.group_of(f, GroupKind.EP).ranks} - faulty
+    assert {c.rank for c in result.candidates[len(faulty):]} == peers
+    assert min(c.confidence for c in leads) > max(c.confidence for c in result.candidates[len(faulty):])
+    assert all(c.kind is CandidateKind.STALLED for c in result.candidates)
     for candidate in result.candidates:
-        # The candidate points at the expert all_to_all it stopped in, not at a victim's op.
+        # Each points at the expert all_to_all, not at a victim's op.
         assert candidate.process_group is not None
         assert scenario.topology.groups[candidate.process_group].kind is GroupKind.EP
+    for candidate in leads:
         assert any("its CPU stopped there" in reason for reason in candidate.reasons)
     if manifest:
-        assert {c.host for c in result.candidates} == {scenario.manifest.host_of(r) for r in faulty}
+        assert {c.host for c in leads} == {scenario.manifest.host_of(r) for r in faulty}
 
 
 def test_the_victims_wait_in_cycles_through_p2p_and_collectives() -> None:
@@ -119,15 +128,15 @@ def test_reproductions_are_deterministic() -> None:
             assert encode_dump(again.dumps[rank], fmt) == encode_dump(dump, fmt)
 
 
-def test_pg_status_tells_where_wrapped_rings_stood(tmp_path: Path) -> None:
+def test_a_low_nccl_counter_leaves_wrapped_ranks_unknown(tmp_path: Path) -> None:
     """Ranks 12 and 14 (stage 1) are blocked in a recv; their rings of 20 hold no entry of their dp
-    group, whose step-end reduce_scatter ranks 8 and 10 wait in. pg_status outlives the ring: under
-    the pg_id ranks 8 and 10 record for the group, it says 12 and 14 never enqueued it."""
+    group, whose step-end reduce_scatter ranks 8 and 10 wait in. Their pg_status counter there is
+    below the op's seq id, but NCCL's counter holds the last op's seq id, a p2p one after a send or
+    recv: it cannot show them behind, so they stay unknown rather than 'never enqueued it'."""
     scenario = built("moe16_one_gpu")
     dp = next(g for g in scenario.topology.groups.values() if g.kind is GroupKind.DP and 12 in g.ranks)
     assert not any(e["process_group"][0] == dp.name for e in scenario.dumps[12]["entries"])
     result = triage_path(write_moe_scenario(scenario, tmp_path, DumpFormat.JSON, manifest=False))
     stuck = next(s for s in result.stuck if s.process_group == dp.name)
-    assert (stuck.waiting_ranks, stuck.behind_ranks) == ((8, 10), (12, 14))
-    assert stuck.detail == "ranks 12, 14 never enqueued it"
-    assert any("read from pg_status" in note and repr(dp.name) in note for note in result.notes)
+    assert (stuck.waiting_ranks, stuck.unknown_ranks) == ((8, 10), (12, 14))
+    assert "no usable pg_status" in stuck.detail
