@@ -116,13 +116,12 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
             their = "its" if len(from_status) == 1 else "their"
             result.notes.append(f"{ranks_phrase(from_status)} left no entry of process group {name!r} "
                                 f"in {their} wrapped ring{'' if len(from_status) == 1 else 's'}; "
-                                f"{their} progress there is read from pg_status (each rank's own, "
-                                "under the pg_id its own dump proves for the group)")
+                                f"{their} progress there is read from pg_status (Gloo's count of "
+                                "every op, sends and recvs included, below the stuck op's seq id)")
         if contradicted:
-            result.notes.append(f"the pg_status of {ranks_phrase(contradicted)} shows more collectives "
-                                f"completed in process group {name!r} than the op its other members "
-                                "are stuck in: read as another group's counters (a pg_id mapping "
-                                "error), not as progress")
+            result.notes.append(f"the pg_status of {ranks_phrase(contradicted)} counts fewer ops in "
+                                f"process group {name!r} than its peers completed there (every member "
+                                "enqueues a collective before it completes anywhere): not read")
         _add(result, name, found, missing, clock, when)
     if not result.blockages:
         # Every stuck op sat behind an earlier op of its holders that is not stuck itself (it
@@ -239,8 +238,8 @@ def _queued_behind(rank: int, op: PendingOp, heads: dict[int, int]) -> bool:
 def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
                     ) -> tuple[dict[int, GroupProgress], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Members whose progress in ``name`` is known, those whose is not, those whose progress came
-    from ``pg_status``, and those whose ``pg_status`` contradicted their peers (read under the
-    wrong pg_id). A wrapped ring without the group says nothing by itself."""
+    from ``pg_status``, and those whose ``pg_status`` contradicts their peers. A wrapped ring
+    without the group says nothing by itself."""
     known: dict[int, GroupProgress] = {}
     wrapped: list[int] = []
     for rank in members:
@@ -257,25 +256,21 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
             known[rank] = group or GroupProgress(name=name)
     if not wrapped:
         return known, (), (), ()
-    # In a group with p2p the counters mix in p2p sequence ids: they say nothing about collectives.
-    p2p = any(g.last_p2p_enqueued >= 0 for g in known.values())
+    # A collective completes only once every member enqueued it: every member enqueued what any
+    # known member completed.
+    completed = max((g.last_completed for g in known.values()), default=-1)
     stuck = min((op.collective_seq_id for g in known.values() for op in g.pending
                  if op.kind is OpKind.COLLECTIVE), default=None)
     from_status: list[int] = []
     unknown: list[int] = []
     contradicted: list[int] = []
     for rank in wrapped:
-        status = None if p2p else progress_from_status(name, rank, summaries)
-        if status is not None and stuck is not None and status.last_completed > stuck:
-            # A collective completes nowhere before every member enqueued it, so counters past
-            # the op the peers are stuck in belong to another group: a mapping error.
+        status = progress_from_status(name, rank, summaries)
+        if status is not None and status.last_enqueued < completed:
             contradicted.append(rank)
             status = None
-        if status is not None and stuck is not None and status.last_enqueued < stuck and _counters_mix_p2p(rank, summaries):
-            # NCCL's counter holds the seq id of the rank's last op, a p2p one after any send or
-            # recv in the group (seqP2P_, not seqCollective_): a low counter may be a p2p count.
-            # It can show the rank entered, never that it is behind.
-            status = None
+        elif status is not None and (stuck is None or status.last_enqueued >= stuck):
+            status = None  # a count at or past the op may be sends and recvs: it proves nothing
         if status is None:
             unknown.append(rank)
             continue
@@ -284,61 +279,29 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
     return known, tuple(unknown), tuple(from_status), tuple(contradicted)
 
 
-def _counters_mix_p2p(rank: int, summaries: dict[int, RankSummary]) -> bool:
-    """Whether ``rank``'s pg_status counter may hold a p2p seq id. Gloo's counter is the Gloo seq
-    of its last collective, which counts every op before it, sends and recvs too: never below its
-    collective count, so a low one proves the rank behind. NCCL's is whichever op came last."""
-    summary = summaries.get(rank)
-    return summary is None or summary.backend != "gloo"
-
-
 def progress_from_status(name: str, rank: int, summaries: dict[int, RankSummary]) -> GroupProgress | None:
-    """``rank``'s progress in ``name`` from its own ``pg_status``, when its ring wrapped past the
-    group; None when pg_status cannot say. Only the rank's own dump is read: ``pg_id`` is
-    rank-local, so another rank's id for the group proves nothing about this one's."""
+    """An upper bound on ``rank``'s collectives in ``name`` from its own ``pg_status``, when its
+    ring wrapped past the group; None when pg_status cannot give one.
+
+    Gloo only, default group only. Gloo numbers every op it runs, sends and recvs too (they leave
+    no ring entry), and ``last_enqueued_collective`` is that number for the last collective: never
+    below the rank's collective count, so a count below a collective's seq id proves the rank never
+    enqueued it, while a higher count proves nothing (tests/gloo_real/test_gloo_pg_status.py).
+    NCCL's counter is the seq id of the rank's last op, a p2p one (``seqP2P_``) after any send or
+    recv in the group: no bound either way. The default group is pg_id 0 in every process; Gloo's
+    other pg_ids count backends per process and cannot be told from the dump.
+    """
     summary = summaries.get(rank)
-    if summary is None or not summary.ring_wrapped:
+    if summary is None or not summary.ring_wrapped or summary.backend != "gloo" or name != "0":
         return None
     group = summary.groups.get(name)
     if group is not None and group.entry_count:
         return None
-    pg_id = _own_pg_id(summary, name)
-    if pg_id is None or pg_id not in summary.pg_status:
-        return None
-    if any(g.pg_id == pg_id for g in summary.groups.values() if g.entry_count):
-        return None  # this rank's ring shows another group under that id
-    enqueued, completed = summary.pg_status[pg_id]
-    return GroupProgress(name=name, pg_id=pg_id, last_enqueued=enqueued, last_completed=completed,
-                         last_completed_by_all=completed)
-
-
-def _own_pg_id(summary: RankSummary, name: str) -> int | None:
-    """The rank-local ``pg_id`` of group ``name`` on this rank, where its own dump proves it.
-
-    The default group ``"0"`` is the first backend every process builds: pg_id 0, on Gloo and
-    NCCL. Any other group only on NCCL: ``pg_id`` counts the ProcessGroupNCCL objects the process
-    built before, and counter-named groups (``new_group``: ``"1"``, ``"2"``, ...) are built in the
-    order of their names, so the group's index among the names in the rank's own ``pg_config``
-    is its pg_id, provided no group was built and never used (lazy init leaves it out of
-    ``pg_config`` but it still took an id). So some group after it must show, in the rank's own
-    ring, exactly the pg_id its index predicts, and none may contradict. Hashed names
-    (DeviceMesh, ``split_group``) give no creation order: refused. Gloo's ``pg_config`` holds only
-    the last-built backend, so its subgroups' ids cannot be derived: refused.
-    """
-    if name == "0":
-        return 0
-    names = summary.config_groups
-    if summary.backend == "gloo" or name not in names or not all(n.isascii() and n.isdigit() for n in names):
-        return None
-    index = {n: i for i, n in enumerate(sorted(set(names), key=int))}
-    witnessed = False
-    for group in summary.groups.values():
-        if not group.entry_count or group.pg_id is None:
-            continue
-        if index.get(group.name) != group.pg_id:
-            return None
-        witnessed = witnessed or group.pg_id > index[name]
-    return index[name] if witnessed else None
+    if 0 not in summary.pg_status or any(g.pg_id == 0 for g in summary.groups.values() if g.entry_count):
+        return None  # no counters, or this rank's ring shows another group under pg_id 0
+    enqueued, _ = summary.pg_status[0]
+    return GroupProgress(name=name, pg_id=0, last_enqueued=enqueued, last_completed=enqueued,
+                         last_completed_by_all=enqueued)
 
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],

@@ -179,9 +179,6 @@ class RankSummary(BaseModel):
     # ``pg_status``: rank-local pg_id -> (last enqueued, last completed) work sequence number. It
     # outlives the ring (see ``_pg_status``).
     pg_status: dict[int, tuple[int, int]] = Field(default_factory=dict)
-    # NCCL only: the names of the groups in this rank's own ``pg_config`` (the groups whose
-    # communicator it created), which with counter names give its rank-local pg_ids.
-    config_groups: tuple[str, ...] = ()
     groups: dict[str, GroupProgress] = Field(default_factory=dict)
     rejected_entries: dict[str, int] = Field(default_factory=dict)
 
@@ -218,7 +215,6 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         newest_record_id=_newest_record_id(entries),
         built_subgroup=_gloo_built_subgroup(raw.get("pg_config")) if scan.backend == "gloo" else None,
         pg_status=_pg_status(raw.get("pg_status")),
-        config_groups=_config_groups(raw.get("pg_config")) if scan.backend != "gloo" else (),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
         rejected_entries=scan.rejected,
@@ -421,14 +417,6 @@ def _pg_status(pg_status: object) -> dict[int, tuple[int, int]]:
         if len(values) == 2 and values[1] <= values[0]:
             out[int(key)] = (values[0], values[1])
     return out
-
-
-def _config_groups(pg_config: object) -> tuple[str, ...]:
-    """The group names ``pg_config`` holds (its keys are the names; a bounded number kept)."""
-    if not isinstance(pg_config, dict):
-        return ()
-    names = [cfg.get("name", key) if isinstance(cfg, dict) else key for key, cfg in islice(pg_config.items(), 4096)]
-    return tuple(n for n in names if isinstance(n, str) and n)
 
 
 def _newest_record_id(entries: list[Any]) -> int | None:

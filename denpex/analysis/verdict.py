@@ -185,8 +185,8 @@ def _why_kind(culprit: Culprit, kind: CandidateKind, summaries: dict[int, RankSu
         seen = "its ring wrapped past that group's entries"
         status = None if rank in first.unknown else progress_from_status(first.group, rank, summaries)
         if status is not None:
-            seen += (f"; its pg_status (pg_id {status.pg_id}) shows #{status.last_enqueued} as its "
-                     "last enqueued op there")
+            seen += (f"; its Gloo pg_status counts {status.last_enqueued} ops there, sends and recvs "
+                     f"included, fewer than #{first.seq} needs: it never enqueued it")
         else:
             seen += (f": it never entered #{first.seq}, or entered it and its ring has wrapped "
                      "since; nothing left says which")
