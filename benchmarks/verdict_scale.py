@@ -1,8 +1,9 @@
 """The verdict at scale: ``decide`` when thousands of candidates' rings wrapped past their group.
 
-Half the ranks wait in world #6; the other half's rings hold only another group's entries, so
-each is a candidate whose reason reads its own ``pg_status`` (``progress_from_status``). That
-look-up reads the candidate's own dump only, so the verdict is linear in the candidates.
+Gloo. Half the ranks wait in world #6; the other half's rings hold only another group's entries,
+so each is a candidate whose reason reads its own ``pg_status`` (``progress_from_status``: Gloo's
+default group, a count below #6). That look-up reads the candidate's own dump only, so the
+verdict is linear in the candidates.
 
     .venv/bin/python benchmarks/verdict_scale.py --ranks 4000 8000 16000 --repeat 3
 
@@ -29,13 +30,13 @@ def build(n: int) -> tuple[Comparison, dict[int, RankSummary]]:
         if rank < half:
             groups = {"0": GroupProgress(name="0", pg_id=0, last_enqueued=6, last_completed=5, entry_count=6)}
             summaries[rank] = RankSummary(rank=rank, source="x", encoding=DumpEncoding.PICKLE, version="2.10",
-                                          backend="nccl", groups=groups)
+                                          backend="gloo", groups=groups)
         else:
             groups = {"1": GroupProgress(name="1", pg_id=1, last_enqueued=20, last_completed=20, entry_count=20)}
             summaries[rank] = RankSummary(rank=rank, source="x", encoding=DumpEncoding.PICKLE, version="2.10",
-                                          backend="nccl", ring_wrapped=True, groups=groups,
+                                          backend="gloo", ring_wrapped=True, groups=groups,
                                           pg_status={0: (5, 5), 1: (20, 20)})
-    blockage = Blockage("0", 6, BlockageKind.BEHIND, "nccl:all_reduce", tuple(range(half)), tuple(range(half, n)))
+    blockage = Blockage("0", 6, BlockageKind.BEHIND, "gloo:all_reduce", tuple(range(half)), tuple(range(half, n)))
     return Comparison(blockages=[blockage]), summaries
 
 

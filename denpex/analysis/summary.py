@@ -396,27 +396,35 @@ def _gloo_built_subgroup(pg_config: object) -> bool | None:
 
 def _pg_status(pg_status: object) -> dict[int, tuple[int, int]]:
     """``pg_status`` as (last enqueued, last completed) per rank-local ``pg_id``: ints in a
-    pickle, strings in JSON. The values are ``WorkNCCL::seq_`` of the group's last works: pure
-    collective sequence ids in a group without p2p (and always on Gloo, which records no p2p),
-    p2p sequence ids mixed in otherwise (NCCL_FORMAT.md). A group is registered on its first
-    recorded entry and never leaves, so the counters outlive the ring."""
+    pickle, strings in JSON. A group is registered on its first recorded entry and never leaves,
+    so the counters outlive the ring. What a count means differs by backend (Gloo numbers every
+    op, sends and recvs too; NCCL holds the last op's seq id, a p2p one after a send or recv):
+    ``compare.progress_from_status`` decides what may be read from it. Anything that is not a
+    plain decimal number of at most 19 digits is skipped, never raised on (a hostile dump)."""
     out: dict[int, tuple[int, int]] = {}
     if not isinstance(pg_status, dict):
         return out
     for key, status in islice(pg_status.items(), 4096):
-        if not isinstance(key, str) or not key.isdigit() or not isinstance(status, dict):
+        pg_id = _small_int(key)
+        if pg_id is None or pg_id < 0 or not isinstance(status, dict):
             continue
-        values = []
-        for field_name in ("last_enqueued_collective", "last_completed_collective"):
-            value = status.get(field_name)
-            if isinstance(value, str) and value.lstrip("-").isdigit():
-                value = int(value)
-            if type(value) is not int or not -1 <= value < _INT64:
-                break
-            values.append(value)
-        if len(values) == 2 and values[1] <= values[0]:
-            out[int(key)] = (values[0], values[1])
+        enqueued = _small_int(status.get("last_enqueued_collective"))
+        completed = _small_int(status.get("last_completed_collective"))
+        if enqueued is not None and completed is not None and -1 <= completed <= enqueued:
+            out[pg_id] = (enqueued, completed)
     return out
+
+
+def _small_int(value: object) -> int | None:
+    """An int, or its decimal text (JSON dumps), in ``[-1, 2**63)``; None for anything else."""
+    if isinstance(value, str):
+        digits = value[1:] if value.startswith("-") else value
+        if not (0 < len(digits) <= 19 and digits.isascii() and digits.isdigit()):
+            return None
+        value = int(value)
+    if type(value) is not int or not -1 <= value < _INT64:
+        return None
+    return value
 
 
 def _newest_record_id(entries: list[Any]) -> int | None:

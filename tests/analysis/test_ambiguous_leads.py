@@ -214,6 +214,40 @@ def test_a_low_gloo_counter_proves_a_wrapped_rank_behind(tmp_path: Path) -> None
     assert any("read from pg_status" in n for n in result.notes)
 
 
+def test_no_counter_is_read_after_an_in_process_restart(tmp_path: Path) -> None:
+    """Review case (verified on torch 2.13): after destroy_process_group() and a second
+    init_process_group() the new default group records pg_id 2, and pg_status["0"] keeps the
+    destroyed group's frozen count. Ranks 2 and 3 entered #6 and wrapped; their stale 5 must not
+    read as 'never enqueued it'."""
+    head = [_gloo("0", s, 100 + s, 2) for s in range(1, 6)] + [_gloo("0", 6, 106, 2, pending=True)]
+    pair = [_gloo("1", s, 200 + s, 3) for s in range(1, 65)]
+    status = {"pg_status": {"0": {"last_enqueued_collective": 5, "last_started_collective": -1,
+                                  "last_completed_collective": 5},
+                            "2": {"last_enqueued_collective": 6, "last_started_collective": -1,
+                                  "last_completed_collective": 5}},
+              "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+    result = triage(tmp_path, {0: head, 1: head, 2: pair, 3: pair}, D_GROUPS, extra={2: status, 3: status},
+                    as_of=datetime.fromtimestamp(T0 / 1e9 + 700, UTC))
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+    assert result.stuck[0].unknown_ranks == (2, 3)
+    assert not any("pg_status" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("value", ["--3", "\u00b2", "9" * 5000, "+5", " 5", "5.0", 2**70, True, None, [5]])
+def test_hostile_pg_status_values_are_skipped_not_raised(tmp_path: Path, value: Any) -> None:
+    """A counter that is not a plain number of at most 19 digits is skipped: one bad dump must not
+    cost the incident its verdict."""
+    world = [_gloo("0", s, s - 1, 0) for s in range(1, 6)] + [_gloo("0", 6, 5, 0, pending=True)]
+    pair = [_gloo("1", s, 100 + s, 1) for s in range(1, 65)]
+    status = {"pg_status": {"0": {"last_enqueued_collective": value, "last_started_collective": -1,
+                                  "last_completed_collective": 3},
+                            str(value)[:20]: {"last_enqueued_collective": 1, "last_completed_collective": 1}},
+              "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+    result = triage(tmp_path, {0: world, 1: world, 2: pair, 3: pair}, D_GROUPS, extra={2: status, 3: status},
+                    as_of=datetime.fromtimestamp(T0 / 1e9 + 700, UTC))
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+
+
 def _nccl_wrapped_past_dp(config: dict[str, Any], witness_pg_id: int) -> dict[int, list[dict[str, Any]]]:
     """NCCL, counter-named groups "1"=[0,1,2,3] (dp) and "2"=[2,3] (tp). Ranks 0, 1 wait in dp #6;
     ranks 2 and 3 never enqueued it and ran 20 tp ops since, so their rings hold tp entries only."""

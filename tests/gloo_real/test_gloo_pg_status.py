@@ -1,5 +1,5 @@
 """What Gloo's pg_status counter counts, on real processes: the rule that a low Gloo counter
-proves a wrapped rank behind (``denpex.analysis.compare._counters_mix_p2p``) rests on it.
+proves a wrapped rank behind (``denpex.analysis.compare.progress_from_status``) rests on it.
 
 Gloo numbers every op it runs, sends and recvs too, though send and recv leave no Flight Recorder
 entry; ``last_enqueued_collective`` is that number for the last collective. So it is never below
