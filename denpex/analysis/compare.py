@@ -266,7 +266,7 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
     contradicted: list[int] = []
     # A process that destroyed its default group and built it again (an in-process restart)
     # records the new one under another pg_id, and pg_status keeps the old one's frozen counters.
-    restarted = any(g.pg_id not in (None, 0) for g in known.values() if g.entry_count)
+    restarted = any(g.pg_id not in (None, 0) or g.pg_id_changed for g in known.values() if g.entry_count)
     for rank in wrapped:
         status = None if restarted else progress_from_status(name, rank, summaries)
         if status is not None and status.last_enqueued < completed:

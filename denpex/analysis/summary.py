@@ -144,6 +144,9 @@ class GroupProgress(BaseModel):
     # Gloo may mark it retired, and this is the only trace of what the rank was blocked in.
     last_op: PendingOp | None = None
     entry_count: int = 0
+    # The group's newest or in-flight entries carry another pg_id than its first: the process
+    # destroyed the group and built it again (an in-process restart), and the ring kept both.
+    pg_id_changed: bool = False
 
     def oldest_pending_collective(self) -> PendingOp | None:
         ops = [op for op in self.pending if op.kind is OpKind.COLLECTIVE]
@@ -362,9 +365,19 @@ class _Scan:
                 pending_dropped=g.dropped,
                 last_op=_pending_op(g.last_entry, signatures) if g.last_entry is not None else None,
                 entry_count=g.count,
+                pg_id_changed=_pg_id_changed(g),
             )
             for name, g in self.groups.items()
         }
+
+
+def _pg_id_changed(group: _GroupScan) -> bool:
+    """Whether the newest or in-flight entries name another pg_id than the first one: read off
+    those few, not off every entry in the hot loop."""
+    def other(e: dict[str, Any]) -> bool:
+        pg_id = e.get("pg_id")
+        return (pg_id if type(pg_id) is int else None) != group.pg_id
+    return any(other(e) for e in group.pending) or (group.last_entry is not None and other(group.last_entry))
 
 
 def _oldest_time(entries: list[Any]) -> int | None:

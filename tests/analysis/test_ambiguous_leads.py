@@ -233,6 +233,27 @@ def test_no_counter_is_read_after_an_in_process_restart(tmp_path: Path) -> None:
     assert not any("pg_status" in n for n in result.notes)
 
 
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_a_restart_whose_ring_kept_the_old_groups_entries_reads_no_counter(tmp_path: Path, fmt: str) -> None:
+    """Review case (torch 2.13 Gloo): destroy_process_group() leaves the ring alone, so ranks 0 and 1
+    hold the old default group's #1-5 under pg_id 0, then the new one's #1-6 under pg_id 1. Ranks
+    2 and 3 entered the new #6 and wrapped; their frozen pg_status["0"] of 5 is the old group's."""
+    old = [_gloo("0", s, s - 1, 0) for s in range(1, 6)]
+    new = [_gloo("0", s, 4 + s, 1) for s in range(1, 6)] + [_gloo("0", 6, 10, 1, pending=True)]
+    pair = [_gloo("1", s, 500 + s, 2) for s in range(1, 65)]
+    status = {"pg_status": {"0": {"last_enqueued_collective": "5", "last_started_collective": "-1",
+                                  "last_completed_collective": "5"},
+                            "1": {"last_enqueued_collective": "6", "last_started_collective": "-1",
+                                  "last_completed_collective": "5"}},
+              "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+    per_rank = {0: old + new, 1: old + new, 2: pair, 3: pair}
+    dumps = {r: dump(e, **(status if r in (2, 3) else {})) for r, e in per_rank.items()}
+    write(tmp_path, dumps, manifest={"world_size": 4, "process_groups": D_GROUPS}, fmt=fmt)
+    result = triage_path(tmp_path, as_of=datetime.fromtimestamp(T0 / 1e9 + 700, UTC))
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+    assert result.stuck[0].unknown_ranks == (2, 3)
+
+
 @pytest.mark.parametrize("value", ["--3", "\u00b2", "9" * 5000, "+5", " 5", "5.0", 2**70, True, None, [5]])
 def test_hostile_pg_status_values_are_skipped_not_raised(tmp_path: Path, value: Any) -> None:
     """A counter that is not a plain number of at most 19 digits is skipped: one bad dump must not
