@@ -8,6 +8,7 @@ way ``__reduce__`` payloads run code) is refused before the global is resolved, 
 from __future__ import annotations
 
 import io
+import time
 import pickle
 
 from denpex.evidence.errors import DumpError, UnsafePickleError
@@ -31,6 +32,26 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise UnsafePickleError("pickle uses persistent ids; refused")
 
 
+# The cap is process-wide while a decode holds it: other threads' allocations meanwhile (a thread
+# started, a file read) count against it, and under load they can exhaust it. A hostile memo
+# table fails on every try, at once; a decode that met someone else's allocation passes the next.
+_DECODE_TRIES = 3
+
+
+def _load_within(budget: int, data: bytes) -> object:
+    for attempt in range(_DECODE_TRIES):
+        try:
+            # A buffered reader lets the C unpickler take whole frames instead of one opcode per
+            # read call: about 2x faster on real dumps.
+            with memory_budget(budget):
+                return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data), _BUFFER)).load()
+        except MemoryError:
+            if attempt == _DECODE_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def safe_loads(data: bytes) -> object:
     """Unpickle ``data`` that may come from anyone.
 
@@ -39,10 +60,7 @@ def safe_loads(data: bytes) -> object:
     """
     budget = decode_budget(len(data))
     try:
-        # A buffered reader lets the C unpickler take whole frames instead of one opcode per
-        # read call: about 2x faster on real dumps.
-        with memory_budget(budget):
-            return _RestrictedUnpickler(io.BufferedReader(io.BytesIO(data), _BUFFER)).load()
+        return _load_within(budget, data)
     except UnsafePickleError:
         raise
     except MemoryError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import resource
 import struct
 import subprocess
@@ -70,3 +71,25 @@ def test_an_enclosing_lower_cap_is_kept() -> None:
         with pytest.raises(MemoryError):
             bytearray(512 << 20)
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
+def test_a_decode_that_met_another_threads_allocation_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap is process-wide: another thread's allocation during a decode can exhaust it. That
+    once refused a healthy 3.7 KB dump as hostile under load; a real memo bomb fails every try."""
+    import contextlib
+    from collections.abc import Iterator
+
+    from denpex.evidence import safe_pickle
+
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def crowded_once(extra: int) -> Iterator[None]:
+        entered.append(extra)
+        if len(entered) == 1:
+            raise MemoryError  # as if a thread started meanwhile took the headroom
+        yield
+
+    monkeypatch.setattr(safe_pickle, "memory_budget", crowded_once)
+    assert safe_pickle.safe_loads(pickle.dumps({"entries": []}, protocol=2)) == {"entries": []}
+    assert len(entered) == 2
