@@ -9,7 +9,9 @@
 2. **Latency**: a real 4-rank Gloo incident (``tests/fixtures/gloo/withheld_one``) in S3; the
    deployments served with ``python -m flows.serve``; the alert event fired through
    ``POST /api/events``; time until the run is PAUSED. Once with Prefect's default runner polling,
-   once with ``PREFECT_RUNNER_POLL_FREQUENCY=1``.
+   once with ``PREFECT_RUNNER_POLL_FREQUENCY=1``, and once more with 1 s polling and each run
+   started as Prefect starts it (``--spawn-runs``: a fresh interpreter) instead of forked from a
+   preloaded server (flows/forked_runs.py).
 
 Nothing is remediated: the Slurm target block points at a closed port and every run is cancelled
 at the pause. Figures print as a table and go to ``--out`` as JSON::
@@ -225,9 +227,14 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
 
     results: list[dict[str, Any]] = []
     alert_time = datetime(2026, 11, 29, 20, 29, 50, tzinfo=UTC)
-    for label, extra in (("default polling", {}), ("1 s polling", {"PREFECT_RUNNER_POLL_FREQUENCY": "1"})):
+    one_second = {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    settings: list[tuple[str, dict[str, str], list[str]]] = [
+        ("default polling", {}, []), ("1 s polling", one_second, []),
+        # Prefect's own start: a fresh interpreter per run, which imports everything again.
+        ("1 s polling, runs spawned", one_second, ["--spawn-runs"])]
+    for label, extra, serve_args in settings:
         log = work / f"serve-{len(results)}.log"
-        served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--only", "on-alert"], cwd=REPO,
+        served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--only", "on-alert", *serve_args], cwd=REPO,
                                   env={**env, **extra}, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         try:
             _wait_deployment(server, "on-alert", served, log)
@@ -245,7 +252,7 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
                 breakdown.append(timeline(server, incident, fired))
                 cancel(server, incident)
                 print(f"{label}: alert to PAUSED {times[-1]:.1f} s: {breakdown[-1]}", flush=True)
-            results.append({"polling": label, "alert_to_pause_s": [round(t, 1) for t in times],
+            results.append({"setting": label, "alert_to_pause_s": [round(t, 1) for t in times],
                             "timeline": breakdown})
         finally:
             served.terminate()

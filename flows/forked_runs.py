@@ -1,0 +1,79 @@
+"""Served flow runs forked from a process that already imported Prefect and the flows.
+
+Prefect's runner starts each run of a served flow in a fresh interpreter (``multiprocessing``
+"spawn", in ``prefect.flow_engine.run_flow_in_subprocess``), which imports Prefect and the flow's
+modules all over again: 3-4 s of the alert-to-pause latency on a 2-core machine. A forkserver
+that imported them once forks each run in milliseconds. Isolation is the same: one process per
+run, forked from a server process that runs no threads (never from the runner itself, whose
+threads make a plain fork unsafe).
+
+Prefect documents the seam: its direct starter calls ``run_flow_in_subprocess`` through a
+module-level name "to patch". The function is Prefect's own; only the context it asks
+``multiprocessing`` for is the forkserver instead of spawn.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from multiprocessing import forkserver
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from prefect import flow_engine
+from prefect.runner import _starter_direct
+
+__all__ = ["PRELOAD", "use_forked_flow_runs"]
+
+# What every run imports first; Prefect's engine, then the flows and what they import.
+PRELOAD = ("prefect.flow_engine", "flows.triage", "flows.replay", "flows.return_to_service")
+
+# Prefect's runner starts runs from its event loop thread, one call at a time; the lock keeps the
+# swap below atomic should that ever change.
+_SWAP = threading.Lock()
+
+
+class _ForkserverMultiprocessing:
+    """Stands in for the ``multiprocessing`` module inside Prefect's ``flow_engine`` for one call:
+    every context it asks for is the forkserver."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def get_context(self, method: str | None = None) -> Any:
+        return self._context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(multiprocessing, name)
+
+
+@contextmanager
+def _forkserver_in(module: ModuleType, context: Any) -> Iterator[None]:
+    saved = module.multiprocessing
+    module.multiprocessing = _ForkserverMultiprocessing(context)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        module.multiprocessing = saved  # type: ignore[attr-defined]
+
+
+def use_forked_flow_runs(preload: Sequence[str] = PRELOAD) -> Callable[..., Any]:
+    """Make this process's runner fork served flow runs from a preloaded forkserver.
+
+    Returns the function now in use (for tests). Call it before ``serve()``; runs of deployments
+    that are not served in-process (``python -m prefect.engine``) are not affected.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    # Started now, so that it imports while the runner starts, not when the first alert arrives.
+    forkserver.ensure_running()
+    spawn_run = flow_engine.run_flow_in_subprocess
+
+    def run_flow_in_forked_subprocess(*args: Any, **kwargs: Any) -> Any:
+        with _SWAP, _forkserver_in(flow_engine, context):
+            return spawn_run(*args, **kwargs)
+
+    _starter_direct.run_flow_in_subprocess = run_flow_in_forked_subprocess
+    return run_flow_in_forked_subprocess
