@@ -15,8 +15,8 @@ module-level name "to patch". The function is Prefect's own; only the context it
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
-from multiprocessing import forkserver
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
@@ -59,20 +59,42 @@ def _forkserver_in(module: ModuleType, context: Any) -> Iterator[None]:
         module.multiprocessing = saved  # type: ignore[attr-defined]
 
 
+def _ready() -> None:
+    """Forked once at start so that the server has finished importing before the first run."""
+
+
+@contextmanager
+def _bare_main() -> Iterator[None]:
+    """Start the run without naming this process's ``__main__``: a child imports its parent's main
+    module first (``multiprocessing.spawn.prepare``), and so would each parse worker the run starts
+    after it: ``flows.serve`` and all of Prefect, seconds per worker. Nothing in the run needs it."""
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
+
+
 def use_forked_flow_runs(preload: Sequence[str] = PRELOAD) -> Callable[..., Any]:
     """Make this process's runner fork served flow runs from a preloaded forkserver.
 
-    Returns the function now in use (for tests). Call it before ``serve()``; runs of deployments
-    that are not served in-process (``python -m prefect.engine``) are not affected.
+    Returns the function now in use (for tests). Call it before the runner starts. Only runs the
+    runner starts from a flow object it holds (``Runner.add_flow``, as flows/serve.py does) are
+    forked; deployments it loads from storage run under ``python -m prefect.engine`` as before.
     """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(preload))
-    # Started now, so that it imports while the runner starts, not when the first alert arrives.
-    forkserver.ensure_running()
+    # Started, and one process forked from it, before the runner polls: its imports then happen
+    # now, not while the first alert waits.
+    with _bare_main():
+        warm = context.Process(target=_ready, name="denpex-forkserver-warm")
+        warm.start()
+    warm.join()
     spawn_run = flow_engine.run_flow_in_subprocess
 
     def run_flow_in_forked_subprocess(*args: Any, **kwargs: Any) -> Any:
-        with _SWAP, _forkserver_in(flow_engine, context):
+        with _SWAP, _forkserver_in(flow_engine, context), _bare_main():
             return spawn_run(*args, **kwargs)
 
     _starter_direct.run_flow_in_subprocess = run_flow_in_forked_subprocess

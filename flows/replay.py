@@ -5,7 +5,7 @@ isolations older than the review age (from the audit log), and ends Failed when 
 verdict or culprit set changed, so that a regression in the analyzer pages someone.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: see flows/triage.py.
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path

@@ -4,7 +4,7 @@ The plan is the one the triage flow saved for the incident; a rollback needs its
 (operation ``rollback``), and the executor only undoes isolations this incident owns.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: see flows/triage.py.
 
 from typing import Any
 

@@ -1,23 +1,34 @@
-"""Serve the deployments locally with ``serve()`` (no work pool): ``denpex serve``.
+"""Serve the deployments locally with a Prefect runner (no work pool): ``denpex serve``.
 
 The same four deployments as ``prefect.yaml``: triage on the alert event, the nightly replay,
 manual triage, and return to service.
+
+Each flow is handed to the runner as a flow object (``Runner.add_flow``), not as a deployment
+to load from storage (what ``prefect.serve`` does): the runner then starts a run from the flow it
+holds instead of ``python -m prefect.engine``, which reads the code from storage and imports it
+again; and by default the run is forked from a server that already imported everything
+(flows/forked_runs.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
-from prefect import serve
+from prefect import Flow
 from prefect.events import DeploymentEventTrigger
+from prefect.exceptions import TerminationSignal
+from prefect.runner import Runner
 
 from denpex.workflow.alert_event import ALERT_EVENT
+from flows.forked_runs import use_forked_flow_runs
 from flows.replay import replay
 from flows.return_to_service import return_to_service
 from flows.triage import triage
 
-__all__ = ["ALERT_PARAMETERS", "alert_trigger", "deployments", "main"]
+__all__ = ["ALERT_PARAMETERS", "ServedDeployment", "alert_trigger", "served_deployments", "deployments", "main"]
 
 ALERT_PARAMETERS = ("tenant", "cluster", "job_id", "incident_id", "alert_time", "evidence", "world_size",
                     "reported_by_rank", "alert_id")
@@ -33,24 +44,54 @@ def alert_trigger() -> DeploymentEventTrigger:
     )
 
 
-def deployments(only: set[str] | None = None) -> list[Any]:
-    """The runner deployments, optionally only those named."""
+@dataclass(frozen=True)
+class ServedDeployment:
+    """One deployment: its flow and the options ``to_deployment`` and ``Runner.add_flow`` share."""
+
+    flow: Flow[..., Any]
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def served_deployments(only: set[str] | None = None) -> list[ServedDeployment]:
+    """The deployments, optionally only those named."""
     made = [
-        triage.to_deployment(name="on-alert", triggers=[alert_trigger()], tags=["denpex", "alert"]),
-        triage.to_deployment(name="manual", tags=["denpex", "manual"], enforce_parameter_schema=True),
-        return_to_service.to_deployment(name="return-to-service", tags=["denpex"],
-                                        enforce_parameter_schema=True),
-        replay.to_deployment(name="nightly-replay", cron="0 3 * * *", tags=["denpex", "replay"],
-                             parameters={"catalog": "incidents/catalog.json"}),
+        ServedDeployment(triage, "on-alert", {"triggers": [alert_trigger()], "tags": ["denpex", "alert"]}),
+        ServedDeployment(triage, "manual", {"tags": ["denpex", "manual"], "enforce_parameter_schema": True}),
+        ServedDeployment(return_to_service, "return-to-service", {"tags": ["denpex"], "enforce_parameter_schema": True}),
+        ServedDeployment(replay, "nightly-replay", {"cron": "0 3 * * *", "tags": ["denpex", "replay"],
+                                                    "parameters": {"catalog": "incidents/catalog.json"}}),
     ]
-    return [d for d in made if only is None or getattr(d, "name", None) in only]
+    return [d for d in made if only is None or d.name in only]
+
+
+def deployments(only: set[str] | None = None) -> list[Any]:
+    """The same deployments as runner deployments (``flow.to_deployment``), for ``prefect.serve``."""
+    return [d.flow.to_deployment(name=d.name, **d.options) for d in served_deployments(only)]
+
+
+async def _serve(chosen: list[ServedDeployment]) -> None:
+    runner = Runner(pause_on_shutdown=True)
+    for served in chosen:
+        await runner.aadd_flow(served.flow, name=served.name, **served.options)
+    names = ", ".join(f"{d.flow.name}/{d.name}" for d in chosen)
+    print(f"Serving {names}; polling for runs every {runner.query_seconds:g} s. Ctrl-C stops.", flush=True)
+    await runner.start()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="denpex serve", description=__doc__)
     parser.add_argument("--only", action="append", help="serve only this deployment (repeatable)")
+    parser.add_argument("--spawn-runs", action="store_true",
+                        help="start each run in a fresh interpreter, as Prefect does by default, instead "
+                             "of forking it from a process that already imported the flows (seconds slower)")
     args = parser.parse_args(argv)
-    serve(*deployments(set(args.only) if args.only else None))
+    if not args.spawn_runs:
+        use_forked_flow_runs()
+    try:
+        asyncio.run(_serve(served_deployments(set(args.only) if args.only else None)))
+    except (KeyboardInterrupt, TerminationSignal):
+        pass  # stopped as prefect.serve() stops on Ctrl-C or SIGTERM
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ executes the runbook a ``DenpexRunbook`` block names (default ``hang-triage``) a
 cluster whose target block is named after ``cluster``; with no target it triages and reports only.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: Prefect builds each flow's parameter model from
+# its annotations in the run's process, which may hold the function by value (cloudpickle)
+# without this module's globals, so string annotations such as 'datetime' would not resolve.
 
 import json
 import os

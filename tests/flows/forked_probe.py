@@ -17,7 +17,9 @@ from prefect.runner import _starter_direct
 @flow(name="forked-probe")
 def probe(out: str) -> None:
     # The probe never imports flows.triage: only a preloaded forkserver can have it here.
-    Path(out).write_text(json.dumps({"parent": os.getppid(), "preloaded": "flows.triage" in sys.modules}))
+    main = sys.modules["__main__"]
+    Path(out).write_text(json.dumps({"parent": os.getppid(), "preloaded": "flows.triage" in sys.modules,
+                                     "main": getattr(main, "__file__", None) or getattr(main.__spec__, "name", None)}))
 
 
 def main(out: str) -> int:

@@ -24,3 +24,6 @@ def test_a_run_is_forked_from_the_preloaded_server_and_completes(prefect_api: st
     seen = json.loads(seen_file.read_text())
     assert seen["preloaded"], "the run did not start from the preloaded forkserver"
     assert seen["parent"] != runner["runner"]  # the forkserver's child, not the runner's
+    # The runner's main module (here the probe script) is not imported again in the run, nor then
+    # in each parse worker the run starts.
+    assert seen["main"] is None
