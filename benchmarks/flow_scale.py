@@ -10,8 +10,8 @@
    deployments served with ``python -m flows.serve``; the alert event fired through
    ``POST /api/events``; time until the run is PAUSED. Once with Prefect's default runner polling,
    once with ``PREFECT_RUNNER_POLL_FREQUENCY=1``, and once more with 1 s polling and each run
-   started as Prefect starts it (``--spawn-runs``: a fresh interpreter) instead of forked from a
-   preloaded server (flows/forked_runs.py).
+   started in a fresh interpreter (``--spawn-runs``) instead of forked from a preloaded server
+   (flows/forked_runs.py).
 
 Nothing is remediated: the Slurm target block points at a closed port and every run is cancelled
 at the pause. Figures print as a table and go to ``--out`` as JSON::
@@ -230,7 +230,7 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
     one_second = {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     settings: list[tuple[str, dict[str, str], list[str]]] = [
         ("default polling", {}, []), ("1 s polling", one_second, []),
-        # Prefect's own start: a fresh interpreter per run, which imports everything again.
+        # A fresh interpreter per run (multiprocessing spawn), which imports everything again.
         ("1 s polling, runs spawned", one_second, ["--spawn-runs"])]
     for label, extra, serve_args in settings:
         log = work / f"serve-{len(results)}.log"

@@ -1,15 +1,20 @@
 """Served flow runs forked from a process that already imported Prefect and the flows.
 
-Prefect's runner starts each run of a served flow in a fresh interpreter (``multiprocessing``
-"spawn", in ``prefect.flow_engine.run_flow_in_subprocess``), which imports Prefect and the flow's
-modules all over again: 3-4 s of the alert-to-pause latency on a 2-core machine. A forkserver
-that imported them once forks each run in milliseconds. Isolation is the same: one process per
-run, forked from a server process that runs no threads (never from the runner itself, whose
-threads make a plain fork unsafe).
+flows/serve.py hands the runner its flows as objects, and Prefect's runner starts each run of
+such a flow with ``prefect.flow_engine.run_flow_in_subprocess``: a fresh interpreter
+(``multiprocessing`` "spawn") that imports Prefect and the flow's modules all over again, seconds
+on a 2-core machine. A forkserver that imported them once forks each run in milliseconds.
+Isolation is the same: one process per run, forked from a server process that runs no threads
+(never from the runner itself, whose threads make a plain fork unsafe).
 
 Prefect documents the seam: its direct starter calls ``run_flow_in_subprocess`` through a
 module-level name "to patch". The function is Prefect's own; only the context it asks
 ``multiprocessing`` for is the forkserver instead of spawn.
+
+The runs are the forkserver's children, not the runner's: should the forkserver die while the
+runner lives (it is killed alone), the runner reads its runs as exited (code 255) and marks them
+Crashed though they still run. Stop serve as a whole (Ctrl-C, or a signal to its process group,
+as the demo does).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Each flow is handed to the runner as a flow object (``Runner.add_flow``), not as
 to load from storage (what ``prefect.serve`` does): the runner then starts a run from the flow it
 holds instead of ``python -m prefect.engine``, which reads the code from storage and imports it
 again; and by default the run is forked from a server that already imported everything
-(flows/forked_runs.py).
+(flows/forked_runs.py). The code is therefore the code of when serve started: restart it after
+updating Denpex.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def deployments(only: set[str] | None = None) -> list[Any]:
 
 
 async def _serve(chosen: list[ServedDeployment]) -> None:
-    runner = Runner(pause_on_shutdown=True)
+    # No cap on concurrent runs, as prefect.serve(): a triage run waits in its own process for
+    # approval (up to the runbook's timeout), and a cap would leave later alerts Late meanwhile.
+    runner = Runner(pause_on_shutdown=True, limit=None)
     for served in chosen:
         await runner.aadd_flow(served.flow, name=served.name, **served.options)
     names = ", ".join(f"{d.flow.name}/{d.name}" for d in chosen)
@@ -83,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="denpex serve", description=__doc__)
     parser.add_argument("--only", action="append", help="serve only this deployment (repeatable)")
     parser.add_argument("--spawn-runs", action="store_true",
-                        help="start each run in a fresh interpreter, as Prefect does by default, instead "
-                             "of forking it from a process that already imported the flows (seconds slower)")
+                        help="start each run in a fresh interpreter (multiprocessing spawn) instead of "
+                             "forking it from a process that already imported the flows (seconds slower)")
     args = parser.parse_args(argv)
     if not args.spawn_runs:
         use_forked_flow_runs()

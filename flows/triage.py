@@ -102,11 +102,16 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
                       alert_id=alert_id or incident_id, flow_run_id=run_id())
     key = artifact_prefix(incident_id)
-    if not os.environ.get(DASK_ADDRESS_ENV):
-        warm_parse_workers()
-    inventory = wait_for_evidence(evidence, world_size, timing.evidence_grace, timing.coverage_poll,
-                                  f"{key}-coverage")
-    batches = _summaries(inventory)
+    try:
+        if not os.environ.get(DASK_ADDRESS_ENV):
+            warm_parse_workers()
+        inventory = wait_for_evidence(evidence, world_size, timing.evidence_grace, timing.coverage_poll,
+                                      f"{key}-coverage")
+        batches = _summaries(inventory)
+    finally:
+        # Also when the evidence cannot be read: a run process joins its live child processes
+        # before it exits, so idle warm workers would keep a failed run alive for good.
+        release_parse_workers()
     result = _triage(inventory, batches, alert_time)
     charts = render_charts(result, batches, inventory.world_size)
     del batches  # only the compact counters live on, inside the charts' data

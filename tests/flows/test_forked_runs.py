@@ -1,5 +1,6 @@
 """Served flow runs are forked from a forkserver that already imported Prefect and the flows
-(flows/forked_runs.py), on the real engine against the session's Prefect API."""
+(flows/forked_runs.py): a probe flow served the way flows/serve.py serves the real ones, on the
+real engine against the session's Prefect API, run through its deployment."""
 
 from __future__ import annotations
 
@@ -7,23 +8,47 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
-def test_a_run_is_forked_from_the_preloaded_server_and_completes(prefect_api: str, tmp_path: Path) -> None:
-    seen_file = tmp_path / "seen.json"
-    env = dict(os.environ, PREFECT_API_URL=prefect_api, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    done = subprocess.run([sys.executable, str(HERE / "forked_probe.py"), str(seen_file)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    runner = json.loads(done.stdout.strip().splitlines()[-1])
-    assert runner == {"runner": runner["runner"], "exitcode": 0, "kind": "ForkServerProcess", "restored": True}
+def _wait_for_deployment(api: str, served: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if served.poll() is not None:
+            raise RuntimeError(f"the probe's serve exited {served.returncode}:\n{log.read_text()[-3000:]}")
+        if any(d["name"] == "probe" for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()):
+            return
+        time.sleep(1)
+    raise TimeoutError(f"the probe was not served:\n{log.read_text()[-3000:]}")
+
+
+def test_a_served_run_is_forked_from_the_preloaded_server(prefect_api: str, tmp_path: Path) -> None:
+    from prefect.deployments import run_deployment
+
+    seen_file, log = tmp_path / "seen.json", tmp_path / "serve.log"
+    env = dict(os.environ, PREFECT_API_URL=prefect_api, PREFECT_RUNNER_POLL_FREQUENCY="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
+    served = subprocess.Popen([sys.executable, str(HERE / "forked_probe.py")], cwd=ROOT, env=env,
+                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        _wait_for_deployment(prefect_api, served, log)
+        run = run_deployment("forked-probe/probe", parameters={"out": str(seen_file)}, timeout=300)
+        assert run.state is not None and run.state.is_completed(), (run.state, log.read_text()[-3000:])
+    finally:
+        served.terminate()
+        served.wait(timeout=60)
     seen = json.loads(seen_file.read_text())
     assert seen["preloaded"], "the run did not start from the preloaded forkserver"
-    assert seen["parent"] != runner["runner"]  # the forkserver's child, not the runner's
-    # The runner's main module (here the probe script) is not imported again in the run, nor then
-    # in each parse worker the run starts.
+    # The forkserver's child, not the runner's, and not `python -m prefect.engine` loading the code
+    # from storage (which would also have named a main module).
+    assert seen["parent"] != served.pid
+    # The runner's main module (the probe script) is not imported again in the run, nor then in
+    # each parse worker the run starts.
     assert seen["main"] is None
+    assert "Downloading flow code from storage" not in log.read_text()
