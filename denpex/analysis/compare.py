@@ -300,8 +300,13 @@ def progress_from_status(name: str, rank: int, summaries: dict[int, RankSummary]
     group = summary.groups.get(name)
     if group is not None and group.entry_count:
         return None
-    if 0 not in summary.pg_status or any(g.pg_id == 0 for g in summary.groups.values() if g.entry_count):
+    seen = {g.pg_id for g in summary.groups.values() if g.entry_count}
+    if 0 not in summary.pg_status or 0 in seen:
         return None  # no counters, or this rank's ring shows another group under pg_id 0
+    if any(pg_id not in seen for pg_id in summary.pg_status if pg_id != 0):
+        # Counters for a backend its ring does not show: it may be a rebuilt default group (an
+        # in-process restart, which leaves pg_status["0"] frozen), and nothing here says not.
+        return None
     enqueued, _ = summary.pg_status[0]
     return GroupProgress(name=name, pg_id=0, last_enqueued=enqueued, last_completed=enqueued,
                          last_completed_by_all=enqueued)

@@ -254,6 +254,25 @@ def test_a_restart_whose_ring_kept_the_old_groups_entries_reads_no_counter(tmp_p
     assert result.stuck[0].unknown_ranks == (2, 3)
 
 
+def test_no_counter_is_read_when_the_wrapped_rank_itself_restarted(tmp_path: Path) -> None:
+    """Review case: ranks 0 and 1 are fresh processes (their default group is pg_id 0 again); ranks
+    2 and 3 restarted in-process: their new default group is pg_id 1, their pair pg_id 2, and
+    pg_status["0"] is the first incarnation's frozen count. Their ring shows no pg_id 1, so the
+    counters cannot be told apart."""
+    fresh = [_gloo("0", s, s, 0) for s in range(1, 6)] + [_gloo("0", 6, 6, 0, pending=True)]
+    pair = [_gloo("1", s, 500 + s, 2) for s in range(1, 65)]
+
+    def status(old: int) -> dict[str, Any]:
+        return {"pg_status": {str(pg_id): {"last_enqueued_collective": n, "last_started_collective": -1,
+                                           "last_completed_collective": n - done}
+                              for pg_id, n, done in ((0, old, 0), (1, 6, 1), (2, 64, 0))},
+                "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+    result = triage(tmp_path, {0: fresh, 1: fresh, 2: pair, 3: pair}, D_GROUPS,
+                    extra={2: status(5), 3: status(9)}, as_of=datetime.fromtimestamp(T0 / 1e9 + 700, UTC))
+    assert result.verdict is V.INCOMPLETE and set(kinds(result)) == {2, 3}
+    assert result.stuck[0].unknown_ranks == (2, 3)
+
+
 @pytest.mark.parametrize("value", ["--3", "\u00b2", "9" * 5000, "+5", " 5", "5.0", 2**70, True, None, [5]])
 def test_hostile_pg_status_values_are_skipped_not_raised(tmp_path: Path, value: Any) -> None:
     """A counter that is not a plain number of at most 19 digits is skipped: one bad dump must not
