@@ -20,11 +20,11 @@ from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, Progress, summarize_al
 from denpex.analysis.collector_records import manifest_from_records
 from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
-from denpex.analysis.models import SkippedFile, TriageResult
+from denpex.analysis.models import SkippedFile, TriageResult, Verdict
 from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.twins import newer, same_moment
-from denpex.analysis.verdict import decide
+from denpex.analysis.verdict import Decision, decide
 from denpex.analysis.wording import ranks_phrase
 from denpex.evidence.discovery import DumpRef, discover_dumps, is_candidate_name, rank_from_file_name
 from denpex.evidence.errors import EvidenceError, ManifestError
@@ -197,7 +197,8 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         stale.update(involved)
         comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns,
                                               manifest, as_of is not None)
-    decision = decide(comparison, fresh, missing, membership, manifest)
+    restarted = _restarted_groups(fresh)
+    decision = _distrust_restarts(decide(comparison, fresh, missing, membership, manifest), restarted)
     return TriageResult(
         verdict=decision.verdict,
         world_size=world_size,
@@ -210,8 +211,39 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
         notes=(attempt_notes + _clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
                + _outran_notes({r: w for r, w in outran.items() if r not in stale}) + comparison.notes + _membership_notes(membership)
-               + _unusable_entry_notes(summaries)),
+               + _unusable_entry_notes(summaries) + _restart_notes(restarted, decision.verdict)),
     )
+
+
+def _restarted_groups(summaries: dict[int, RankSummary]) -> dict[str, list[int]]:
+    """Groups whose ring, on some rank, holds two incarnations (another pg_id in its newest or
+    in-flight entries than in its first): the process destroyed and built the group again."""
+    found: dict[str, list[int]] = {}
+    for rank, summary in sorted(summaries.items()):
+        for name, group in summary.groups.items():
+            if group.pg_id_changed:
+                found.setdefault(name, []).append(rank)
+    return found
+
+
+def _distrust_restarts(decision: Decision, restarted: dict[str, list[int]]) -> Decision:
+    """Two incarnations' sequence ids are read as one group's progress (they are not told apart
+    yet): an old op can hide a new one, so neither a localized culprit nor no_hang is trusted."""
+    if restarted and decision.verdict is Verdict.LOCALIZED:
+        return Decision(Verdict.AMBIGUOUS, decision.candidates)
+    if restarted and decision.verdict is Verdict.NO_HANG:
+        return Decision(Verdict.INCOMPLETE, decision.candidates)
+    return decision
+
+
+def _restart_notes(restarted: dict[str, list[int]], verdict: Verdict) -> list[str]:
+    if not restarted:
+        return []
+    groups = ", ".join(f"{name!r} on {ranks_phrase(ranks)}" for name, ranks in sorted(restarted.items()))
+    return [f"the rings hold two incarnations of process group {groups}: it was destroyed and built "
+            "again in the same process (an in-process restart), and the two incarnations' sequence "
+            f"ids are read together, so the verdict is at most {verdict.value}; triage dumps taken "
+            "after the restart alone"]
 
 
 def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], membership: GroupMembership,

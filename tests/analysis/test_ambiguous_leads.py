@@ -273,6 +273,36 @@ def test_no_counter_is_read_when_the_wrapped_rank_itself_restarted(tmp_path: Pat
     assert result.stuck[0].unknown_ranks == (2, 3)
 
 
+def _two_incarnations(old_ops: int, new_ops: int, pending: bool) -> list[dict[str, Any]]:
+    """Old default group #1..old_ops (pg_id 0), then the rebuilt one #1..new_ops (pg_id 1)."""
+    old = [_gloo("0", s, s - 1, 0) for s in range(1, old_ops + 1)]
+    new = [_gloo("0", s, old_ops + s - 1, 1) for s in range(1, new_ops + 1)]
+    return old + new + ([_gloo("0", new_ops + 1, old_ops + new_ops, 1, pending=True)] if pending else [])
+
+
+def test_a_hang_after_an_in_process_restart_is_not_called_no_hang(tmp_path: Path) -> None:
+    """Review case: the old group's completed #1-8 make the new in-flight #6 look finished. Until
+    the incarnations are told apart, the verdict says the evidence cannot be trusted."""
+    stuck, idle = _two_incarnations(8, 5, pending=True), _two_incarnations(8, 5, pending=False)
+    result = triage(tmp_path, {0: stuck, 1: stuck, 2: stuck, 3: idle}, W4)
+    assert result.verdict is V.INCOMPLETE, result.model_dump_json(indent=1)
+    assert any("two incarnations of process group '0'" in n for n in result.notes)
+
+
+def test_an_old_incarnations_op_does_not_localize_healthy_ranks(tmp_path: Path) -> None:
+    """Review case (torch 2.13 shape): rank 0's old #6 was retired by the restart; ranks 0 and 1 wait
+    in the new #4, rank 2 never entered it. The old #6 hides the new #4: never localized."""
+    def g(seq: int, rec: int, pg_id: int, pending: bool = False) -> dict[str, Any]:
+        return nccl("0", seq, rec, pending=pending, op="gloo:all_reduce", pg_id=pg_id)
+
+    old = [g(s, s, 0) for s in range(1, 7)]
+    new = [g(s, 10 + s, 1) for s in range(1, 4)]
+    per_rank = {0: old + new + [g(4, 14, 1, pending=True)], 1: old[:5] + new + [g(4, 14, 1, pending=True)],
+                2: old[:5] + new}
+    result = triage(tmp_path, per_rank, {"0": {"desc": "default_pg", "ranks": [0, 1, 2]}})
+    assert result.verdict is not V.LOCALIZED, result.model_dump_json(indent=1)
+
+
 @pytest.mark.parametrize("value", ["--3", "\u00b2", "9" * 5000, "+5", " 5", "5.0", 2**70, True, None, [5]])
 def test_hostile_pg_status_values_are_skipped_not_raised(tmp_path: Path, value: Any) -> None:
     """A counter that is not a plain number of at most 19 digits is skipped: one bad dump must not
