@@ -29,7 +29,7 @@ from flows.replay import replay
 from flows.return_to_service import return_to_service
 from flows.triage import triage
 
-__all__ = ["ALERT_PARAMETERS", "ServedDeployment", "alert_trigger", "served_deployments", "deployments", "main"]
+__all__ = ["ALERT_PARAMETERS", "ServedDeployment", "alert_trigger", "main", "serve_deployments", "served_deployments"]
 
 ALERT_PARAMETERS = ("tenant", "cluster", "job_id", "incident_id", "alert_time", "evidence", "world_size",
                     "reported_by_rank", "alert_id")
@@ -47,7 +47,7 @@ def alert_trigger() -> DeploymentEventTrigger:
 
 @dataclass(frozen=True)
 class ServedDeployment:
-    """One deployment: its flow and the options ``to_deployment`` and ``Runner.add_flow`` share."""
+    """One deployment: its flow and the options ``Runner.add_flow`` takes (as ``to_deployment`` does)."""
 
     flow: Flow[..., Any]
     name: str
@@ -66,12 +66,8 @@ def served_deployments(only: set[str] | None = None) -> list[ServedDeployment]:
     return [d for d in made if only is None or d.name in only]
 
 
-def deployments(only: set[str] | None = None) -> list[Any]:
-    """The same deployments as runner deployments (``flow.to_deployment``), for ``prefect.serve``."""
-    return [d.flow.to_deployment(name=d.name, **d.options) for d in served_deployments(only)]
-
-
-async def _serve(chosen: list[ServedDeployment]) -> None:
+async def serve_deployments(chosen: list[ServedDeployment]) -> None:
+    """Serve ``chosen`` with one runner until stopped."""
     # No cap on concurrent runs, as prefect.serve(): a triage run waits in its own process for
     # approval (up to the runbook's timeout), and a cap would leave later alerts Late meanwhile.
     runner = Runner(pause_on_shutdown=True, limit=None)
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.spawn_runs:
         use_forked_flow_runs()
     try:
-        asyncio.run(_serve(served_deployments(set(args.only) if args.only else None)))
+        asyncio.run(serve_deployments(served_deployments(set(args.only) if args.only else None)))
     except (KeyboardInterrupt, TerminationSignal):
         pass  # stopped as prefect.serve() stops on Ctrl-C or SIGTERM
 

@@ -25,10 +25,10 @@ def probe(out: str) -> None:
 
 def main() -> None:
     from flows.forked_runs import PRELOAD, use_forked_flow_runs
-    from flows.serve import ServedDeployment, _serve
+    from flows.serve import ServedDeployment, serve_deployments
 
     use_forked_flow_runs(preload=(*PRELOAD, "forked_probe"))
-    asyncio.run(_serve([ServedDeployment(probe, "probe")]))
+    asyncio.run(serve_deployments([ServedDeployment(probe, "probe")]))
 
 
 if __name__ == "__main__":
