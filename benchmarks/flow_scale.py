@@ -1,6 +1,6 @@
 """The incident flow at scale and its alert-to-pause latency, measured end to end.
 
-1. **Scale**: a synthetic 4,096-rank x 2,000-entry dump set (``denpex.testing.expansion``, as in
+1. **Scale**: a synthetic 4,096-rank x 2,000-entry dump set (``testkit.generators.expansion``, as in
    ``triage_scale.py``) is uploaded to moto S3 (HTTP server mode) with a kernel log holding an
    Xid 79 on the culprit's node. On the same ``s3://`` URI, in the same run:
    - ``denpex triage s3://... --format json`` (a fresh process; its wall time);
@@ -40,9 +40,9 @@ import yaml
 from moto.server import ThreadedMotoServer
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))
 
-from prefect_servers import PrefectServer, prefect_server  # noqa: E402
+from testkit.services.prefect import PrefectServer, prefect_server  # noqa: E402
 
 TEMPLATE = REPO / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
 GLOO = REPO / "tests" / "fixtures" / "gloo" / "withheld_one"
@@ -170,9 +170,9 @@ def alert_params(incident: str, uri: str, alert_time: datetime, world_size: int)
 
 def scale(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectServer,
           env: dict[str, str]) -> dict[str, Any]:
-    from denpex.testing.expansion import generate_dump_set
-    from denpex.testing.fr_template import load_template
-    from denpex.testing.hang_model import Scenario
+    from testkit.generators.expansion import generate_dump_set
+    from testkit.generators.fr_template import load_template
+    from testkit.generators.hang_model import Scenario
 
     folder = work / f"job{args.ranks}"
     started = time.perf_counter()

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/ingest_scale.py                    # 4,096 uploads, 4 client processes x 8 threads
     .venv/bin/python benchmarks/ingest_scale.py --uploads 512 --clients 2 --threads 4
 
-What runs, all on loopback: a 4,096-rank NCCL-style dump set (``denpex.testing.expansion``,
+What runs, all on loopback: a 4,096-rank NCCL-style dump set (``testkit.generators.expansion``,
 2,000-entry rings from the real template, ~225 KiB a dump) is generated; moto's S3 server runs in
 its own process; ``denpex serve-api`` runs in its own process (dump checks in 2 worker processes);
 client processes sign and send one upload per rank (``denpex.ingest.client``), each from its own
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from denpex.ingest.plans import PlanTier
     from denpex.ingest.registry import Registry
-    from denpex.testing.expansion import generate_dump_set
-    from denpex.testing.fr_template import load_template
-    from denpex.testing.hang_model import Scenario
+    from testkit.generators.expansion import generate_dump_set
+    from testkit.generators.fr_template import load_template
+    from testkit.generators.hang_model import Scenario
 
     work = Path(tempfile.mkdtemp(prefix="denpex-ingest-bench-"))
     dumps = work / "dumps"

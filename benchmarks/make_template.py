@@ -6,7 +6,7 @@ default 2,000-entry ring is full and has wrapped. Rank 0 then dumps its ring wit
 ``_dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)`` and the
 pickle bytes are written, gzip-compressed and unchanged, to ``--out``.
 
-The expansion (``denpex.testing.expansion``) takes only the *shape* from this file: the
+The expansion (``testkit.generators.expansion``) takes only the *shape* from this file: the
 top-level keys, the entry fields, the frames, the dtypes and the thread names. Every value that
 varies across ranks is rewritten there.
 

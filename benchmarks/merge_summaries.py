@@ -17,19 +17,22 @@ import json
 import pickle
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from denpex.analysis.batch import summarize_all
-from denpex.analysis.models import SkippedFile
-from denpex.analysis.triage import triage_summaries
-from denpex.evidence.discovery import discover_dumps
-from denpex.evidence.manifest import load_manifest
-from denpex.evidence.store import LocalStore
-from denpex.testing.expansion import generate_dump_set
-from denpex.testing.fr_template import load_template
-from denpex.testing.hang_model import Scenario
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit (testkit/) lives at the repo root
+
+from denpex.analysis.batch import summarize_all  # noqa: E402
+from denpex.analysis.models import SkippedFile  # noqa: E402
+from denpex.analysis.triage import triage_summaries  # noqa: E402
+from denpex.evidence.discovery import discover_dumps  # noqa: E402
+from denpex.evidence.manifest import load_manifest  # noqa: E402
+from denpex.evidence.store import LocalStore  # noqa: E402
+from testkit.generators.expansion import generate_dump_set  # noqa: E402
+from testkit.generators.fr_template import load_template  # noqa: E402
+from testkit.generators.hang_model import Scenario  # noqa: E402
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "gloo_rank0_2000.pkl.gz"
 

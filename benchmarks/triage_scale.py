@@ -1,7 +1,7 @@
 """Triage at scale, side by side on the same files: ``denpex triage``, torch's analyzer, the floor.
 
 For each size (ranks x 2,000-entry rings) a synthetic NCCL-style dump set is generated from the
-real template (``denpex.testing.expansion``), then three programs run on it, one after the other,
+real template (``testkit.generators.expansion``), then three programs run on it, one after the other,
 each in its own process tree, with a time cap and a memory cap:
 
 - **floor**: the bare safe-unpickle of every dump on one core (a restricted ``pickle.Unpickler``
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the test kit (testkit/) is imported from the repo root
 DEFAULT_TEMPLATE = REPO / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
 FULL_SIZES = (512, 4096, 32768)
 QUICK_SIZES = (256,)
@@ -284,9 +285,9 @@ def _bytes_estimate(ranks: int) -> int:
 
 
 def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
-    from denpex.testing.expansion import DEFAULT_PREFIX, generate_dump_set
-    from denpex.testing.fr_template import load_template
-    from denpex.testing.hang_model import Scenario
+    from testkit.generators.expansion import DEFAULT_PREFIX, generate_dump_set
+    from testkit.generators.fr_template import load_template
+    from testkit.generators.hang_model import Scenario
 
     result = SizeResult(ranks, scenario)
     need = _bytes_estimate(ranks)
@@ -413,7 +414,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mem-cap-gb", type=float, default=8.0,
                    help="kill a program whose process tree RSS exceeds this (default 8)")
     args = p.parse_args(argv)
-    from denpex.testing.hang_model import Scenario
+    from testkit.generators.hang_model import Scenario
 
     sizes = args.sizes or ",".join(map(str, QUICK_SIZES if args.quick else FULL_SIZES))
     args.sizes = [int(s) for s in sizes.split(",") if s.strip()]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
 
 def _free_port() -> int:
@@ -191,7 +191,7 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
 
 
 def _start_slurm(stack: ExitStack, incident: Path) -> Any:
-    from lab.slurm_lab import SlurmLab
+    from testkit.services.slurm import SlurmLab
 
     manifest = json.loads((incident / "manifest.json").read_text())
     hosts = sorted({r.get("host") for r in manifest.get("ranks", {}).values() if r.get("host")})

@@ -484,7 +484,7 @@ def _orphan_p2p_closer(group: _GroupScan, e: dict[str, Any], csid: int) -> bool:
     """A batched-p2p closer whose send/recv members are not in the ring (it wrapped between
     them) or were not kept. It is never a collective: p2p work does not advance
     ``collective_seq_id``, which starts at 1, so a closer at 0 closes a p2p batch (NCCL
-    ``endCoalescing``; notes: NCCL_FORMAT.md "Batched p2p"). Counted as collective #0 it would
+    ``endCoalescing``; notes: testkit/generators/NCCL_FORMAT.md "Batched p2p"). Counted as collective #0 it would
     make a rank whose batches all completed look as if it waited on its pipeline peers.
     """
     if csid != 0 or e.get("is_p2p") is True:

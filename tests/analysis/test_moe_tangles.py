@@ -14,9 +14,9 @@ import pytest
 
 from denpex.analysis.models import CandidateKind, Verdict
 from denpex.analysis.triage import triage_path
-from denpex.testing.nccl_dump import DumpFormat, encode_dump
-from denpex.testing.nccl_moe import MOE_SCENARIOS, BuiltMoE, build_moe_scenario, write_moe_scenario
-from denpex.testing.nccl_topology import GroupKind
+from testkit.generators.nccl_dump import DumpFormat, encode_dump
+from testkit.generators.nccl_moe import MOE_SCENARIOS, BuiltMoE, build_moe_scenario, write_moe_scenario
+from testkit.generators.nccl_topology import GroupKind
 
 NAMES = list(MOE_SCENARIOS)
 FORMATS = [DumpFormat.PICKLE, DumpFormat.JSON]

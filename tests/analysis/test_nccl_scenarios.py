@@ -18,12 +18,12 @@ import pytest
 
 from denpex.analysis.models import CandidateKind, TriageResult
 from denpex.evidence.manifest import load_manifest
-from denpex.testing.nccl_dump import DumpFormat, encode_dump
-from denpex.testing.nccl_fixtures import BuiltScenario, build_scenario, main, write_scenario
-from denpex.testing.nccl_program import uneven_lengths
-from denpex.testing.nccl_scenarios import SCENARIOS, DumpTrigger, FaultKind, scenario_names
-from denpex.testing.nccl_topology import GroupKind, NamingStyle
-from denpex.testing.nccl_truth import culprits_from_simulation
+from testkit.generators.nccl_dump import DumpFormat, encode_dump
+from testkit.generators.nccl_fixtures import BuiltScenario, build_scenario, main, write_scenario
+from testkit.generators.nccl_program import uneven_lengths
+from testkit.generators.nccl_scenarios import SCENARIOS, DumpTrigger, FaultKind, scenario_names
+from testkit.generators.nccl_topology import GroupKind, NamingStyle
+from testkit.generators.nccl_truth import culprits_from_simulation
 
 NAMES = scenario_names()
 HANGS = [n for n in NAMES if SCENARIOS[n].trigger is DumpTrigger.TIMEOUT]

@@ -30,7 +30,7 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from lab.conftest import lab, slurm_lab, ssh_settings  # noqa: E402,F401 (pytest fixtures)
 from flow_driver import FlowRig  # noqa: E402
-from lab.slurm_lab import SlurmLab  # noqa: E402
+from testkit.services.slurm import SlurmLab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gloo"

@@ -15,7 +15,7 @@ from denpex.isolation.audit import AuditLog, verify_audit_log
 from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, load_plan
 from denpex.workflow.alert_event import AlertEvent, emit_alert
-from lab.slurm_lab import SlurmLab
+from testkit.services.slurm import SlurmLab
 
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT, write_runbooks
 from flow_driver import alert, manifest_with_gpus, report_of, wait_for, xid79_log
-from prefect_servers import prefect_server
+from testkit.services.prefect import prefect_server
 
 pytestmark = pytest.mark.slow
 

@@ -37,8 +37,8 @@ from flow_driver import (
     xid79_log,
 )
 from lab.rig import drained_nodes
-from lab.slurm_lab import SlurmLab
-from prefect_servers import PrefectServer, flow_run, postgres_database, prefect_server, psql
+from testkit.services.slurm import SlurmLab
+from testkit.services.prefect import PrefectServer, flow_run, postgres_database, prefect_server, psql
 
 pytestmark = pytest.mark.slow
 

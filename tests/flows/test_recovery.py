@@ -24,7 +24,7 @@ from denpex.evidence.fr_dump import decode_dump
 from denpex.isolation.audit import AuditKind
 from flow_driver import FlowRig, alert, keyed_audit_log, report_of, resume, saved_plan, start_manual, wait_for
 from lab.rig import drained_nodes
-from lab.slurm_lab import SlurmLab
+from testkit.services.slurm import SlurmLab
 
 pytestmark = pytest.mark.slow
 

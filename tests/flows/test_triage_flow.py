@@ -34,7 +34,7 @@ from flow_driver import (
 )
 from conftest import FIXTURES, register_blocks, upload
 from lab.rig import drained, drained_nodes, reason_of
-from lab.slurm_lab import SlurmLab
+from testkit.services.slurm import SlurmLab
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """Checks shared by the committed Gloo fixtures' tests and the live generator test.
 
 A scenario folder holds ``rank_<r>.pkl`` and ``rank_<r>.json`` for every rank that dumped, plus
-``manifest.json`` and ``expected.json`` (written by ``denpex.testing.gloo_scenarios``).
+``manifest.json`` and ``expected.json`` (written by ``testkit.generators.gloo_scenarios``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9's families on real Gloo dumps (denpex.testing.gloo_cases): the committed dumps
+"""Issue 9's families on real Gloo dumps (testkit.generators.gloo_cases): the committed dumps
 (tests/fixtures/gloo_cases/, fast) and a live run of every case (4 real processes each, slow)
 triage to their ground truth, and the dumps show what makes each case hard."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from denpex.analysis.triage import triage_path
 from denpex.evidence.safe_pickle import safe_loads
-from denpex.testing.gloo_cases import CASES, EXPECTED_NAME, WORK_DIR, run_cases
+from testkit.generators.gloo_cases import CASES, EXPECTED_NAME, WORK_DIR, run_cases
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gloo_cases"
 NAMES = sorted(CASES)

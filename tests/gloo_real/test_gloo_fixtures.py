@@ -1,4 +1,4 @@
-"""The committed real Gloo dumps (tests/fixtures/gloo/, made by denpex.testing.gloo_scenarios):
+"""The committed real Gloo dumps (tests/fixtures/gloo/, made by testkit.generators.gloo_scenarios):
 each triages to its ground truth from pickle and from JSON, under any file names, and shows the
 facts the analysis relies on. Fast: no process is started."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from denpex.testing.gloo_scenarios import SCENARIOS
+from testkit.generators.gloo_scenarios import SCENARIOS
 from gloo_checks import (
     EXTENSIONS,
     NAMINGS,

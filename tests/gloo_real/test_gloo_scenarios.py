@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from denpex.collector.layout import request_path
-from denpex.testing.gloo_scenarios import (
+from testkit.generators.gloo_scenarios import (
     SCENARIOS,
     WORK_DIR,
     GeneratorOptions,

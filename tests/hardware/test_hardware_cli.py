@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
+from testkit.fakes.pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
 from typer.testing import CliRunner
 
 from denpex.cli import app

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from fake_pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
+from testkit.fakes.pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
 
 from denpex.hardware import NvmlUnavailableError, Severity, SignalKind, parse_telemetry_lines
 from denpex.hardware.nvml_collector import collect_telemetry, load_pynvml

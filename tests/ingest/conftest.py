@@ -14,7 +14,7 @@ import pytest
 
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import IssuedKey, IssuedToken, Registry
-from ingest.harness import ROOT, ApiServer, MotoS3, PrefectServer
+from testkit.services.ingest import ROOT, ApiServer, MotoS3, PrefectServer
 
 PROBE_DEPLOYMENT = "ingest-probe"
 

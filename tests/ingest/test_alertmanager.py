@@ -18,7 +18,7 @@ import pytest
 
 from denpex.ingest.client import IngestClient
 from ingest.conftest import Engine, Lab
-from ingest.harness import free_port, wait_http
+from testkit.services.ingest import free_port, wait_http
 from ingest.test_api import _runs_for
 
 pytestmark = pytest.mark.slow

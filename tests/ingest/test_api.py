@@ -27,7 +27,7 @@ from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import IssuedKey
 from denpex.ingest.signing import signed_headers
 from ingest.conftest import Engine, Lab
-from ingest.harness import ROOT
+from testkit.services.ingest import ROOT
 
 pytestmark = pytest.mark.slow
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"

@@ -24,7 +24,7 @@ import yaml
 
 from denpex.ingest.client import IngestClient
 from ingest.conftest import Lab, make_lab
-from ingest.harness import AWS_ENV, ROOT, MotoS3, PrefectServer
+from testkit.services.ingest import AWS_ENV, ROOT, MotoS3, PrefectServer
 
 pytestmark = pytest.mark.slow
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"

@@ -34,7 +34,7 @@ from denpex.isolation.policy import (
     Scheduler,
 )
 from denpex.isolation.ssh import Backoff
-from isolation.k8s_fake_api import FakeApiServer, make_node, make_pdb, make_pod
+from testkit.fakes.k8s_api import FakeApiServer, make_node, make_pdb, make_pod
 from isolation.triage_cases import killed_process, signal
 from isolation.trust import APPROVERS_FILE, key_file, operator_for, signed
 

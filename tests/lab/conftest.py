@@ -16,7 +16,7 @@ import pytest
 
 from denpex.isolation.ssh import Backoff, SshSettings
 from lab.rig import Rig, rig_for
-from lab.slurm_lab import SlurmLab
+from testkit.services.slurm import SlurmLab
 
 
 @pytest.fixture(scope="session")

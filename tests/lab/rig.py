@@ -22,8 +22,8 @@ from denpex.isolation.slurm import SlurmAdapter
 from denpex.isolation.ssh import CommandResult, CommandRunner, SshRunner, SshSettings
 from isolation.triage_cases import candidate, killed_process, signal
 from isolation.trust import operator_for, signed
-from lab.slurm_lab import SlurmLab
-from lab.tcp_proxy import FaultProxy
+from testkit.services.slurm import SlurmLab
+from testkit.services.tcp_proxy import FaultProxy
 
 __all__ = ["INCIDENT", "CLUSTER", "Rig", "Hooked", "Detoured", "rig_for", "xid79", "xid79_on", "drained", "drained_nodes",
            "reason_of", "proxied"]

@@ -20,8 +20,8 @@ from denpex.isolation.audit import Outcome
 from denpex.isolation.errors import TransientRemoteError
 from denpex.isolation.ssh import CommandRunner, SshSettings
 from lab.rig import Detoured, drained, rig_for, xid79
-from lab.slurm_lab import SlurmLab
-from lab.tcp_proxy import Fault, FaultProxy
+from testkit.services.slurm import SlurmLab
+from testkit.services.tcp_proxy import Fault, FaultProxy
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,8 @@ from denpex.isolation.policy import IsolationPolicy, SafetyLimits, Scheduler
 from denpex.isolation.ssh import CommandRunner, SshSettings
 from isolation.triage_cases import killed_process
 from lab.rig import INCIDENT, Hooked, Rig, drained, drained_nodes, proxied, reason_of, rig_for, xid79, xid79_on
-from lab.slurm_lab import SlurmLab
-from lab.tcp_proxy import Fault, FaultProxy
+from testkit.services.slurm import SlurmLab
+from testkit.services.tcp_proxy import Fault, FaultProxy
 from isolation.trust import APPROVERS_FILE, key_file, signed, write_runbook
 
 pytestmark = pytest.mark.slow

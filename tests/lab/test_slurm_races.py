@@ -19,7 +19,7 @@ from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import CommandRunner, SshSettings
 from isolation.trust import signed
 from lab.rig import Hooked, drained, reason_of, rig_for, xid79, xid79_on
-from lab.slurm_lab import SlurmLab
+from testkit.services.slurm import SlurmLab
 
 pytestmark = pytest.mark.slow
 

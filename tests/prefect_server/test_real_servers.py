@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prefect_servers import PG_BIN, PrefectServer, postgres_database, prefect_server, psql
+from testkit.services.prefect import PG_BIN, PrefectServer, postgres_database, prefect_server, psql
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "incidents" / "catalog.json"

@@ -18,16 +18,16 @@ import pytest
 from denpex.analysis.triage import triage_path
 from denpex.evidence.manifest import load_manifest
 from denpex.evidence.safe_pickle import safe_loads
-from denpex.testing.expansion import DEFAULT_PREFIX, GeneratedSet, generate_dump_set
-from denpex.testing.fr_template import load_template, template_from_dump
-from denpex.testing.hang_model import (
+from testkit.generators.expansion import DEFAULT_PREFIX, GeneratedSet, generate_dump_set
+from testkit.generators.fr_template import load_template, template_from_dump
+from testkit.generators.hang_model import (
     ExpansionError,
     GroupKind,
     ParallelLayout,
     Scenario,
     culprit_rank,
 )
-from denpex.testing.torch_pickle import encode_torch_style
+from testkit.generators.torch_pickle import encode_torch_style
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
 WORLD = 256

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from denpex.analysis.models import CandidateKind
-from denpex.testing.nccl_sim import Simulation, Work, WorkKind
+from testkit.generators.nccl_sim import Simulation, Work, WorkKind
 
 __all__ = ["wait_for_graph", "culprits_from_simulation"]
 

@@ -33,7 +33,7 @@ __all__ = ["PG_BIN", "PrefectServer", "free_port", "postgres_database", "prefect
            "prefect_env", "psql", "flow_run", "wait_for_flow_run"]
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from denpex.testing.nccl_frames import frames_for
-from denpex.testing.nccl_program import Phase
-from denpex.testing.nccl_sim import Record, Simulation, Work
+from testkit.generators.nccl_frames import frames_for
+from testkit.generators.nccl_program import Phase
+from testkit.generators.nccl_sim import Record, Simulation, Work
 
 __all__ = ["DumpFormat", "DumpSettings", "rank_dump", "json_form", "encode_dump", "VERSION"]
 

@@ -1,6 +1,6 @@
 """A 3D-parallel training job, its last step, and how one faulty rank makes it hang.
 
-The expansion (``denpex.testing.expansion``) writes dumps from what this module decides: which
+The expansion (``testkit.generators.expansion``) writes dumps from what this module decides: which
 op each rank runs, in which group, and where each rank is when the dumps are taken.
 
 - Layout: ``tp`` x ``dp`` x ``pp`` ranks, DeviceMesh order

@@ -1,9 +1,9 @@
 """Real Flight Recorder dumps from 4 real Gloo processes, for every hang Denpex must explain.
 
-    python -m denpex.testing.gloo_scenarios OUT_DIR [--scenario NAME ...] [--timeout-s 5]
+    python -m testkit.generators.gloo_scenarios OUT_DIR [--scenario NAME ...] [--timeout-s 5]
                                             [--long-stall NAME|none] [--long-stall-s 35]
 
-Each scenario launches 4 ``torch.distributed`` ranks on CPU (:mod:`denpex.testing.gloo_worker`;
+Each scenario launches 4 ``torch.distributed`` ranks on CPU (:mod:`testkit.generators.gloo_worker`;
 Gloo, FileStore rendezvous) with four process groups besides the world, runs a few steps, then
 makes one hang. Every rank runs the product's :class:`~denpex.collector.fr_watchdog.HangDumper`,
 which dumps FR (pickle and JSON) at 0.75 x the collective timeout, when a collective raises, or
@@ -21,7 +21,7 @@ run: rank logs, store, dump records)::
 A scenario folder is a triage folder (both encodings of a rank are the same dump; a reader that
 wants one encoding copies those files and the manifest).
 
-Process groups (:mod:`denpex.testing.gloo_catalog`), by the names FR records in
+Process groups (:mod:`testkit.generators.gloo_catalog`), by the names FR records in
 ``process_group[0]``::
 
     "0" default_pg [0, 1, 2, 3]   "1" tp [0, 1]   "2" tp [2, 3]   "3" dp [0, 2]   "4" dp [1, 3]
@@ -86,7 +86,7 @@ from denpex.collector import (
     write_atomic,
 )
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
-from denpex.testing.gloo_catalog import (
+from testkit.generators.gloo_catalog import (
     DUMP_FORMATS,
     SCENARIOS,
     WORLD_SIZE,
@@ -112,7 +112,7 @@ __all__ = [
 
 LONG_SUFFIX = "_long"
 WORK_DIR = ".work"
-WORKER_MODULE = "denpex.testing.gloo_worker"
+WORKER_MODULE = "testkit.generators.gloo_worker"
 
 _log = logging.getLogger(__name__)
 
@@ -266,13 +266,13 @@ class _Attempt:
         return detail
 
     def _launch(self) -> None:
-        package_root = Path(__file__).resolve().parents[2]
+        repo_root = Path(__file__).resolve().parents[2]  # testkit/ is imported from the repo root
         env = {**os.environ,
                "TORCH_FR_BUFFER_SIZE": str(self.options.fr_buffer_size),
                "OMP_NUM_THREADS": "1",
                # Loopback only: a CI machine's host name may resolve to an unreachable address.
                "GLOO_SOCKET_IFNAME": "lo",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo_root),
                                                            os.environ.get("PYTHONPATH")]))}
         signal_args = self._serve_signal_store()
         for rank in range(WORLD_SIZE):
@@ -431,7 +431,7 @@ class _Attempt:
 
 def _parser() -> argparse.ArgumentParser:
     d = GeneratorOptions()
-    p = argparse.ArgumentParser(prog="python -m denpex.testing.gloo_scenarios",
+    p = argparse.ArgumentParser(prog="python -m testkit.generators.gloo_scenarios",
                                 description="Write real Gloo Flight Recorder dumps per hang scenario.")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),

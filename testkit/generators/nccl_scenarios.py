@@ -17,8 +17,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import CandidateKind, Verdict
-from denpex.testing.nccl_program import Mutation, P2PMode
-from denpex.testing.nccl_topology import Layout, NamingStyle
+from testkit.generators.nccl_program import Mutation, P2PMode
+from testkit.generators.nccl_topology import Layout, NamingStyle
 
 __all__ = [
     "FaultKind",

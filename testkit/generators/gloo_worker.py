@@ -1,6 +1,6 @@
-"""One rank of a Gloo hang scenario: the program :mod:`denpex.testing.gloo_scenarios` launches 4 of.
+"""One rank of a Gloo hang scenario: the program :mod:`testkit.generators.gloo_scenarios` launches 4 of.
 
-    python -m denpex.testing.gloo_worker --rank R --work-dir DIR --scenario NAME --timeout-s 5
+    python -m testkit.generators.gloo_worker --rank R --work-dir DIR --scenario NAME --timeout-s 5
                                          --parent-pid PID [--long-stall] [--signal-store HOST:PORT]
 
 The rank joins a FileStore rendezvous in ``DIR``, creates the scenario's process groups, runs
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from denpex.collector import DumpTrigger, EvidenceUploader, HangDumper, StoreDumpSignal, UploadTarget, write_atomic
-from denpex.testing.gloo_catalog import (
+from testkit.generators.gloo_catalog import (
     DP_GROUPS,
     DUMP_FORMATS,
     P2P_DST,
@@ -157,7 +157,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m denpex.testing.gloo_worker")
+    p = argparse.ArgumentParser(prog="python -m testkit.generators.gloo_worker")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--work-dir", type=Path, required=True)
     p.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)

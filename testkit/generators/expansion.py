@@ -1,9 +1,9 @@
 """Expand one real Flight Recorder dump into an N-rank, 3D-parallel dump set with an injected fault.
 
-The shape comes from a real dump (``denpex.testing.fr_template``): the entry fields and their
+The shape comes from a real dump (``testkit.generators.fr_template``): the entry fields and their
 order, the stacks, the dtype, the thread name and id, the timeout. Only what differs between
 ranks and ops is written anew: sequence ids, group names, sizes, states, timestamps and record
-ids. The job and its hang come from ``denpex.testing.hang_model``.
+ids. The job and its hang come from ``testkit.generators.hang_model``.
 
 The dumps are NCCL-style (what production jobs write; see ``notes/flight-recorder.md``):
 
@@ -30,7 +30,7 @@ group) and ``expected.json``::
 
 Speed: ranks with the same stage and state at dump time share one encoded ring. Per rank, only
 the header (``pg_config``, ``pg_status``) is encoded; the ring's bytes are copied with the memo
-slots of the rank's group names and the timestamps patched (``denpex.testing.torch_pickle``
+slots of the rank's group names and the timestamps patched (``testkit.generators.torch_pickle``
 explains the layout). 4,096 ranks x 2,000 entries take a few seconds on two processes.
 """
 
@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 
 from denpex.analysis.models import CandidateKind, Verdict
-from denpex.testing.fr_template import DumpTemplate
-from denpex.testing.hang_model import (
+from testkit.generators.fr_template import DumpTemplate
+from testkit.generators.hang_model import (
     SCENARIOS,
     SHARD_ELEMENTS,
     ExpansionError,
@@ -67,7 +67,7 @@ from denpex.testing.hang_model import (
     simulate_last_step,
     stage_program,
 )
-from denpex.testing.torch_pickle import TorchPickleWriter, shared_frame_ids
+from testkit.generators.torch_pickle import TorchPickleWriter, shared_frame_ids
 
 __all__ = [
     "ExpectedOutcome",

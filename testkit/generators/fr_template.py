@@ -19,7 +19,7 @@ from typing import Any
 
 from denpex.evidence.errors import DumpError
 from denpex.evidence.safe_pickle import safe_loads
-from denpex.testing.hang_model import ExpansionError
+from testkit.generators.hang_model import ExpansionError
 
 __all__ = ["DumpTemplate", "load_template", "template_from_dump", "STACKS"]
 

@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from denpex.testing.nccl_program import (
+from testkit.generators.nccl_program import (
     CollectiveCall,
     Compute,
     CpuSync,
@@ -37,7 +37,7 @@ from denpex.testing.nccl_program import (
     Phase,
     ProgramItem,
 )
-from denpex.testing.nccl_topology import Topology
+from testkit.generators.nccl_topology import Topology
 
 __all__ = [
     "WorkKind",

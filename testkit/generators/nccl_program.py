@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from denpex.testing.nccl_topology import GroupKind, Topology
+from testkit.generators.nccl_topology import GroupKind, Topology
 
 __all__ = [
     "P2PMode",

@@ -28,7 +28,7 @@ One step (Megatron 1F1B over 4 microbatches, 2 transformer layers per stage)::
 
 Write them for a manual look (``denpex triage OUT/<name>/pickle``)::
 
-    python -m denpex.testing.nccl_moe OUT [--scenario NAME ...] [--no-manifest]
+    python -m testkit.generators.nccl_moe OUT [--scenario NAME ...] [--no-manifest]
 
 The fault: a rank's GPU stops while the rank issues an expert-parallel ``all_to_all``. The CPU
 enqueued it (the entry is in the ring), the GPU never runs it, and the CPU then stalls in its next
@@ -49,8 +49,8 @@ from typing import Any
 
 from denpex.analysis.models import CandidateKind, Verdict
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
-from denpex.testing.nccl_dump import DumpFormat, DumpSettings, encode_dump, rank_dump
-from denpex.testing.nccl_program import (
+from testkit.generators.nccl_dump import DumpFormat, DumpSettings, encode_dump, rank_dump
+from testkit.generators.nccl_program import (
     BF16,
     FP32,
     CollectiveCall,
@@ -66,9 +66,9 @@ from denpex.testing.nccl_program import (
     _dp_param_gather,
     _StepBuilder,
 )
-from denpex.testing.nccl_scenarios import Expected
-from denpex.testing.nccl_sim import RankCounters, Simulation, Work, count_step
-from denpex.testing.nccl_topology import (
+from testkit.generators.nccl_scenarios import Expected
+from testkit.generators.nccl_sim import RankCounters, Simulation, Work, count_step
+from testkit.generators.nccl_topology import (
     GroupKind,
     Layout,
     NamingStyle,
@@ -486,7 +486,7 @@ def _manifest(scenario: MoEScenario, topology: Topology, dump_ns: dict[int, int]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write every (or the named) reproduction as pickle and JSON folders; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m denpex.testing.nccl_moe",
+    parser = argparse.ArgumentParser(prog="python -m testkit.generators.nccl_moe",
                                      description="Write the MoE NCCL-format reproductions.")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--scenario", action="append", choices=list(MOE_SCENARIOS))

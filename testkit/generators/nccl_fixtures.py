@@ -4,7 +4,7 @@ No GPU here can produce a multi-rank NCCL dump, so this module simulates one (``
 writes what torch 2.13 would have written (``nccl_dump``; the format is in ``NCCL_FORMAT.md``),
 plus the job manifest and the ground truth::
 
-    python -m denpex.testing.nccl_fixtures OUT_DIR [--scenario NAME ...] [--format pickle|json|both]
+    python -m testkit.generators.nccl_fixtures OUT_DIR [--scenario NAME ...] [--format pickle|json|both]
 
     OUT_DIR/<scenario>/<format>/comm_lib_trace_rank_<rank>[.json]
                                /manifest.json
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
-from denpex.testing.nccl_dump import DumpFormat, DumpSettings, encode_dump, rank_dump
-from denpex.testing.nccl_program import Hang, P2PMode, ProgramItem, StepPlan, build_step
-from denpex.testing.nccl_scenarios import (
+from testkit.generators.nccl_dump import DumpFormat, DumpSettings, encode_dump, rank_dump
+from testkit.generators.nccl_program import Hang, P2PMode, ProgramItem, StepPlan, build_step
+from testkit.generators.nccl_scenarios import (
     SCENARIOS,
     DumpTrigger,
     Expected,
@@ -37,8 +37,8 @@ from denpex.testing.nccl_scenarios import (
     ScenarioSpec,
     scenario_names,
 )
-from denpex.testing.nccl_sim import RankCounters, Simulation, count_step
-from denpex.testing.nccl_topology import GroupKind, Topology, build_topology
+from testkit.generators.nccl_sim import RankCounters, Simulation, count_step
+from testkit.generators.nccl_topology import GroupKind, Topology, build_topology
 
 __all__ = [
     "BASE_STEP",
@@ -147,7 +147,7 @@ def write_scenario(built: BuiltScenario, directory: Path, fmt: DumpFormat, *,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m denpex.testing.nccl_fixtures",
+    parser = argparse.ArgumentParser(prog="python -m testkit.generators.nccl_fixtures",
                                      description="Write simulated NCCL Flight Recorder dumps.")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--scenario", action="append", choices=scenario_names(),

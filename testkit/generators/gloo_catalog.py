@@ -6,7 +6,7 @@ Process groups, by the names FR records in ``process_group[0]``::
 
 A step is: all_reduce in tp, all_reduce in dp, all_reduce in the world. The hang step differs
 per scenario (see :data:`SCENARIOS`); :func:`expected_waits` plays it to say where each rank is
-blocked. :mod:`denpex.testing.gloo_worker` runs one rank, :mod:`denpex.testing.gloo_scenarios`
+blocked. :mod:`testkit.generators.gloo_worker` runs one rank, :mod:`testkit.generators.gloo_scenarios`
 launches and collects them.
 """
 

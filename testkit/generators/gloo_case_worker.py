@@ -1,6 +1,6 @@
-"""One rank of a Gloo triage-accuracy case: the program :mod:`denpex.testing.gloo_cases` launches.
+"""One rank of a Gloo triage-accuracy case: the program :mod:`testkit.generators.gloo_cases` launches.
 
-    python -m denpex.testing.gloo_case_worker --rank R --world-size N --work-dir DIR --case NAME
+    python -m testkit.generators.gloo_case_worker --rank R --world-size N --work-dir DIR --case NAME
                                               --timeout-s 6 --parent-pid PID
 
 The rank joins a FileStore rendezvous in ``DIR``, creates the subgroup ``[0, 1]`` (FR names it
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from denpex.collector import DumpFormat, HangDumper, write_atomic
-from denpex.testing.gloo_worker import _die_with_parent
+from testkit.generators.gloo_worker import _die_with_parent
 
 __all__ = ["CaseContext", "PROGRAMS", "host_of", "main"]
 
@@ -175,7 +175,7 @@ def run_rank(rank: int, world_size: int, work: Path, case: str, timeout: timedel
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m denpex.testing.gloo_case_worker")
+    p = argparse.ArgumentParser(prog="python -m testkit.generators.gloo_case_worker")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--work-dir", type=Path, required=True)

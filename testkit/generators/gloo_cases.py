@@ -1,9 +1,9 @@
 """Real Gloo reproductions of the triage-accuracy families (issue 9), with their ground truth.
 
-    python -m denpex.testing.gloo_cases OUT_DIR [--case NAME ...] [--timeout-s 6]
+    python -m testkit.generators.gloo_cases OUT_DIR [--case NAME ...] [--timeout-s 6]
 
 Each case launches 4 real ``torch.distributed`` Gloo ranks
-(:mod:`denpex.testing.gloo_case_worker`) that run two world all_reduces under the product's
+(:mod:`testkit.generators.gloo_case_worker`) that run two world all_reduces under the product's
 ``HangDumper``, then play the case. The first rank blocked for 0.75 x the collective timeout dumps
 and asks the others to dump (``slow_rank`` is asked by the launcher after about one second
 instead). Written::
@@ -40,7 +40,7 @@ __all__ = ["GlooCase", "CASES", "CaseError", "EXPECTED_NAME", "WORK_DIR", "run_c
 WORLD_SIZE = 4
 WORK_DIR = ".work"
 EXPECTED_NAME = "expected.json"
-WORKER_MODULE = "denpex.testing.gloo_case_worker"
+WORKER_MODULE = "testkit.generators.gloo_case_worker"
 
 _log = logging.getLogger(__name__)
 
@@ -203,10 +203,10 @@ class _Run:
         return files
 
     def _launch(self, work: Path, program: str) -> None:
-        package_root = Path(__file__).resolve().parents[2]
+        repo_root = Path(__file__).resolve().parents[2]  # testkit/ is imported from the repo root
         env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "64", "OMP_NUM_THREADS": "1",
                "GLOO_SOCKET_IFNAME": "lo",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo_root),
                                                            os.environ.get("PYTHONPATH")]))}
         for rank in range(WORLD_SIZE):
             argv = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), "--world-size",
@@ -246,7 +246,7 @@ class _Run:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m denpex.testing.gloo_cases")
+    p = argparse.ArgumentParser(prog="python -m testkit.generators.gloo_cases")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--case", action="append", choices=sorted(CASES))
     p.add_argument("--timeout-s", type=float, default=6.0)

@@ -1,0 +1,1 @@
+"""Stand-ins for services that cannot run here: a Kubernetes API server, NVML, a loopback PKI."""
