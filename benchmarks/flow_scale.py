@@ -42,7 +42,7 @@ from moto.server import ThreadedMotoServer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from testkit.services.prefect import PrefectServer, prefect_server  # noqa: E402
+from testkit.services.prefect import PrefectServer, prefect_server, wait_for_deployments  # noqa: E402
 
 TEMPLATE = REPO / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
 GLOO = REPO / "tests" / "fixtures" / "gloo" / "withheld_one"
@@ -237,7 +237,8 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
         served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--only", "on-alert", *serve_args], cwd=REPO,
                                   env={**env, **extra}, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         try:
-            _wait_deployment(server, "on-alert", served, log)
+            wait_for_deployments(server.api_url, ["on-alert"], served, log, 180, automations=["denpex-alert"])
+            time.sleep(2)  # the runner registers the deployment, then starts polling
             times: list[float] = []
             breakdown: list[dict[str, Any]] = []
             for attempt in range(args.repeats):
@@ -261,19 +262,6 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
             except subprocess.TimeoutExpired:
                 served.kill()
     return results
-
-
-def _wait_deployment(server: PrefectServer, name: str, served: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if served.poll() is not None:
-            raise RuntimeError(f"flows.serve exited {served.returncode}: {log.read_text()[-2000:]}")
-        found = httpx.post(f"{server.api_url}/deployments/filter", json={}, timeout=10).json()
-        if any(d["name"] == name for d in found):
-            time.sleep(2)  # the runner registers the deployment, then starts polling
-            return
-        time.sleep(1)
-    raise TimeoutError(f"deployment {name} not served: {log.read_text()[-2000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:

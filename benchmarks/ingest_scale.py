@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -34,28 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from testkit.services.net import free_port, wait_http  # noqa: E402
+
 AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: the server exited with {proc.returncode}")
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer in {timeout_s} s")
 
 
 def _tree_cpu_s(root: int) -> float:
@@ -135,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
           f"in {time.perf_counter() - started:.1f} s", flush=True)
 
     env = {**os.environ, **AWS, "PYTHONPATH": str(ROOT)}
-    moto_port, api_port = _free_port(), _free_port()
+    moto_port, api_port = free_port(), free_port()
     endpoint = f"http://127.0.0.1:{moto_port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -143,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                                  str(moto_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
         procs.append(moto)
-        _wait(endpoint, moto)
+        wait_http(endpoint, 120, moto)
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
@@ -161,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                                start_new_session=True)
         procs.append(api)
         url = f"http://127.0.0.1:{api_port}"
-        _wait(f"{url}/healthz", api)
+        wait_http(f"{url}/healthz", 120, api)
 
         incident = "bench-incident"
         key_fields = {"key_id": key.key_id, "secret": key.secret}

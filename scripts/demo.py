@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,11 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from testkit.services.net import free_port, wait_http  # noqa: E402
+from testkit.services.prefect import PrefectServer, wait_for_deployments  # noqa: E402
 
 
 def _say(text: str) -> None:
@@ -50,16 +46,10 @@ def _say(text: str) -> None:
 
 
 def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: {what} exited {proc.returncode}; its log: {log}\n{log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=3):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"demo: {what} did not answer at {url} within {timeout_s:.0f} s; its log: {log}")
+    try:
+        wait_http(url, timeout_s, proc, log, interval_s=0.5)
+    except RuntimeError as failed:
+        raise SystemExit(f"demo: {what} did not come up; its log: {log}\n{failed}") from None
 
 
 def _spawn(stack: ExitStack, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -110,7 +100,7 @@ def _start_store(stack: ExitStack, run_dir: Path, store: str, env: dict[str, str
         target = run_dir / "evidence"
         target.mkdir(parents=True)
         return str(target)
-    port = _free_port()
+    port = free_port()
     moto = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
     log = run_dir / "moto.log"
     proc = _spawn(stack, [moto, "-H", "127.0.0.1", "-p", str(port)], env, log)
@@ -140,7 +130,7 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
 
     registry = Registry(Path(env["DENPEX_STATE_DIR"]))
     registry.add_tenant("acme", PlanTier.DATA_CENTER)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = run_dir / "serve-api.log"
     proc = _spawn(stack, [sys.executable, "-m", "denpex", "serve-api", "--port", str(port), "--store", store_uri],
@@ -221,17 +211,10 @@ def _register_blocks(lab: Any) -> None:
 
 def _wait_for_trigger(api: str, served: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
     """An event sent before the deployment's trigger exists starts nothing: wait for the automation."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if served.poll() is not None:
-            raise SystemExit(f"demo: flows.serve exited {served.returncode}; see {log}")
-        request = urllib.request.Request(f"{api}/automations/filter", data=b"{}", method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            if any(a.get("name") == "denpex-alert" for a in json.loads(response.read())):
-                return
-        time.sleep(1)
-    raise SystemExit(f"demo: the alert trigger was not registered within {timeout_s:.0f} s; see {log}")
+    try:
+        wait_for_deployments(api, ["on-alert"], served, log, timeout_s, automations=["denpex-alert"])
+    except RuntimeError as failed:
+        raise SystemExit(f"demo: the alert trigger was not registered; see {log}\n{failed}") from None
 
 
 def _find_run(incident_id: str, timeout_s: float = 120) -> Any:
@@ -303,22 +286,22 @@ def main(argv: list[str] | None = None) -> int:
                          "manifest.json and optional *.log / *.jsonl telemetry")
     run_dir = Path(args.out).resolve() / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir.mkdir(parents=True)
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(run_dir / "prefect"), "PREFECT_API_URL": api,
-           "PREFECT_UI_URL": f"http://127.0.0.1:{port}", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_LOGGING_LEVEL": "WARNING", "DENPEX_STATE_DIR": str(run_dir / "state"),
-           "DENPEX_RUNBOOKS_DIR": str(run_dir / "runbooks"), "AWS_ACCESS_KEY_ID": "demo",
-           "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # The Prefect server the tests use (testkit.services.prefect): SQLite in run_dir/prefect-home,
+    # its output in run_dir/prefect-server.log, the UI told its API URL.
+    prefect = PrefectServer(run_dir, startup_timeout=90)
+    api = prefect.api_url
+    env = prefect.env(PREFECT_UI_URL=prefect.url, PREFECT_LOGGING_LEVEL="WARNING",
+                      DENPEX_STATE_DIR=str(run_dir / "state"), DENPEX_RUNBOOKS_DIR=str(run_dir / "runbooks"),
+                      AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo", AWS_DEFAULT_REGION="us-east-1")
     _demo_runbooks(run_dir / "runbooks")
     with ExitStack() as stack:
         _say(f"state: {run_dir}")
-        log = run_dir / "prefect-server.log"
-        server = _spawn(stack, [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                "--port", str(port)], env, log)
-        _wait_http(f"{api}/health", "prefect server", server, log)
-        _say(f"prefect server (SQLite under {run_dir / 'prefect'}): http://127.0.0.1:{port}")
+        stack.callback(prefect.stop)
+        try:
+            prefect.start()
+        except RuntimeError as failed:
+            raise SystemExit(f"demo: the prefect server did not start; its log: {prefect.log}\n{failed}") from None
+        _say(f"prefect server (SQLite under {prefect.home}): {prefect.url}")
         store_uri = _start_store(stack, run_dir, args.store, env)
         os.environ.update(env)  # this process talks to the same API and store from here on
         lab = _start_slurm(stack, incident)
@@ -328,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         _wait_for_trigger(api, served, run_dir / "serve.log")
         _through_the_service(stack, incident, run_dir, store_uri, env, incident_id)
         run_id = _find_run(incident_id)
-        ui = f"http://127.0.0.1:{port}/runs/flow-run/{run_id}"
+        ui = f"{prefect.url}/runs/flow-run/{run_id}"
         state = _wait_state(run_id, {"PAUSED", "COMPLETED"})
         _show_report(incident_id, run_dir)
         if state == "PAUSED":

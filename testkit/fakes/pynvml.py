@@ -9,6 +9,7 @@ what NVML raises on such GPUs.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -74,7 +75,7 @@ class FakeNvml:
         gpus: list[FakeGpu],
         clock: FakeClock,
         *,
-        xids: list[tuple[float, int, int]] = (),  # (at seconds, GPU index, Xid)
+        xids: Sequence[tuple[float, int, int]] = (),  # (at seconds, GPU index, Xid)
         change_at: float = 1.0,
         init_error: int | None = None,
         event_set_error: int | None = None,
@@ -110,7 +111,7 @@ class FakeNvml:
         return ctypes.c_void_p(0x1000 + index)  # a fresh pointer object each call, as in NVML
 
     def _gpu(self, handle: ctypes.c_void_p) -> FakeGpu:
-        gpu = self.gpus[handle.value - 0x1000]
+        gpu = self.gpus[_index(handle)]
         if gpu.lost_at is not None and self.clock.now >= gpu.lost_at:
             raise pynvml.NVMLError_GpuIsLost()
         return gpu
@@ -157,7 +158,7 @@ class FakeNvml:
     def nvmlDeviceRegisterEvents(self, handle: ctypes.c_void_p, event_types: int, event_set: object) -> None:
         if not self._gpu(handle).events_supported:
             raise pynvml.NVMLError_NotSupported()
-        self.registered.append(handle.value - 0x1000)
+        self.registered.append(_index(handle))
 
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
         horizon = self.clock.now + timeout_ms / 1000
@@ -174,6 +175,13 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: object) -> None:
         self.freed = True
+
+
+def _index(handle: ctypes.c_void_p) -> int:
+    """The GPU index behind a handle of ``nvmlDeviceGetHandleByIndex`` (a NULL one is invalid)."""
+    if handle.value is None:
+        raise pynvml.NVMLError_InvalidArgument()
+    return handle.value - 0x1000
 
 
 def skip_if_nvml_works() -> None:

@@ -1,68 +1,48 @@
-"""Real Prefect API servers for tests: ``prefect server start`` on SQLite or on a PostgreSQL that
-the test starts itself (Debian's postgresql 15, initdb + pg_ctl, no system service).
+"""Real Prefect API servers: ``prefect server start`` on SQLite, or on a PostgreSQL from
+:mod:`testkit.services.postgres`, and the helpers that wait on what runs against them.
 
 Each server gets a temp PREFECT_HOME, analytics off, a free port and the UI told its API URL
 (``PREFECT_SERVER_UI_API_URL``; ``--port`` alone leaves the UI pointing at :4200). A program that
-is missing makes the fixture fail, never skip. Usage::
+is missing makes the caller fail, never skip. Usage::
 
-    with postgres_database(tmp) as url, prefect_server(tmp, database_url=url) as server:
+    with postgres_database() as url, prefect_server(tmp, database_url=url) as server:
         run_flow_process(server, "flows.replay:replay", {...})
+
+or, where the server outlives one block (a session fixture)::
+
+    server = PrefectServer(tmp)
+    server.start()
+    ...
+    server.stop()
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import shlex
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-__all__ = ["PG_BIN", "PrefectServer", "free_port", "postgres_database", "prefect_server",
-           "prefect_env", "psql", "flow_run", "wait_for_flow_run"]
+from testkit.services.net import free_port, log_tail, wait_http
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+__all__ = ["PrefectServer", "prefect_server", "prefect_env", "flow_run", "wait_for_flow_run",
+           "wait_for_deployments"]
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    """A port the kernel just handed out (bind to 0), free for the server to take."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class PrefectServer:
-    """A running ``prefect server start``."""
-
-    url: str
-    home: Path
-    log: Path
-
-    @property
-    def api_url(self) -> str:
-        return f"{self.url}/api"
-
-    def env(self) -> dict[str, str]:
-        """Environment for a process (flow, worker, serve) that talks to this server."""
-        return prefect_env(self.home, api_url=self.api_url)
-
-
 def prefect_env(home: Path, *, api_url: str | None = None, **extra: str) -> dict[str, str]:
-    """A clean Prefect environment rooted at ``home``."""
+    """A clean Prefect environment rooted at ``home``: this process's environment without its
+    ``PREFECT_*`` settings, analytics off, the repository root on ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "INFO",
@@ -73,103 +53,96 @@ def prefect_env(home: Path, *, api_url: str | None = None, **extra: str) -> dict
     return env
 
 
+class PrefectServer:
+    """``prefect server start`` on a free port, its PREFECT_HOME ``workdir/prefect-home`` and its
+    output in ``workdir/prefect-server.log``.
+
+    ``start()`` returns once ``/api/health`` answers; ``stop()`` ends the server's whole process
+    group. ``database_url`` is SQLAlchemy's (SQLite in the home by default); ``ui=False`` leaves
+    the UI out (a quicker start where nobody looks at it).
+    """
+
+    def __init__(self, workdir: Path, *, database_url: str | None = None, ui: bool = True,
+                 startup_timeout: float = 120.0) -> None:
+        self.home = workdir / "prefect-home"
+        self.log = workdir / "prefect-server.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url or f"sqlite+aiosqlite:///{self.home / 'prefect.db'}"
+        self.ui = ui
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for a process (flow, worker, serve) that talks to this server."""
+        return prefect_env(self.home, api_url=self.api_url, **extra)
+
+    def start(self) -> None:
+        prefect = VENV_BIN / "prefect"
+        if not prefect.exists():
+            raise RuntimeError(f"{prefect} is missing: run `make setup`")
+        self.home.mkdir(parents=True, exist_ok=True)
+        env = prefect_env(self.home, PREFECT_SERVER_UI_API_URL=self.api_url,
+                          PREFECT_API_DATABASE_CONNECTION_URL=self.database_url)
+        if not self.ui:
+            env["PREFECT_UI_ENABLED"] = "false"
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(f"{self.api_url}/health", self.startup_timeout, self.process, self.log, interval_s=0.5)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the server's whole process group (uvicorn and its services)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
 @contextmanager
-def prefect_server(workdir: Path, *, database_url: str | None = None,
+def prefect_server(workdir: Path, *, database_url: str | None = None, ui: bool = True,
                    startup_timeout: float = 120.0) -> Iterator[PrefectServer]:
-    """Start ``prefect server start`` on a free port and wait until ``/api/health`` answers."""
-    prefect = VENV_BIN / "prefect"
-    if not prefect.exists():
-        raise RuntimeError(f"{prefect} is missing: run `make setup`")
-    home = workdir / "prefect-home"
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    database = database_url or f"sqlite+aiosqlite:///{home / 'prefect.db'}"
-    env = prefect_env(home, PREFECT_SERVER_UI_API_URL=f"{url}/api",
-                      PREFECT_API_DATABASE_CONNECTION_URL=database)
-    log = workdir / "prefect-server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    """A :class:`PrefectServer` started for the block and stopped after it."""
+    server = PrefectServer(workdir, database_url=database_url, ui=ui, startup_timeout=startup_timeout)
+    server.start()
     try:
-        _wait_healthy(url, process, log, startup_timeout)
-        yield PrefectServer(url=url, home=home, log=log)
+        yield server
     finally:
-        _stop(process)
+        server.stop()
 
 
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+def wait_for_deployments(api_url: str, names: Collection[str], process: subprocess.Popen[bytes], log: Path,
+                         timeout: float = 120.0, *, automations: Collection[str] = ()) -> None:
+    """Wait until the server at ``api_url`` lists every deployment in ``names`` and every
+    automation (a deployment's trigger) in ``automations``: an event sent before its trigger
+    exists starts nothing. ``process`` serves them (its output in ``log``); its exit fails the wait.
+    """
+    wanted, triggers = set(names), set(automations)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+            raise RuntimeError(f"{_command(process)} exited {process.returncode}:\n{log_tail(log)}")
+        found = httpx.post(f"{api_url}/deployments/filter", timeout=10,
+                           json={"deployments": {"name": {"any_": sorted(wanted)}}}).json()
+        registered = httpx.post(f"{api_url}/automations/filter", json={}, timeout=10).json() if triggers else []
+        if wanted <= {d["name"] for d in found} and triggers <= {a["name"] for a in registered}:
+            return
         time.sleep(0.5)
-    raise RuntimeError(f"prefect server at {url} not healthy after {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop the server's whole process group (uvicorn and its services)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
-@contextmanager
-def postgres_database(name: str = "prefect", startup_timeout: float = 60.0) -> Iterator[str]:
-    """A fresh PostgreSQL cluster on a free port; yields an asyncpg URL to database ``name``.
-
-    As root, PostgreSQL runs as the ``postgres`` user (initdb refuses root), so its folder is a
-    fresh one under /tmp owned by that user (pytest's tmp_path is private to root).
-    """
-    for program in ("initdb", "pg_ctl", "psql"):
-        if not (PG_BIN / program).exists():
-            raise RuntimeError(f"{PG_BIN / program} is missing: run scripts/install_system_deps.sh")
-    as_root = os.geteuid() == 0
-    base = Path(tempfile.mkdtemp(prefix="denpex-pg-"))
-    if as_root:
-        shutil.chown(base, user="postgres")
-    data, port = base / "data", free_port()
-
-    def run(*argv: str) -> None:
-        command = list(argv)
-        if as_root:
-            command = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(command)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=startup_timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv[0]} failed ({done.returncode}): {done.stdout}{done.stderr}")
-
-    run(str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
-    run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-t", str(int(startup_timeout)), "-l", str(base / "log"),
-        "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start")
-    try:
-        run(str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-            "-c", f"create database {name}")
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/{name}"
-    finally:
-        run(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def psql(database_url: str, sql: str) -> str:
-    """Run one SQL statement against the database of ``postgres_database``; its output, unaligned."""
-    port = database_url.rsplit(":", 1)[1].split("/")[0]
-    name = database_url.rsplit("/", 1)[1]
-    command = [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-d", name, "-tAc", sql]
-    if os.geteuid() == 0:
-        command = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(command)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise RuntimeError(f"psql failed ({done.returncode}): {done.stderr}")
-    return done.stdout.strip()
+    raise RuntimeError(f"deployments {sorted(wanted)} (automations {sorted(triggers)}) were not served "
+                       f"within {timeout} s by {_command(process)}:\n{log_tail(log)}")
 
 
 def flow_run(server: PrefectServer, flow_run_id: str) -> dict[str, Any]:
@@ -191,3 +164,11 @@ def wait_for_flow_run(server: PrefectServer, flow_run_id: str, states: set[str],
         time.sleep(0.5)
     raise TimeoutError(f"flow run {flow_run_id} still {run.get('state_type')} after {timeout} s: "
                        f"{json.dumps(run.get('state'))[:500]}")
+
+
+def _command(process: subprocess.Popen[bytes]) -> str:
+    """The process's command line, for an error message."""
+    args = process.args
+    words = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+    return "`" + " ".join(os.fsdecode(word) for word in words) + "`"
+

@@ -27,10 +27,10 @@ from denpex.analysis.triage import resolve_manifest, triage_summaries  # noqa: E
 from denpex.analysis.summary import RankSummary  # noqa: E402
 from denpex.evidence.discovery import discover_dumps  # noqa: E402
 from denpex.evidence.store import open_store  # noqa: E402
+from flows.dask_parse import parse_on_dask  # noqa: E402
 from testkit.generators.expansion import generate_dump_set  # noqa: E402
 from testkit.generators.fr_template import load_template  # noqa: E402
 from testkit.generators.hang_model import Scenario  # noqa: E402
-from flows.dask_parse import parse_on_dask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"

@@ -16,11 +16,9 @@ os.environ["PREFECT_HOME"] = str(_SESSION / "prefect-home")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-import json  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import boto3  # noqa: E402
@@ -30,6 +28,7 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 
 from lab.conftest import lab, slurm_lab, ssh_settings  # noqa: E402,F401 (pytest fixtures)
 from flow_driver import FlowRig  # noqa: E402
+from testkit.services.prefect import wait_for_deployments  # noqa: E402
 from testkit.services.slurm import SlurmLab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +119,8 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab) -> Iterato
         served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_for_deployments(prefect_api, {"on-alert", "manual", "return-to-service"}, served, log)
+        wait_for_deployments(prefect_api, ["on-alert", "manual", "return-to-service"], served, log,
+                             automations=["denpex-alert"])
         yield FlowRig(prefect_api, state, runbooks, s3_endpoint, slurm_lab, served, log)
     finally:
         served.terminate()
@@ -130,23 +130,3 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab) -> Iterato
             served.kill()
         shutil.rmtree(_SESSION / "prefect-home" / "storage", ignore_errors=True)
 
-
-def _wait_for_deployments(api: str, names: set[str], served: subprocess.Popen[bytes], log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if served.poll() is not None:
-            raise RuntimeError(f"`python -m flows.serve` exited {served.returncode}:\n{log.read_text()[-3000:]}")
-        request = urllib.request.Request(f"{api}/deployments/filter", data=b"{}", method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            found = {d["name"] for d in json.loads(response.read())}
-        request = urllib.request.Request(f"{api}/automations/filter", data=b"{}", method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            triggers = {a["name"] for a in json.loads(response.read())}
-        if names <= found and "denpex-alert" in triggers:
-            return
-        time.sleep(1)
-    raise RuntimeError(f"deployments {names} were not served within 120 s:\n{log.read_text()[-3000:]}")

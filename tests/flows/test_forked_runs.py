@@ -8,24 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from testkit.services.prefect import wait_for_deployments
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-def _wait_for_deployment(api: str, served: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if served.poll() is not None:
-            raise RuntimeError(f"the probe's serve exited {served.returncode}:\n{log.read_text()[-3000:]}")
-        if any(d["name"] == "probe" for d in httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()):
-            return
-        time.sleep(1)
-    raise TimeoutError(f"the probe was not served:\n{log.read_text()[-3000:]}")
 
 
 def test_a_served_run_is_forked_from_the_preloaded_server(prefect_api: str, tmp_path: Path) -> None:
@@ -37,7 +25,7 @@ def test_a_served_run_is_forked_from_the_preloaded_server(prefect_api: str, tmp_
     served = subprocess.Popen([sys.executable, str(HERE / "forked_probe.py")], cwd=ROOT, env=env,
                               stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
-        _wait_for_deployment(prefect_api, served, log)
+        wait_for_deployments(prefect_api, ["probe"], served, log, 180)
         run = run_deployment("forked-probe/probe", parameters={"out": str(seen_file)}, timeout=300)
         assert run.state is not None and run.state.is_completed(), (run.state, log.read_text()[-3000:])
     finally:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import AWS_ENV, FIXTURES, ROOT, _wait_for_deployments, register_blocks, upload, write_runbooks
+from conftest import AWS_ENV, FIXTURES, ROOT, register_blocks, upload, write_runbooks
 from denpex.isolation.audit import AuditKind
 from flow_driver import (
     CULPRIT_NODE,
@@ -37,8 +37,9 @@ from flow_driver import (
     xid79_log,
 )
 from lab.rig import drained_nodes
+from testkit.services.postgres import postgres_database, psql
+from testkit.services.prefect import PrefectServer, flow_run, prefect_server, wait_for_deployments
 from testkit.services.slurm import SlurmLab
-from testkit.services.prefect import PrefectServer, flow_run, postgres_database, prefect_server, psql
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,8 @@ def pg_rig(s3_endpoint: str, slurm_lab: SlurmLab, tmp_path_factory: pytest.TempP
             served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
                                       stdout=out, stderr=subprocess.STDOUT)
         try:
-            _wait_for_deployments(server.api_url, {"on-alert", "manual", "return-to-service"}, served, log)
+            wait_for_deployments(server.api_url, ["on-alert", "manual", "return-to-service"], served, log,
+                                 automations=["denpex-alert"])
             yield ServerRig(FlowRig(server.api_url, state, runbooks, s3_endpoint, slurm_lab, served, log),
                             server, database_url)
         finally:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from testkit.generators.gloo_scenarios import SCENARIOS
 from gloo_checks import (
     EXTENSIONS,
     NAMINGS,
@@ -18,6 +17,7 @@ from gloo_checks import (
     scenario_names,
     triage_outcome,
 )
+from testkit.generators.gloo_scenarios import SCENARIOS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gloo"
 NAMES = scenario_names(FIXTURES)

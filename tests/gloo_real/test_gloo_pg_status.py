@@ -41,7 +41,7 @@ WORKER = textwrap.dedent("""
 
 
 def test_gloo_counts_sends_and_recvs_in_pg_status(tmp_path: Path) -> None:
-    from testkit.services.prefect import free_port
+    from testkit.services.net import free_port
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

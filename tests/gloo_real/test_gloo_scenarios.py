@@ -14,14 +14,6 @@ from pathlib import Path
 import pytest
 
 from denpex.collector.layout import request_path
-from testkit.generators.gloo_scenarios import (
-    SCENARIOS,
-    WORK_DIR,
-    GeneratorOptions,
-    ScenarioRun,
-    main,
-    run_scenarios,
-)
 from gloo_checks import (
     EXTENSIONS,
     NAMINGS,
@@ -30,6 +22,14 @@ from gloo_checks import (
     read_expected,
     scenario_names,
     triage_outcome,
+)
+from testkit.generators.gloo_scenarios import (
+    SCENARIOS,
+    WORK_DIR,
+    GeneratorOptions,
+    ScenarioRun,
+    main,
+    run_scenarios,
 )
 
 OPTIONS = GeneratorOptions()

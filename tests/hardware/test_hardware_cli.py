@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from testkit.fakes.pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
 from typer.testing import CliRunner
 
 from denpex.cli import app
 from denpex.hardware import load_telemetry
 from dumps import dump, history, write
+from testkit.fakes.pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
 
 runner = CliRunner()
 

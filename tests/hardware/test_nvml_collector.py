@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from testkit.fakes.pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
 
 from denpex.hardware import NvmlUnavailableError, Severity, SignalKind, parse_telemetry_lines
 from denpex.hardware.nvml_collector import collect_telemetry, load_pynvml
+from testkit.fakes.pynvml import FakeClock, FakeGpu, FakeNvml, skip_if_nvml_works
 
 REPLAY, RECOVERY = pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY
 

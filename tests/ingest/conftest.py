@@ -14,9 +14,12 @@ import pytest
 
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import IssuedKey, IssuedToken, Registry
-from testkit.services.ingest import ROOT, ApiServer, MotoS3, PrefectServer
+from testkit.services.ingest import ROOT, ApiServer
+from testkit.services.prefect import PrefectServer, wait_for_deployments
+from testkit.services.s3 import MotoS3
 
 PROBE_DEPLOYMENT = "ingest-probe"
+ALERT_TRIGGER = "denpex-alert"  # flows.serve.alert_trigger(), the probe's trigger too
 
 
 @dataclass
@@ -29,16 +32,16 @@ class Engine:
 
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    home = tmp_path_factory.mktemp("prefect-home")
-    server = PrefectServer(home)
+    work = tmp_path_factory.mktemp("prefect-engine")
+    server = PrefectServer(work, ui=False)
     server.start()
-    log = home / "serve.log"
+    log = work / "serve.log"
     with log.open("ab") as out:
         served = subprocess.Popen([sys.executable, str(ROOT / "tests" / "ingest" / "probe_flow.py"), PROBE_DEPLOYMENT],
-                                  stdout=out, stderr=subprocess.STDOUT, env={**server.env, "PYTHONPATH": str(ROOT)},
+                                  stdout=out, stderr=subprocess.STDOUT, env=server.env(),
                                   cwd=ROOT, start_new_session=True)
     try:
-        _wait_deployment(server.api_url, served, log)
+        wait_for_deployments(server.api_url, [PROBE_DEPLOYMENT], served, log, automations=[ALERT_TRIGGER])
         yield Engine(api_url=server.api_url, deployment=PROBE_DEPLOYMENT)
     finally:
         if served.poll() is None:
@@ -48,24 +51,6 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
             except subprocess.TimeoutExpired:
                 os.killpg(served.pid, signal.SIGKILL)
         server.stop()
-
-
-def _wait_deployment(api_url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the served deployment exited:\n{log.read_text()[-3000:]}")
-        found = httpx.post(f"{api_url}/deployments/filter", json={"deployments": {"name": {"any_": [PROBE_DEPLOYMENT]}}},
-                           timeout=10).json()
-        automations = httpx.post(f"{api_url}/automations/filter", json={}, timeout=10).json()
-        if found and automations:
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"the deployment never appeared:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="session")

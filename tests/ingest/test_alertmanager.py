@@ -18,8 +18,8 @@ import pytest
 
 from denpex.ingest.client import IngestClient
 from ingest.conftest import Engine, Lab
-from testkit.services.ingest import free_port, wait_http
 from ingest.test_api import _runs_for
+from testkit.services.net import free_port, wait_http
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ import pytest
 from denpex.collector import Backoff, EvidenceUploader, UploadTarget
 from denpex.ingest.client import IngestClient
 from denpex.ingest.incidents import IncidentBook, IncidentKey
-from testkit.generators.gloo_scenarios import SCENARIOS, WORK_DIR, GeneratorOptions, run_scenario
 from ingest.conftest import Lab, make_lab
-from testkit.services.ingest import MotoS3
+from testkit.generators.gloo_scenarios import SCENARIOS, WORK_DIR, GeneratorOptions, run_scenario
+from testkit.services.s3 import MotoS3
 
 pytestmark = pytest.mark.slow
 SURVIVORS = {0, 2, 3}  # "sigkill": rank 1 idles and is SIGKILLed, 0, 2 and 3 wait for it and dump

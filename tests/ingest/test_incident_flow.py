@@ -24,55 +24,60 @@ import yaml
 
 from denpex.ingest.client import IngestClient
 from ingest.conftest import Lab, make_lab
-from testkit.services.ingest import AWS_ENV, ROOT, MotoS3, PrefectServer
+from testkit.services.ingest import ROOT
+from testkit.services.prefect import PrefectServer, wait_for_deployments
+from testkit.services.s3 import AWS_ENV, MotoS3
 
 pytestmark = pytest.mark.slow
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"
 
 
 @pytest.fixture(scope="module")
-def flow_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def flow_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrefectServer, Path]]:
     """Its own Prefect server, so that the probe deployment of the other tests never runs here."""
-    home = tmp_path_factory.mktemp("flow-engine")
-    server = PrefectServer(home)
+    work = tmp_path_factory.mktemp("flow-engine")
+    server = PrefectServer(work, ui=False)
     server.start()
-    runbooks = home / "runbooks"
+    runbooks = work / "runbooks"
     runbooks.mkdir()
     body = yaml.safe_load((ROOT / "runbooks" / "hang-triage.yaml").read_text())
     body["approval"]["max_plan_age"] = "P3650D"  # the bundled dumps were recorded on 2026-11-29
     body["workflow"] = {**body.get("workflow", {}), "evidence_grace": "PT6S", "coverage_poll": "PT1S",
                         "approval_timeout": "PT60S", "approval_poll": "PT1S"}
     (runbooks / "hang-triage.yaml").write_text(yaml.safe_dump(body))
-    env = {**server.env, **AWS_ENV, "PYTHONPATH": str(ROOT), "DENPEX_RUNBOOKS_DIR": str(runbooks),
-           "DENPEX_STATE_DIR": str(home / "flow-state")}
+    env = {**server.env(), **AWS_ENV, "DENPEX_RUNBOOKS_DIR": str(runbooks),
+           "DENPEX_STATE_DIR": str(work / "flow-state")}
     subprocess.run([sys.executable, "-c", "from blocks import DenpexRunbook; "
                     "DenpexRunbook(name='hang-triage').save('default', overwrite=True)"],
                    env=env, cwd=ROOT, check=True, capture_output=True, timeout=120)
-    yield server.api_url, home
+    yield server, work
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory, s3: MotoS3, flow_engine: tuple[str, Path]) -> Iterator[Lab]:
+def lab(tmp_path_factory: pytest.TempPathFactory, s3: MotoS3,
+        flow_engine: tuple[PrefectServer, Path]) -> Iterator[Lab]:
     from ingest.conftest import Engine
 
     tmp = tmp_path_factory.mktemp("flow-lab")
-    lab = make_lab(tmp, s3, Engine(api_url=flow_engine[0], deployment="on-alert"), prefix=f"flow-{uuid.uuid4().hex[:6]}")
+    lab = make_lab(tmp, s3, Engine(api_url=flow_engine[0].api_url, deployment="on-alert"),
+                   prefix=f"flow-{uuid.uuid4().hex[:6]}")
     yield lab
     lab.api.stop(signal.SIGTERM)
 
 
-def test_alert_through_the_service_starts_one_real_triage_run(lab: Lab, flow_engine: tuple[str, Path]) -> None:
-    api_url, home = flow_engine
-    env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), "PYTHONPATH": str(ROOT),
-           "DENPEX_RUNBOOKS_DIR": str(home / "runbooks"), "DENPEX_STATE_DIR": str(home / "flow-state"),
-           "DENPEX_S3_ENDPOINT_URL": lab.s3.endpoint, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    log = home / "serve.log"
+def test_alert_through_the_service_starts_one_real_triage_run(lab: Lab,
+                                                              flow_engine: tuple[PrefectServer, Path]) -> None:
+    server, work = flow_engine
+    api_url = server.api_url
+    env = {**server.env(), **AWS_ENV, "DENPEX_RUNBOOKS_DIR": str(work / "runbooks"),
+           "DENPEX_STATE_DIR": str(work / "flow-state"), "DENPEX_S3_ENDPOINT_URL": lab.s3.endpoint}
+    log = work / "serve.log"
     with log.open("ab") as out:
         served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--only", "on-alert"], cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_deployment(api_url, "on-alert", served, log)
+        wait_for_deployments(api_url, ["on-alert"], served, log, 180, automations=["denpex-alert"])
         incident = "inc-" + uuid.uuid4().hex[:8]
         manifest = json.loads((FIXTURE / "manifest.json").read_text())
         client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
@@ -100,19 +105,6 @@ def test_alert_through_the_service_starts_one_real_triage_run(lab: Lab, flow_eng
             served.wait(20)
         except subprocess.TimeoutExpired:
             os.killpg(served.pid, signal.SIGKILL)
-
-
-def _wait_deployment(api_url: str, name: str, served: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if served.poll() is not None:
-            raise RuntimeError(f"`python -m flows.serve` exited:\n{log.read_text()[-3000:]}")
-        found = httpx.post(f"{api_url}/deployments/filter", json={"deployments": {"name": {"any_": [name]}}}, timeout=10)
-        automations = httpx.post(f"{api_url}/automations/filter", json={}, timeout=10)
-        if found.json() and automations.json():
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"deployment {name} was not served:\n{log.read_text()[-3000:]}")
 
 
 def _runs(api_url: str, alert_id: str, *, settled: set[str], log: Path) -> list[dict]:  # type: ignore[type-arg]

@@ -20,7 +20,8 @@ from denpex.ingest.client import IngestClient
 from denpex.investigate import investigate
 from denpex.isolation.policy import Scheduler
 from ingest.conftest import Lab, make_lab
-from testkit.services.ingest import ROOT, MotoS3
+from testkit.services.ingest import ROOT
+from testkit.services.s3 import MotoS3
 
 pytestmark = pytest.mark.slow
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"

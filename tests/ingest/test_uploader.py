@@ -14,7 +14,8 @@ import pytest
 from denpex.collector import Backoff, DumpRecord, DumpRequest, DumpTrigger, EvidenceUploader, UploadTarget
 from denpex.collector.uploader import incident_id_for
 from ingest.conftest import Lab, make_lab
-from testkit.services.ingest import ROOT, MotoS3
+from testkit.services.ingest import ROOT
+from testkit.services.s3 import MotoS3
 
 pytestmark = pytest.mark.slow
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"

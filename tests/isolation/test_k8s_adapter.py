@@ -34,9 +34,9 @@ from denpex.isolation.policy import (
     Scheduler,
 )
 from denpex.isolation.ssh import Backoff
-from testkit.fakes.k8s_api import FakeApiServer, make_node, make_pdb, make_pod
 from isolation.triage_cases import killed_process, signal
 from isolation.trust import APPROVERS_FILE, key_file, operator_for, signed
+from testkit.fakes.k8s_api import FakeApiServer, make_node, make_pdb, make_pod
 
 NODE = "gpu-node-002"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

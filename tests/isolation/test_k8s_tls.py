@@ -20,9 +20,9 @@ from denpex.isolation.executor import RunMode
 from denpex.isolation.kubernetes import KubernetesAdapter
 from denpex.isolation.plan import Operation, utc_now
 from denpex.isolation.ssh import Backoff
-from testkit.fakes.k8s_api import FakeApiServer, make_node
 from isolation.test_k8s_adapter import NODE, K8sRun, execute, make_plan
 from isolation.trust import signed
+from testkit.fakes.k8s_api import FakeApiServer, make_node
 from testkit.fakes.tls_certs import LoopbackPki, make_pki
 
 FAST = Backoff(attempts=3, initial_s=0.01, max_s=0.02)

@@ -18,8 +18,8 @@ from denpex.isolation.slurm_parse import parse_show_job
 from denpex.isolation.ssh import CommandRunner, SshSettings
 from isolation.trust import signed
 from lab.rig import Hooked, Rig, drained, rig_for, xid79
-from testkit.services.slurm import SlurmLab
 from lab.test_isolation_trust import settings_file
+from testkit.services.slurm import SlurmLab
 
 pytestmark = pytest.mark.slow
 

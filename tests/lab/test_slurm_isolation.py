@@ -27,10 +27,10 @@ from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits, Scheduler
 from denpex.isolation.ssh import CommandRunner, SshSettings
 from isolation.triage_cases import killed_process
+from isolation.trust import APPROVERS_FILE, key_file, signed, write_runbook
 from lab.rig import INCIDENT, Hooked, Rig, drained, drained_nodes, proxied, reason_of, rig_for, xid79, xid79_on
 from testkit.services.slurm import SlurmLab
 from testkit.services.tcp_proxy import Fault, FaultProxy
-from isolation.trust import APPROVERS_FILE, key_file, signed, write_runbook
 
 pytestmark = pytest.mark.slow
 

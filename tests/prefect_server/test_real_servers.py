@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit.services.prefect import PG_BIN, PrefectServer, postgres_database, prefect_server, psql
+from testkit.services.postgres import PG_BIN, postgres_database, psql
+from testkit.services.prefect import PrefectServer, prefect_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "incidents" / "catalog.json"
