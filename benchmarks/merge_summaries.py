@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from denpex.analysis.batch import summarize_all
+from denpex.analysis.workers import summarize_all
 from denpex.analysis.models import SkippedFile
 from denpex.analysis.triage import triage_summaries
 from denpex.evidence.discovery import discover_dumps
