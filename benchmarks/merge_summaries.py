@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit (testkit/) lives at the repo root
 
-from denpex.analysis.batch import summarize_all  # noqa: E402
+from denpex.analysis.workers import summarize_all  # noqa: E402
 from denpex.analysis.models import SkippedFile  # noqa: E402
 from denpex.analysis.triage import triage_summaries  # noqa: E402
 from denpex.evidence.discovery import discover_dumps  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from denpex.analysis.batch import Progress
+from denpex.analysis.workers import Progress
 from denpex.analysis.job_progress import JobProgress, job_progress
 from denpex.analysis.triage import (
     TriageOptions,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from denpex.analysis.batch import Progress
+from denpex.analysis.workers import Progress
 
 __all__ = ["dump_progress"]
 

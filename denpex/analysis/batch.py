@@ -7,9 +7,7 @@ Prefect task or a benchmark can run it anywhere and ship back only the small res
 from __future__ import annotations
 
 import gc
-import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 
 from denpex.analysis.models import SkippedFile
 from denpex.analysis.rank_runs import RankRuns
@@ -20,12 +18,10 @@ from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.read_ahead import read_ahead
 from denpex.evidence.store import EvidenceStore, open_store
 
-__all__ = ["RankOutcome", "Progress", "summarize_batch", "summarize_in_worker", "worker_init", "split_batches",
-           "summarize_all", "DEFAULT_MAX_DUMP_BYTES"]
+__all__ = ["RankOutcome", "summarize_batch", "summarize_in_worker", "worker_init", "split_batches",
+           "DEFAULT_MAX_DUMP_BYTES"]
 
 DEFAULT_MAX_DUMP_BYTES = 256 * 1024 * 1024
-# Below this many dumps, starting worker processes costs more than it saves.
-_POOL_THRESHOLD = 64
 
 RankOutcome = RankSummary | SkippedFile
 
@@ -85,27 +81,3 @@ def worker_init() -> None:
     live dump again and again while it is being unpickled (about 40% of the load time).
     """
     gc.disable()
-
-
-# Told (dumps done, dumps in all) as batches finish: a long triage can show its progress.
-Progress = Callable[[int, int], None]
-
-
-def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_BYTES,
-                  workers: int | None = None, store: EvidenceStore | None = None,
-                  progress: Progress | None = None) -> list[RankOutcome]:
-    """Summarize every dump, in a process pool once there are enough of them."""
-    workers = workers if workers is not None else (os.cpu_count() or 1)
-    if workers <= 1 or len(refs) < _POOL_THRESHOLD:
-        outcomes = summarize_batch(refs, max_bytes, store)
-        if progress is not None:
-            progress(len(refs), len(refs))
-        return outcomes
-    batches = split_batches(refs, workers * 8)
-    outcomes = []
-    with ProcessPoolExecutor(max_workers=workers, initializer=worker_init) as pool:
-        for result in pool.map(summarize_in_worker, batches, [max_bytes] * len(batches)):
-            outcomes.extend(result)
-            if progress is not None:
-                progress(len(outcomes), len(refs))
-    return outcomes

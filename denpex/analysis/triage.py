@@ -16,7 +16,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.analysis.attempts import earlier_attempts
-from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, Progress, summarize_all
+from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES
+from denpex.analysis.workers import Progress, summarize_all
 from denpex.analysis.collector_records import manifest_from_records
 from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership

@@ -1,8 +1,9 @@
-"""Worker processes that decode untrusted dumps for a flow run's parse fan-out.
+"""Worker processes that decode untrusted dumps: the one process pool of the parse fan-out.
 
-For callers that run batches on threads (a Prefect task runner): each batch goes to a worker, so
-batches use every core instead of queueing on the GIL, and each decode gets the per-process memory
-budget. Workers come from a forkserver, so they never inherit the caller's threads or locks, and
+Two callers share it. ``summarize_all`` (the CLI and ``triage_path``) sends every batch of a large
+incident at once. A flow run's parse tasks run batches on threads (a Prefect task runner) and send
+each to ``IsolatedWorkers.summarize``, so batches use every core instead of queueing on the GIL.
+Either way each decode gets the per-process memory budget. Workers come from a forkserver, so they never inherit the caller's threads or locks, and
 they are started once: a process per batch paid the interpreter's start and the caller's
 main-module import every time (most of a small incident's parse time).
 """
@@ -12,14 +13,30 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from types import TracebackType
+from typing import NamedTuple
 
-from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, summarize_in_worker, worker_init
+from denpex.analysis.batch import (
+    DEFAULT_MAX_DUMP_BYTES,
+    RankOutcome,
+    split_batches,
+    summarize_batch,
+    summarize_in_worker,
+    worker_init,
+)
 from denpex.evidence.discovery import DumpRef
+from denpex.evidence.store import EvidenceStore
 
-__all__ = ["IsolatedWorkers", "WorkerDied", "usable_cpus"]
+__all__ = ["IsolatedWorkers", "QueuedBatch", "WorkerDied", "Progress", "summarize_all", "usable_cpus"]
+
+# Below this many dumps, starting worker processes costs more than it saves.
+_POOL_THRESHOLD = 64
+
+# Told (dumps done, dumps in all) as batches finish: a long triage can show its progress.
+Progress = Callable[[int, int], None]
 
 # Modules the forkserver imports once, so that each worker starts from them instead of importing
 # the parser and boto3 again (seconds each on a busy machine).
@@ -42,6 +59,14 @@ def _ready() -> None:
     """A no-op run on a worker, so that the worker is started."""
 
 
+class QueuedBatch(NamedTuple):
+    """A batch sent to a pool, kept with the pool it went to (a dead worker breaks only that one)."""
+
+    pool: ProcessPoolExecutor
+    future: Future[list[RankOutcome]]
+    refs: list[DumpRef]
+
+
 class IsolatedWorkers:
     """A pool of ``workers`` decode processes (default: the usable CPUs), started on first use."""
 
@@ -56,11 +81,20 @@ class IsolatedWorkers:
         A worker that dies breaks the whole pool (every batch in flight fails with it): this
         raises ``WorkerDied`` naming the batch's dumps, and the next call starts fresh workers.
         """
+        return self.collect(self.submit(refs, max_bytes))
+
+    def submit(self, refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> QueuedBatch:
+        """Queue a batch on the workers without waiting for it (``summarize_all`` queues them all)."""
         pool = self._current()
+        return QueuedBatch(pool, pool.submit(summarize_in_worker, list(refs), max_bytes), list(refs))
+
+    def collect(self, queued: QueuedBatch) -> list[RankOutcome]:
+        """The outcomes of a batch queued with ``submit``; ``WorkerDied`` if its worker died."""
         try:
-            return pool.submit(summarize_in_worker, list(refs), max_bytes).result()
+            return queued.future.result()
         except BrokenProcessPool as exc:
-            self._discard(pool)
+            self._discard(queued.pool)
+            refs = queued.refs
             names = ", ".join(ref.name for ref in refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
             raise WorkerDied(
                 f"a parse worker died while this batch was in flight ({names}); a dump that crashes "
@@ -74,6 +108,13 @@ class IsolatedWorkers:
         pool = self._current()
         for _ in range(self._workers):
             pool.submit(_ready)
+
+    def __enter__(self) -> IsolatedWorkers:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
     def close(self) -> None:
         with self._lock:
@@ -95,3 +136,29 @@ class IsolatedWorkers:
             if self._pool is pool:
                 self._pool = None
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_BYTES,
+                  workers: int | None = None, store: EvidenceStore | None = None,
+                  progress: Progress | None = None) -> list[RankOutcome]:
+    """Summarize every dump, on worker processes once there are enough of them.
+
+    The workers come from the forkserver, never a fork of this process: a fork copies the caller's
+    whole heap into every worker (a test session or a long-lived service holding hundreds of MiB
+    made one 64-rank triage take 30 s instead of 3).
+    """
+    workers = workers if workers is not None else usable_cpus()
+    if workers <= 1 or len(refs) < _POOL_THRESHOLD:
+        outcomes = summarize_batch(refs, max_bytes, store)
+        if progress is not None:
+            progress(len(refs), len(refs))
+        return outcomes
+    batches = split_batches(refs, workers * 8)
+    outcomes = []
+    with IsolatedWorkers(workers) as pool:
+        queued = [pool.submit(batch, max_bytes) for batch in batches]
+        for batch in queued:
+            outcomes.extend(pool.collect(batch))
+            if progress is not None:
+                progress(len(outcomes), len(refs))
+    return outcomes

@@ -173,7 +173,14 @@ def _s3_client(endpoint_url: str | None) -> Any:
     import boto3
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+    # Five attempts in botocore's standard mode unless the operator set AWS_MAX_ATTEMPTS or
+    # AWS_RETRY_MODE, which every AWS SDK honours (a value given here would override them).
+    retries: dict[str, Any] = {}
+    if "AWS_MAX_ATTEMPTS" not in os.environ:
+        retries["max_attempts"] = 5
+    if "AWS_RETRY_MODE" not in os.environ:
+        retries["mode"] = "standard"
+    config = Config(retries=retries, connect_timeout=10, read_timeout=60)
     return boto3.client("s3", endpoint_url=endpoint_url or os.environ.get("DENPEX_S3_ENDPOINT_URL"),
                         config=config)
 

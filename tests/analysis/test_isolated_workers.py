@@ -55,3 +55,36 @@ def test_warm_starts_every_worker_before_the_first_batch() -> None:
         assert workers.summarize(REFS) == summarize_batch(REFS)
     finally:
         workers.close()
+
+
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_summarize_all_runs_a_large_incident_on_forkserver_workers_with_the_in_process_result() -> None:
+    """The CLI's pool is this same pool: its workers are the forkserver's children, never forks of
+    the caller (a fork copies the caller's heap into every worker), and the outcomes keep the
+    refs' order."""
+    from denpex.analysis import workers as pool_module
+
+    many = [DumpRef(ref.store_uri, ref.name, rank, ref.size) for rank in range(64) for ref in REFS[rank % 4:rank % 4 + 1]]
+    parents: dict[int, int] = {}
+    real = pool_module.IsolatedWorkers.collect
+
+    def spy(self: IsolatedWorkers, queued: pool_module.QueuedBatch) -> list:  # type: ignore[type-arg]
+        outcomes = real(self, queued)
+        parents.update({pid: _parent_of(pid) for pid in queued.pool._processes})  # noqa: SLF001
+        return outcomes
+
+    pool_module.IsolatedWorkers.collect = spy  # type: ignore[method-assign]
+    try:
+        done: list[tuple[int, int]] = []
+        outcomes = pool_module.summarize_all(many, workers=2, progress=lambda d, n: done.append((d, n)))
+    finally:
+        pool_module.IsolatedWorkers.collect = real  # type: ignore[method-assign]
+    in_process = summarize_batch(many)
+    assert sorted(outcomes, key=lambda o: o.rank) == sorted(in_process, key=lambda o: o.rank)
+    assert parents and os.getpid() not in parents
+    assert os.getpid() not in set(parents.values()), parents
+    assert done[-1] == (64, 64)

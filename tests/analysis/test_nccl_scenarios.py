@@ -38,10 +38,11 @@ def built(name: str) -> BuiltScenario:
 
 
 def triage(directory: Path) -> TriageResult:
-    # Imported here so that the builder tests below run even while the triage is being written.
-    from denpex.analysis.triage import triage_path
+    """In this process: the verdicts are under test here, not the worker pool
+    (tests/analysis/test_isolated_workers.py tests that, and that it gives these same results)."""
+    from denpex.analysis.triage import TriageOptions, triage_path
 
-    return triage_path(directory)
+    return triage_path(directory, options=TriageOptions(workers=1))
 
 
 def outcome(result: TriageResult) -> tuple[str, dict[int, CandidateKind]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from denpex.analysis.triage import triage_path
+from denpex.analysis.triage import TriageOptions, triage_path
 from denpex.evidence.manifest import load_manifest
 from denpex.evidence.safe_pickle import safe_loads
 from testkit.generators.expansion import DEFAULT_PREFIX, GeneratedSet, generate_dump_set
@@ -191,7 +191,8 @@ def test_triage_finds_the_injected_fault(
     dump_sets: dict[Scenario, GeneratedSet], scenario: Scenario
 ) -> None:
     made = dump_sets[scenario]
-    result = triage_path(made.path)
+    # In this process: the verdict is under test, not the worker pool (test_isolated_workers.py).
+    result = triage_path(made.path, options=TriageOptions(workers=1))
     found = {c.rank: c.kind for c in result.candidates}
     assert (result.verdict, found) == (made.expected.verdict, made.expected.culprits)
 
