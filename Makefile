@@ -30,8 +30,12 @@ demo: setup system-deps
 typecheck: setup
 	$(BIN)/mypy
 
+# Four xdist workers on two cores: the real-service tests mostly wait, so they overlap the
+# CPU-bound ones; tests that share a server stay on one worker (tests/plugins/distribution.py).
+TEST_WORKERS ?= 4
+
 test: setup system-deps typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

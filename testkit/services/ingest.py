@@ -33,7 +33,9 @@ class ApiServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"serve-api-{self.port}.log"
-        self.env = {**os.environ, **AWS_ENV, "DENPEX_STATE_DIR": str(state_dir),
+        # Two S3 attempts, not the default five: moto on loopback answers at once, and the tests
+        # that stop it want the service's refusal, not ten seconds of botocore's back-off.
+        self.env = {**os.environ, **AWS_ENV, "AWS_MAX_ATTEMPTS": "2", "DENPEX_STATE_DIR": str(state_dir),
                     "PYTHONPATH": str(ROOT)}
         if s3_endpoint:
             self.env["DENPEX_S3_ENDPOINT_URL"] = s3_endpoint

@@ -7,40 +7,36 @@ and both workers decoded dumps (the flow's process decodes none).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from distributed import Client, LocalCluster
 
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="denpex-prefect-"))
-os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+from denpex.analysis.batch import summarize_batch
+from denpex.analysis.triage import resolve_manifest, triage_summaries
+from denpex.analysis.summary import RankSummary
+from denpex.evidence.discovery import discover_dumps
+from denpex.evidence.store import open_store
+from flows.dask_parse import parse_on_dask
+from testkit.generators.expansion import generate_dump_set
+from testkit.generators.fr_template import load_template
+from testkit.generators.hang_model import Scenario
 
-from distributed import Client, LocalCluster  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
-
-from denpex.analysis.batch import summarize_batch  # noqa: E402
-from denpex.analysis.triage import resolve_manifest, triage_summaries  # noqa: E402
-from denpex.analysis.summary import RankSummary  # noqa: E402
-from denpex.evidence.discovery import discover_dumps  # noqa: E402
-from denpex.evidence.store import open_store  # noqa: E402
-from flows.dask_parse import parse_on_dask  # noqa: E402
-from testkit.generators.expansion import generate_dump_set  # noqa: E402
-from testkit.generators.fr_template import load_template  # noqa: E402
-from testkit.generators.hang_model import Scenario  # noqa: E402
+# Sized to what it starts: the harness server and a real Dask cluster.
+pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
 GLOO = ROOT / "tests" / "fixtures" / "gloo"
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+@pytest.fixture
+def harness(prefect_harness: str) -> str:
+    """The session's test-harness server (tests/plugins/services.py)."""
+    return prefect_harness
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +82,7 @@ def culprits(body: dict[str, object]) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("scenario", ["withheld_one", "sigkill"])
-def test_real_gloo_incident_on_dask_matches_the_cli(harness: None, cluster: Client, scenario: str) -> None:
+def test_real_gloo_incident_on_dask_matches_the_cli(harness: str, cluster: Client, scenario: str) -> None:
     before = executed_per_worker(cluster)
     answer = dask_answer(GLOO / scenario, cluster.scheduler.address, n_batches=4)
     cli = cli_answer(GLOO / scenario)
@@ -95,7 +91,7 @@ def test_real_gloo_incident_on_dask_matches_the_cli(harness: None, cluster: Clie
     assert sum(after.values()) - sum(before.values()) >= 4
 
 
-def test_256_rank_job_on_dask_uses_both_workers_and_matches_the_cli(harness: None, cluster: Client,
+def test_256_rank_job_on_dask_uses_both_workers_and_matches_the_cli(harness: str, cluster: Client,
                                                                      tmp_path: Path) -> None:
     folder = tmp_path / "job"
     generate_dump_set(folder, world_size=256, scenario=Scenario.STALLED, template=load_template(TEMPLATE),
@@ -110,7 +106,7 @@ def test_256_rank_job_on_dask_uses_both_workers_and_matches_the_cli(harness: Non
         f"both Dask worker processes ran batches: {before} -> {after}"
 
 
-def test_plain_batch_and_dask_agree_on_every_summary(harness: None, cluster: Client) -> None:
+def test_plain_batch_and_dask_agree_on_every_summary(harness: str, cluster: Client) -> None:
     folder = GLOO / "withheld_two"
     store = open_store(folder)
     objects = store.list()

@@ -1,35 +1,24 @@
-"""The real Prefect engine for the flow tests: one test harness server per session, a `serve()`
-process running the deployments against it, moto S3 in HTTP server mode, and the real Slurm lab.
-
-The environment is set before Prefect is imported: a private PREFECT_HOME, no analytics (a
-telemetry insert otherwise hit "database is locked").
+"""The real Prefect engine for the flow tests: the session's test harness server
+(``prefect_harness``, tests/plugins/services.py), a `serve()` process running the deployments
+against it, moto S3 in HTTP server mode, and the session's real Slurm lab.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-_SESSION = Path(tempfile.mkdtemp(prefix="denpex-flows-"))
-os.environ["PREFECT_HOME"] = str(_SESSION / "prefect-home")
-os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+import boto3
+import pytest
+import yaml
+from moto.server import ThreadedMotoServer
 
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-
-import boto3  # noqa: E402
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-from moto.server import ThreadedMotoServer  # noqa: E402
-
-from lab.conftest import lab, slurm_lab, ssh_settings  # noqa: E402,F401 (pytest fixtures)
-from flow_driver import FlowRig  # noqa: E402
-from testkit.services.prefect import wait_for_deployments  # noqa: E402
-from testkit.services.slurm import SlurmLab  # noqa: E402
+from flow_driver import FlowRig
+from testkit.services.prefect import wait_for_deployments
+from testkit.services.slurm import SlurmLab
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gloo"
@@ -56,15 +45,8 @@ def write_runbooks(folder: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    try:
-        with prefect_test_harness(server_startup_timeout=180):
-            yield str(PREFECT_API_URL.value())
-    finally:
-        shutil.rmtree(_SESSION, ignore_errors=True)
+def prefect_api(prefect_harness: str) -> str:
+    return prefect_harness
 
 
 @pytest.fixture(scope="session")
@@ -72,12 +54,16 @@ def s3_endpoint() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
+    # The session's boto3 clients (upload() below, the flows' own) find moto's test credentials in
+    # the environment, until the session ends.
+    credentials = pytest.MonkeyPatch()
     for key, value in AWS_ENV.items():
-        os.environ[key] = value
+        credentials.setenv(key, value)
     endpoint = f"http://{host}:{port}"
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="evidence")
     yield endpoint
     server.stop()
+    credentials.undo()
 
 
 def upload(endpoint: str, prefix: str, folder: Path, *, ranks: set[int] | None = None,
@@ -105,16 +91,18 @@ def register_blocks(slurm: SlurmLab, runbook: str = "hang-triage") -> None:
 
 
 @pytest.fixture(scope="session")
-def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab) -> Iterator[FlowRig]:
-    state = _SESSION / "state"
-    runbooks = _SESSION / "runbooks"
+def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowRig]:
+    work = tmp_path_factory.mktemp("flow-rig")
+    state = work / "state"
+    runbooks = work / "runbooks"
     state.mkdir()
     write_runbooks(runbooks)
     register_blocks(slurm_lab)
     env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
            "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    log = _SESSION / "serve.log"
+    log = work / "serve.log"
     with log.open("wb") as out:
         served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT)
@@ -128,5 +116,4 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab) -> Iterato
             served.wait(timeout=20)
         except subprocess.TimeoutExpired:
             served.kill()
-        shutil.rmtree(_SESSION / "prefect-home" / "storage", ignore_errors=True)
 

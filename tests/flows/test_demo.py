@@ -19,7 +19,8 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: a clean clone, its venv, and `make demo` with every service it starts.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _clone_with_venv(tmp_path: Path) -> Path:

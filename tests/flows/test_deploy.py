@@ -15,9 +15,10 @@ import pytest
 
 from conftest import FIXTURES, ROOT, write_runbooks
 from flow_driver import alert, manifest_with_gpus, report_of, wait_for, xid79_log
-from testkit.services.prefect import prefect_server
+from testkit.services.prefect import PrefectServer
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: `prefect deploy --all`, a process worker, and a run it waits up to 420 s for.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
@@ -28,13 +29,14 @@ def _env(api: str, state: Path, runbooks: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def worker(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
-    # A server of its own: `prefect deploy --all` creates the same deployment names and event
-    # triggers that the session's served deployments use, and must not leave them behind there.
+def worker(sqlite_prefect: PrefectServer, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    # The SQLite server, where no deployment is served: `prefect deploy --all` creates the same
+    # deployment names and event triggers that the served deployments use on the other servers,
+    # and must not leave them behind there.
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_server(tmp_path / "server") as server, \
-            temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+    server = sqlite_prefect
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         yield from _deployed_worker(server.env(), server.api_url, tmp_path)
 
 
@@ -62,11 +64,14 @@ def _deployed_worker(server_env: dict[str, str], api: str,
     try:
         yield env, state
     finally:
+        # Its one run has finished: nothing is lost by not waiting for its shutdown, which sat
+        # 20-30 s after SIGTERM or SIGINT.
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
 
 
 def test_prefect_deploy_all_and_a_process_worker_runs_manual_triage(worker: tuple[dict[str, str], Path],

@@ -1,6 +1,6 @@
 """The incident flow against `prefect server start` on a real PostgreSQL, as in production.
 
-One server for the module (PostgreSQL started by the test), the deployments served against it,
+The session's server on PostgreSQL (tests/plugins/services.py), the deployments served against it,
 dumps in moto S3 (HTTP), the real Slurm lab over real SSH. First the approve path through the
 API; then the approval through the real UI in headless Debian Chromium (Playwright, never a
 downloaded browser): the paused run found on /runs, the plan and the chart seen beside the form,
@@ -37,11 +37,13 @@ from flow_driver import (
     xid79_log,
 )
 from lab.rig import drained_nodes
-from testkit.services.postgres import postgres_database, psql
-from testkit.services.prefect import PrefectServer, flow_run, prefect_server, wait_for_deployments
+from plugins.services import PostgresPrefect
+from testkit.services.postgres import psql
+from testkit.services.prefect import PrefectServer, flow_run, wait_for_deployments
 from testkit.services.slurm import SlurmLab
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: PostgreSQL, `prefect server start`, served flows, Chromium.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -59,15 +61,16 @@ class ServerRig:
 
 
 @pytest.fixture(scope="module")
-def pg_rig(s3_endpoint: str, slurm_lab: SlurmLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerRig]:
+def pg_rig(postgres_prefect: PostgresPrefect, s3_endpoint: str, slurm_lab: SlurmLab,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerRig]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     work = tmp_path_factory.mktemp("pg-rig")
     state, runbooks, log = work / "state", work / "runbooks", work / "serve.log"
     state.mkdir()
     write_runbooks(runbooks)
-    with postgres_database() as database_url, prefect_server(work, database_url=database_url) as server, \
-            temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+    server, database_url = postgres_prefect.server, postgres_prefect.database_url
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         register_blocks(slurm_lab)
         env = {**server.env(), **AWS_ENV, "DENPEX_STATE_DIR": str(state), "DENPEX_RUNBOOKS_DIR": str(runbooks),
                "DENPEX_S3_ENDPOINT_URL": s3_endpoint}

@@ -26,7 +26,8 @@ from flow_driver import FlowRig, alert, keyed_audit_log, report_of, resume, save
 from lab.rig import drained_nodes
 from testkit.services.slurm import SlurmLab
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: the harness server, served flows and the Slurm lab.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 JOB = Path(__file__).with_name("recovery_job.py")
 STOPPED = 2

@@ -36,7 +36,8 @@ from conftest import FIXTURES, register_blocks, upload
 from lab.rig import drained, drained_nodes, reason_of
 from testkit.services.slurm import SlurmLab
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: the harness server, served flows and the Slurm lab; runs wait for approval timeouts.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCENARIO = FIXTURES / "withheld_one"
 

@@ -14,6 +14,9 @@ from denpex.analysis.triage import triage_path
 from denpex.evidence.safe_pickle import safe_loads
 from testkit.generators.gloo_cases import CASES, EXPECTED_NAME, WORK_DIR, run_cases
 
+# Sized to what it starts: the first live test runs every real Gloo case (minutes of real processes).
+pytestmark = [pytest.mark.timeout(600)]
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gloo_cases"
 NAMES = sorted(CASES)
 

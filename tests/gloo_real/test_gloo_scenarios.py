@@ -32,6 +32,9 @@ from testkit.generators.gloo_scenarios import (
     run_scenarios,
 )
 
+# Sized to what it starts: the first test runs every real Gloo scenario, one hung 35 s past its timeout.
+pytestmark = [pytest.mark.timeout(600)]
+
 OPTIONS = GeneratorOptions()
 NAMES = [*SCENARIOS, f"{OPTIONS.long_stall}_long"]
 

@@ -21,7 +21,8 @@ from ingest.conftest import Engine, Lab
 from ingest.test_api import _runs_for
 from testkit.services.net import free_port, wait_http
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: a real Alertmanager, the API and a Prefect server.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 CONFIG = """\
 route:

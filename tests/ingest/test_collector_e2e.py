@@ -19,7 +19,8 @@ from ingest.conftest import Lab, make_lab
 from testkit.generators.gloo_scenarios import SCENARIOS, WORK_DIR, GeneratorOptions, run_scenario
 from testkit.services.s3 import MotoS3
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: real Gloo ranks uploading through the API.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SURVIVORS = {0, 2, 3}  # "sigkill": rank 1 idles and is SIGKILLed, 0, 2 and 3 wait for it and dump
 OPTIONS = GeneratorOptions(long_stall=None, attempts=2)
 

@@ -28,7 +28,8 @@ from testkit.services.ingest import ROOT
 from testkit.services.prefect import PrefectServer, wait_for_deployments
 from testkit.services.s3 import AWS_ENV, MotoS3
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: a Prefect server, `denpex serve` and the API; a run waited up to 240 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"
 
 

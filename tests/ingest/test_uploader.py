@@ -17,7 +17,8 @@ from ingest.conftest import Lab, make_lab
 from testkit.services.ingest import ROOT
 from testkit.services.s3 import MotoS3
 
-pytestmark = pytest.mark.slow
+# Sized to what it starts: the API and moto, stopped and started.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"
 
 

@@ -1,13 +1,24 @@
-"""Which tests must share a pytest-xdist worker (``--dist loadgroup``).
+"""Which tests must share a pytest-xdist worker, and the scheduler that keeps them together.
 
 Every worker is its own pytest session, so a session or module fixture runs once per worker that
 needs it. Tests that share an expensive fixture (a Prefect server, a real Gloo run, a generated
-dump set) are given one ``xdist_group`` so that the fixture starts once; every other test goes to
-whichever worker is free. The rule is read off the fixtures each test asks for, so a new test that
-uses one of them lands in its group without a mark of its own.
+dump set) are given one group, so that the fixture starts once in the whole run; every other test
+goes to whichever worker is free. The rule is read off the fixtures each test asks for, so a new
+test that uses one of them lands in its group without a mark of its own.
+
+Why not xdist's own ``xdist_group`` marks: pytest-xdist 3.8 groups by appending ``@group`` to
+``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id``), so marked tests
+were spread over every worker. Here each worker writes the groups it computed to a file named
+by the controller (``workerinput``), and the controller's scheduler reads them; nothing depends on
+node ids being rewritten. ``--dist loadgroup`` turns it on.
 """
 
 from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +40,11 @@ SHARED_SESSION_FIXTURES: dict[str, str] = {
     "generated": "gloo-scenarios",
     "live": "gloo-cases",
 }
+
+_GROUPS_DIR = "denpex_groups_dir"
+_GROUPS_KEY = pytest.StashKey[Path]()
+_GROUP = pytest.StashKey[str]()
+
 
 def group_of(item: pytest.Item) -> str | None:
     """The worker group a test must share, or None when any worker may run it."""
@@ -57,11 +73,89 @@ def _uses_own_module_fixture(item: pytest.Item) -> bool:
     return False
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "loadgroup":
+        config.stash[_GROUPS_KEY] = Path(tempfile.mkdtemp(prefix="denpex-xdist-groups-"))
+
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Controller: tell each worker where to write its groups."""
+    node.workerinput[_GROUPS_DIR] = str(node.config.stash[_GROUPS_KEY])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Worker: mark each test with its group and write the groups for the controller."""
+    groups = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
         group = group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            item.stash[_GROUP] = group
+            groups[item.nodeid] = group
+    folder = getattr(config, "workerinput", {}).get(_GROUPS_DIR)
+    if folder:
+        worker = config.workerinput["workerid"]
+        path = Path(folder) / f"{worker}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(groups))
+        path.with_suffix(".tmp").replace(path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if _GROUPS_KEY not in config.stash:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """LoadScope with each test's scope its group, or the test itself when it has none.
+        Scopes are sent largest first (xdist's default ``--loadscope-reorder``)."""
+
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                # Read once the workers have all reported their collection (schedule() runs then).
+                self._groups = {}
+                for path in sorted(config.stash[_GROUPS_KEY].glob("*.json")):
+                    self._groups.update(json.loads(path.read_text()))
+            return self._groups.get(nodeid, nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Worker: stop a group's servers after its last test instead of at the end of the session.
+
+    A group's tests run one after another on one worker, so when the next test is not of the
+    group none of this worker's later tests needs them; an idle Prefect server still costs a tenth
+    of a core, which four of them made a real share of the run. Only under the grouped
+    scheduler: in a plain run a group's tests are spread over the collection order.
+    """
+    result = yield
+    group = item.stash.get(_GROUP, None)
+    grouped = _GROUPS_DIR in getattr(item.config, "workerinput", {})
+    if grouped and group is not None and (nextitem is None or nextitem.stash.get(_GROUP, None) != group):
+        _finish_shared_fixtures(item, group)
+    return result
+
+
+def _finish_shared_fixtures(item: pytest.Item, group: str) -> None:
+    # FixtureDef.finish runs the fixture's teardown (and, through the finalizers they registered,
+    # that of every fixture built on it) and forgets its value; the session's own teardown later
+    # finds it finished. Private pytest API, used only here.
+    info = item._fixtureinfo  # type: ignore[attr-defined]
+    for name, owner in SHARED_SESSION_FIXTURES.items():
+        defs = info.name2fixturedefs.get(name) if name in item.fixturenames else None  # type: ignore[attr-defined]
+        if owner == group and defs:
+            defs[-1].finish(item._request)  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GROUPS_KEY in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[_GROUPS_KEY], ignore_errors=True)

@@ -1,4 +1,5 @@
-"""`prefect server start` as in production, on SQLite and on a real PostgreSQL the test starts.
+"""`prefect server start` as in production, on SQLite and on a real PostgreSQL (the session's
+servers, tests/plugins/services.py).
 
 A real flow (the replay) runs in its own process against each server; the run's final state and
 its artifact are read back through the REST API, and on PostgreSQL the rows are in its tables.
@@ -14,8 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit.services.postgres import PG_BIN, postgres_database, psql
-from testkit.services.prefect import PrefectServer, prefect_server
+from plugins.services import PostgresPrefect
+from testkit.services.postgres import PG_BIN, psql
+from testkit.services.prefect import PrefectServer
+
+# Sized to what it starts: `prefect server start` on SQLite and on PostgreSQL.
+pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "incidents" / "catalog.json"
@@ -53,22 +58,22 @@ def drift_artifact(server: PrefectServer, flow_run_id: str) -> str:
     return str(artifact["data"])
 
 
-def test_flow_runs_against_prefect_server_on_sqlite(tmp_path: Path) -> None:
-    with prefect_server(tmp_path) as server:
-        ui = httpx.get(f"{server.url}/ui-settings", timeout=10).json()
-        assert ui["api_url"] == server.api_url, "the UI must be told the server's real port"
-        run = run_replay(server, one_incident_catalog(tmp_path))
-        assert run["state_type"] == "COMPLETED"
-        assert "All 1 incidents replay as recorded" in drift_artifact(server, str(run["id"]))
+def test_flow_runs_against_prefect_server_on_sqlite(sqlite_prefect: PrefectServer, tmp_path: Path) -> None:
+    server = sqlite_prefect
+    ui = httpx.get(f"{server.url}/ui-settings", timeout=10).json()
+    assert ui["api_url"] == server.api_url, "the UI must be told the server's real port"
+    run = run_replay(server, one_incident_catalog(tmp_path))
+    assert run["state_type"] == "COMPLETED"
+    assert "All 1 incidents replay as recorded" in drift_artifact(server, str(run["id"]))
     assert (server.home / "prefect.db").exists()
 
 
-def test_flow_runs_against_prefect_server_on_postgresql(tmp_path: Path) -> None:
+def test_flow_runs_against_prefect_server_on_postgresql(postgres_prefect: PostgresPrefect, tmp_path: Path) -> None:
     assert (PG_BIN / "postgres").exists(), f"PostgreSQL 15 is missing ({PG_BIN}): scripts/install_system_deps.sh"
-    with postgres_database() as url, prefect_server(tmp_path, database_url=url) as server:
-        run = run_replay(server, one_incident_catalog(tmp_path))
-        assert run["state_type"] == "COMPLETED"
-        assert "All 1 incidents replay as recorded" in drift_artifact(server, str(run["id"]))
-        stored = psql(url, "select count(*) from flow_run")
-        assert int(stored) >= 1, "the run is stored in PostgreSQL, not in a SQLite file"
+    server, url = postgres_prefect.server, postgres_prefect.database_url
+    run = run_replay(server, one_incident_catalog(tmp_path))
+    assert run["state_type"] == "COMPLETED"
+    assert "All 1 incidents replay as recorded" in drift_artifact(server, str(run["id"]))
+    stored = psql(url, f"select count(*) from flow_run where id = '{run['id']}'")
+    assert int(stored) == 1, "the run is stored in PostgreSQL, not in a SQLite file"
     assert not (server.home / "prefect.db").exists()

@@ -4,33 +4,29 @@ deliberately changed verdict, and lists drains older than the review age from th
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="denpex-prefect-"))
-os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+from prefect.client.orchestration import get_client
 
-from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome
+from denpex.isolation.plan import Operation
+from flows.replay import ReplayDrift, replay
 
-from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome  # noqa: E402
-from denpex.isolation.plan import Operation  # noqa: E402
-from flows.replay import ReplayDrift, replay  # noqa: E402
+# Sized to what it starts: the harness server.
+pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "incidents" / "catalog.json"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def harness() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+@pytest.fixture(autouse=True)
+def harness(prefect_harness: str) -> str:
+    """The session's test-harness server (tests/plugins/services.py)."""
+    return prefect_harness
 
 
 def small_catalog(tmp_path: Path, change_verdict: bool) -> Path:
