@@ -34,8 +34,13 @@ typecheck: setup
 # CPU-bound ones; tests that share a server stay on one worker (tests/plugins/distribution.py).
 TEST_WORKERS ?= 4
 
-test: setup system-deps typecheck
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30
+# mypy runs beside the tests (its output printed after theirs): on two cores its minute of one
+# core fits into the tests' waits. Either failing fails `make test`.
+test: setup system-deps
+	@$(BIN)/mypy > .mypy.out 2>&1 & types=$$!; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30; tests=$$?; \
+	wait $$types; typed=$$?; echo "$(BIN)/mypy"; cat .mypy.out; rm -f .mypy.out; \
+	test $$tests -eq 0 -a $$typed -eq 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -68,10 +68,16 @@ class Spool:
         for path in sorted(self.root.iterdir()):
             if path.name.startswith(".") or path.name == _REJECTED or not path.is_dir():
                 continue
-            dumps = list((path / "dump").iterdir()) if (path / "dump").is_dir() else []
-            if len(dumps) != 1:
+            try:
+                dumps = list((path / "dump").iterdir()) if (path / "dump").is_dir() else []
+                if len(dumps) != 1:
+                    continue
+                identity = json.loads((path / "identity.json").read_text())
+            except FileNotFoundError:
+                # Delivered meanwhile: another uploader's thread acknowledged it and removed it
+                # while this listing ran (seen when one process reads a spool others deliver).
                 continue
-            entries.append(SpoolEntry(path, json.loads((path / "identity.json").read_text()), dumps[0].name))
+            entries.append(SpoolEntry(path, identity, dumps[0].name))
         return entries
 
     def done(self, entry: SpoolEntry) -> None:
