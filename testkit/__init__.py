@@ -12,7 +12,7 @@ shipped package.
   (``k8s_api``), NVML (``pynvml``), a loopback PKI (``tls_certs``).
 
 It is not shipped: ``pip install .`` packages ``denpex*`` only. Like ``flows/``, ``tasks/`` and
-``blocks/`` it is imported from the repository root (``tests/conftest.py`` puts the root on
-``sys.path``; the benchmarks and ``scripts/demo.py`` do the same), and a child process that runs
+``blocks/`` it is imported from the repository root (pyproject.toml's pytest ``pythonpath`` puts the
+root on ``sys.path``; the benchmarks and ``scripts/demo.py`` do the same), and a child process that runs
 a generator (``python -m testkit.generators.gloo_worker``) is given the root on ``PYTHONPATH``.
 """

@@ -98,8 +98,9 @@ class IsolatedWorkers:
             names = ", ".join(ref.name for ref in refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
             raise WorkerDied(
                 f"a parse worker died while this batch was in flight ({names}); a dump that crashes "
-                "the decoder or a worker killed for memory does this. The batch is retried on fresh "
-                "workers; if it fails again, triage these files one by one with `denpex triage`"
+                "the decoder or a worker killed for memory does this. Fresh workers take the next batch "
+                "(a flow's parse task retries this one); if it fails again, triage these files one by "
+                "one with `denpex triage`"
             ) from exc
 
     def warm(self) -> None:
@@ -145,7 +146,10 @@ def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_
 
     The workers come from the forkserver, never a fork of this process: a fork copies the caller's
     whole heap into every worker (a test session or a long-lived service holding hundreds of MiB
-    made one 64-rank triage take 30 s instead of 3).
+    made one 64-rank triage take 30 s instead of 3). As with any forkserver or spawn pool, a
+    script that calls this at import time needs an ``if __name__ == "__main__":`` guard (the
+    workers import the caller's main module), and the forkserver process stays up for the next
+    call. Outcomes come in batch order, not the refs' order; each carries its rank.
     """
     workers = workers if workers is not None else usable_cpus()
     if workers <= 1 or len(refs) < _POOL_THRESHOLD:

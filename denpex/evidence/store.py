@@ -173,8 +173,9 @@ def _s3_client(endpoint_url: str | None) -> Any:
     import boto3
     from botocore.config import Config
 
-    # Five attempts in botocore's standard mode unless the operator set AWS_MAX_ATTEMPTS or
-    # AWS_RETRY_MODE, which every AWS SDK honours (a value given here would override them).
+    # Five retries (six attempts) in botocore's standard mode, unless the operator set the
+    # environment variables every AWS SDK honours: AWS_MAX_ATTEMPTS (attempts in all, the first
+    # included) or AWS_RETRY_MODE. A value given here would override them.
     retries: dict[str, Any] = {}
     if "AWS_MAX_ATTEMPTS" not in os.environ:
         retries["max_attempts"] = 5

@@ -64,8 +64,7 @@ def _parent_of(pid: int) -> int:
 
 def test_summarize_all_runs_a_large_incident_on_forkserver_workers_with_the_in_process_result() -> None:
     """The CLI's pool is this same pool: its workers are the forkserver's children, never forks of
-    the caller (a fork copies the caller's heap into every worker), and the outcomes keep the
-    refs' order."""
+    the caller (a fork copies the caller's heap into every worker), and every ref gets its outcome."""
     from denpex.analysis import workers as pool_module
 
     many = [DumpRef(ref.store_uri, ref.name, rank, ref.size) for rank in range(64) for ref in REFS[rank % 4:rank % 4 + 1]]
@@ -84,6 +83,7 @@ def test_summarize_all_runs_a_large_incident_on_forkserver_workers_with_the_in_p
     finally:
         pool_module.IsolatedWorkers.collect = real  # type: ignore[method-assign]
     in_process = summarize_batch(many)
+    assert len(outcomes) == len(many)
     assert sorted(outcomes, key=lambda o: o.rank) == sorted(in_process, key=lambda o: o.rank)
     assert parents and os.getpid() not in parents
     assert os.getpid() not in set(parents.values()), parents

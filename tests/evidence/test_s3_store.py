@@ -105,3 +105,16 @@ def test_missing_bucket_is_a_clear_error(s3) -> None:  # noqa: ANN001
         S3Store("nope", "x", client=s3).list()
     with pytest.raises(DumpError, match="cannot read"):
         S3Store("evidence", "incident-7", client=s3).read("absent", max_bytes=10)
+
+
+def test_the_operator_sets_the_attempts_as_for_any_aws_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five retries in standard mode by default; AWS_MAX_ATTEMPTS and AWS_RETRY_MODE win when set
+    (the test API runs with AWS_MAX_ATTEMPTS=2, so a stopped moto is refused in seconds)."""
+    from denpex.evidence.store import _s3_client
+
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    assert _s3_client("http://127.0.0.1:9").meta.config.retries == {"total_max_attempts": 6, "mode": "standard"}
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    assert _s3_client("http://127.0.0.1:9").meta.config.retries == {"total_max_attempts": 2, "mode": "adaptive"}

@@ -72,11 +72,13 @@ def start_manual(event: AlertEvent) -> UUID:
 def find_run(incident_id: str, *, timeout_s: float = 120) -> UUID:
     """The flow run whose parameters name ``incident_id`` (started by the event trigger)."""
     from prefect import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
 
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            for run in client.read_flow_runs(limit=200):
+            # Newest first: the session's server also holds the replay and Dask tests' runs.
+            for run in client.read_flow_runs(limit=200, sort=FlowRunSort.EXPECTED_START_TIME_DESC):
                 if run.parameters.get("incident_id") == incident_id:
                     return run.id
             time.sleep(1)

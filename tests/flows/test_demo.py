@@ -27,12 +27,12 @@ def _clone_with_venv(tmp_path: Path) -> Path:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
     subprocess.run(["python3", "-m", "venv",
-                    str(clone / ".venv")], check=True, timeout=300)
+                    str(clone / ".venv")], check=True, timeout=120)
     packages = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
     venv_site = next((clone / ".venv" / "lib").glob("python3*/site-packages"))
     (venv_site / "denpex-test-deps.pth").write_text(packages + "\n")
     installed = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                                "--no-deps", "-e", str(clone)], capture_output=True, text=True, timeout=600)
+                                "--no-deps", "-e", str(clone)], capture_output=True, text=True, timeout=180)
     assert installed.returncode == 0, installed.stderr[-2000:]
     return clone
 
@@ -43,7 +43,7 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     # print "make[1]: Leaving directory" after the report line.
     env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     done = subprocess.run(["make", "demo", "DEMO_APPROVE=1"], cwd=clone, capture_output=True, text=True,
-                          timeout=1200, env=env)
+                          timeout=420, env=env)
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-3000:]
     last = out.strip().splitlines()[-1]

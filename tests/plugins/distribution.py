@@ -39,6 +39,10 @@ SHARED_SESSION_FIXTURES: dict[str, str] = {
     # The real Gloo runs (minutes of real processes each).
     "generated": "gloo-scenarios",
     "live": "gloo-cases",
+    # Last: the Slurm lab's other users (the isolation tests) share one worker, so that a run
+    # starts one lab for them and one each for the flow tests on the harness and on PostgreSQL,
+    # not one on every worker.
+    "slurm_lab": "slurm-lab",
 }
 
 _GROUPS_DIR = "denpex_groups_dir"
@@ -81,18 +85,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """Controller: tell each worker where to write its groups."""
-    node.workerinput[_GROUPS_DIR] = str(node.config.stash[_GROUPS_KEY])
+    """Controller: tell each worker where to write its groups (only under ``--dist loadgroup``)."""
+    if _GROUPS_KEY in node.config.stash:
+        node.workerinput[_GROUPS_DIR] = str(node.config.stash[_GROUPS_KEY])
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Worker: mark each test with its group and write the groups for the controller."""
+    """Worker: note each test's group and write the groups for the controller."""
     groups = {}
     for item in items:
         group = group_of(item)
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
             item.stash[_GROUP] = group
             groups[item.nodeid] = group
     folder = getattr(config, "workerinput", {}).get(_GROUPS_DIR)
