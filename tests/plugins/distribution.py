@@ -26,10 +26,9 @@ import pytest
 # Tests that ask for any of a group's fixtures share that group's worker.
 SHARED_SESSION_FIXTURES: dict[str, str] = {
     # The Prefect test-harness server and what is served against it (tests/plugins/services.py,
-    # tests/flows/conftest.py): the flow tests, the replay flow and the Dask fan-out.
+    # tests/flows/conftest.py): the flow tests, the replay flow and the Dask fan-out. A test's
+    # fixture names include what its fixtures use (flow_rig -> prefect_api -> prefect_harness).
     "prefect_harness": "prefect-harness",
-    "prefect_api": "prefect-harness",
-    "flow_rig": "prefect-harness",
     # `prefect server start` on PostgreSQL, the flows served against it, the UI test.
     "postgres_prefect": "prefect-postgres",
     # `prefect server start` on SQLite.
