@@ -20,7 +20,7 @@ from starlette.datastructures import UploadFile
 from denpex.ingest.alerts import Alert, alert_from_watchdog, parse_alertmanager, parse_denpex_alert
 from denpex.ingest.auth import Caller, authenticate_bearer, authenticate_signed
 from denpex.ingest.coverage import incident_view
-from denpex.ingest.errors import IngestError, InvalidRequestError, PayloadTooLargeError
+from denpex.ingest.errors import IngestError, InvalidRequestError, PayloadTooLargeError, RateLimitedError
 from denpex.ingest.identity import parse_identity
 from denpex.ingest.incidents import IncidentKey
 from denpex.ingest.service import IngestService
@@ -42,7 +42,8 @@ def create_app(service: IngestService) -> FastAPI:
 
     @app.exception_handler(IngestError)
     async def _refused(_: Request, exc: IngestError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimitedError) else None
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(Exception)
     async def _crashed(_: Request, exc: Exception) -> JSONResponse:

@@ -5,9 +5,13 @@
     ├── ForbiddenError          403: a foreign tenant or cluster, a revoked key, a plan without
     │                           this workflow
     ├── NotFoundError           404: no such incident for the caller's tenant and cluster
+    ├── RequestTimeoutError     408: the body did not arrive within the time a body may take
+    ├── ConflictError           409: conflicts with what the incident already holds (another job)
     ├── PayloadTooLargeError    413: the body or one dump is over its cap
     ├── InvalidRequestError     422: an identity, dump or alert that fails validation
-    └── StoreUnavailableError   503: the evidence store (or the flow engine) cannot be reached
+    ├── RateLimitedError        429: a tenant's or cluster's limit is reached (``retry_after_s``)
+    └── StoreUnavailableError   503: the evidence store (or the flow engine) cannot be reached,
+                                or the service is at its bound of bodies in flight or spool disk
 
 Every one is answered as ``{"error": "<one clear sentence>"}`` and nothing is stored.
 """
@@ -19,6 +23,9 @@ __all__ = [
     "AuthenticationError",
     "ForbiddenError",
     "NotFoundError",
+    "RequestTimeoutError",
+    "ConflictError",
+    "RateLimitedError",
     "PayloadTooLargeError",
     "InvalidRequestError",
     "StoreUnavailableError",
@@ -50,6 +57,18 @@ class NotFoundError(IngestError):
     status = 404
 
 
+class RequestTimeoutError(IngestError):
+    """The body did not arrive within the time a body may take (uvicorn has no such limit)."""
+
+    status = 408
+
+
+class ConflictError(IngestError):
+    """The request conflicts with what the incident already holds (an alert naming another job)."""
+
+    status = 409
+
+
 class PayloadTooLargeError(IngestError):
     """The body or one of its parts is over its cap."""
 
@@ -60,6 +79,16 @@ class InvalidRequestError(IngestError):
     """An identity, dump or alert that fails validation."""
 
     status = 422
+
+
+class RateLimitedError(IngestError):
+    """A tenant's or cluster's rate limit is reached; answered with ``Retry-After``."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
 
 
 class StoreUnavailableError(IngestError):
