@@ -1,12 +1,14 @@
 """The clusters the flow may act on, one block per cluster, named after it.
 
 ``block_name_for("lab")`` -> ``"lab"``; ``"Prod East/1"`` -> ``"prod-east-1"``. The flow looks up
-``denpex-slurm-target/<name>``, then ``denpex-kubernetes-target/<name>``.
+``denpex-slurm-target/<name>``, then ``denpex-kubernetes-target/<name>``, and uses the block only
+when its ``cluster_name`` is the incident's cluster exactly and the operator's registry does not
+give that cluster to another tenant (``denpex.tenancy``): a block says where a cluster is, never
+whose it is, since anyone who reaches the Prefect API can edit it.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from prefect.blocks.core import Block
@@ -15,23 +17,25 @@ from pydantic import Field, SecretStr
 from blocks.ssh import DenpexSshCredentials
 from denpex.isolation.config import IsolationSettings, KubernetesSettings
 from denpex.isolation.ssh import SshSettings
+from denpex.tenancy import cluster_slug
 
 __all__ = ["block_name_for", "DenpexSlurmTarget", "DenpexKubernetesTarget"]
 
 
 def block_name_for(cluster: str) -> str:
-    """A block name (lowercase letters, digits, dashes) for a cluster name."""
-    slug = re.sub(r"[^a-z0-9]+", "-", cluster.lower()).strip("-")
-    return slug or "default"
+    """A block name (lowercase letters, digits, dashes) for a cluster name; the registry refuses a
+    second cluster whose name makes the same one."""
+    return cluster_slug(cluster)
 
 
-def _state_settings(state_dir: Path, runbook: Path, evidence_store: str | None, cluster: str,
-                    **fields: object) -> IsolationSettings:
-    """The operator's settings: the machine-wide state directory and the runbook file (policy)."""
-    return IsolationSettings.model_validate({
-        "state_dir": state_dir, "runbook": runbook, "evidence_store": evidence_store, "cluster": cluster,
-        **fields,
-    })
+def _state_settings(state_dir: Path, runbook: Path, cluster: str, **fields: object) -> IsolationSettings:
+    """The operator's settings: the machine-wide state directory and the runbook file (policy).
+
+    No audit store: where the audit log's copy lives is the operator's configuration
+    (``DENPEX_AUDIT_STORE``, else a folder in the state directory), never a block's field.
+    """
+    return IsolationSettings.model_validate({"state_dir": state_dir, "runbook": runbook, "cluster": cluster,
+                                             **fields})
 
 
 class DenpexSlurmTarget(Block):
@@ -40,20 +44,20 @@ class DenpexSlurmTarget(Block):
     _block_type_slug = "denpex-slurm-target"
     _block_type_name = "Denpex Slurm Target"
 
-    cluster_name: str = Field(description="Slurm ClusterName")
+    cluster_name: str = Field(description="Slurm ClusterName, exactly as the ingest registry holds it")
     host: str
     port: int = Field(default=22, ge=1, le=65535)
     credentials: DenpexSshCredentials
     connect_timeout_s: float = Field(default=10.0, gt=0)
     command_timeout_s: float = Field(default=60.0, gt=0)
 
-    def settings(self, state_dir: Path, runbook: Path, *, evidence_store: str | None = None) -> IsolationSettings:
+    def settings(self, state_dir: Path, runbook: Path) -> IsolationSettings:
         """The executor's settings; key files are written under the state directory."""
         key, known = self.credentials.write_files(state_dir / "keys", f"slurm-{block_name_for(self.cluster_name)}")
         ssh = SshSettings(host=self.host, port=self.port, username=self.credentials.username, key_path=key,
                           key_passphrase=self.credentials.passphrase, known_hosts=known,
                           connect_timeout_s=self.connect_timeout_s, command_timeout_s=self.command_timeout_s)
-        return _state_settings(state_dir, runbook, evidence_store, self.cluster_name, ssh=ssh)
+        return _state_settings(state_dir, runbook, self.cluster_name, ssh=ssh)
 
 
 class DenpexKubernetesTarget(Block):
@@ -62,16 +66,16 @@ class DenpexKubernetesTarget(Block):
     _block_type_slug = "denpex-kubernetes-target"
     _block_type_name = "Denpex Kubernetes Target"
 
-    cluster_name: str
+    cluster_name: str = Field(description="The cluster's name, exactly as the ingest registry holds it")
     host: str = Field(description="https://api-server:6443")
     token: SecretStr
     ca_cert_pem: str | None = Field(default=None, description="The API server's CA (PEM)")
 
-    def settings(self, state_dir: Path, runbook: Path, *, evidence_store: str | None = None) -> IsolationSettings:
+    def settings(self, state_dir: Path, runbook: Path) -> IsolationSettings:
         ca = None
         if self.ca_cert_pem:
             ca = state_dir / "keys" / f"kube-{block_name_for(self.cluster_name)}.ca.pem"
             ca.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             ca.write_text(self.ca_cert_pem)
         kube = KubernetesSettings(host=self.host, token=self.token, ca_cert=ca)
-        return _state_settings(state_dir, runbook, evidence_store, self.cluster_name, kubernetes=kube)
+        return _state_settings(state_dir, runbook, self.cluster_name, kubernetes=kube)

@@ -17,7 +17,7 @@ import typer
 from denpex.evidence.errors import EvidenceError
 from denpex.hardware import HardwareError
 from denpex.hardware.collect_command import collect_telemetry_command
-from denpex.ingest.commands import keys_app, serve_api_command, tenants_app, tokens_app
+from denpex.ingest.commands import clusters_app, keys_app, serve_api_command, tenants_app, tokens_app
 from denpex.investigate import investigate
 from denpex.isolation.commands import approve_command, approver_app, audit_app, breaker_app, isolate_command
 from denpex.isolation.errors import IsolationError
@@ -110,6 +110,7 @@ app.command("isolate")(isolate_command)
 app.add_typer(audit_app, name="audit")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(clusters_app, name="clusters")
 app.command("serve-api")(serve_api_command)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tokens_app, name="tokens")

@@ -16,21 +16,25 @@ from prefect.events import emit_event
 from prefect.exceptions import FlowPauseTimeout, ObjectAlreadyExists
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
 from blocks.notify import DenpexApprovalWebhook
 from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, runbook_path
 from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget, block_name_for
 from denpex.isolation.config import IsolationSettings
-from denpex.isolation.operator import state_audit_log
+from denpex.evidence.store import open_store
+from denpex.isolation.errors import AuditChainError, StoreError
+from denpex.isolation.operator import resolve_audit_store, state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import Runbook, load_runbook
 from denpex.state_dir import resolve_state_dir
+from denpex.tenancy import judge_target, read_ownership
 from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
 from denpex.workflow.decision_audit import record_decision
 
-__all__ = ["ApprovalInput", "Target", "load_runbook_for_flow", "find_target", "ask_approval",
+__all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "ask_approval",
            "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
            "run_id", "artifact_prefix"]
 
@@ -48,6 +52,24 @@ class Target:
     scheduler: Scheduler
     settings: IsolationSettings
     cluster_name: str
+    tenant: str | None = None
+    """The cluster's owner in the operator's registry (None: no registered owner, no tenant scoping)."""
+
+
+@dataclass(frozen=True)
+class TargetLookup:
+    """What ``find_target`` found: a usable target, or why a registered one may not be used."""
+
+    target: Target | None
+    refused: str | None = None
+    note: str = ""
+
+    def target_or_raise(self, cluster: str) -> Target:
+        """The target, else ValueError saying why there is none."""
+        if self.target is None:
+            raise ValueError(self.refused or f"no Slurm or Kubernetes target block is registered for cluster "
+                                             f"{cluster!r}")
+        return self.target
 
 
 def _load(kind: type[B], name: str) -> B | None:
@@ -77,21 +99,29 @@ def load_runbook_for_flow() -> tuple[Runbook, Path]:
     return load_runbook(path), path
 
 
-def find_target(cluster: str, runbook: Path, evidence_store: str | None) -> Target | None:
-    """The Slurm or Kubernetes target block named after ``cluster``; None when none is registered.
+def find_target(cluster: str, runbook: Path, *, tenant: str | None) -> TargetLookup:
+    """The Slurm or Kubernetes target block named after ``cluster`` (no target when none is
+    registered), usable only when it names ``cluster`` exactly and the operator's registry in the
+    state directory does not give that cluster to a tenant other than ``tenant`` (None: any).
+    The target's tenant is the registry's owner, never the parameter's (``denpex.tenancy``).
 
     The executor's settings name the runbook file, so execution enforces the operator's policy.
+    Where the audit log's copy is kept is not among them: the operator's configuration names it
+    (``DENPEX_AUDIT_STORE``), never a block, a parameter or the incident's evidence folder.
     """
     name = block_name_for(cluster)
-    slurm = _load(DenpexSlurmTarget, name)
-    if slurm is not None:
-        return Target(Scheduler.SLURM, slurm.settings(state_dir(), runbook, evidence_store=evidence_store),
-                      slurm.cluster_name)
-    kube = _load(DenpexKubernetesTarget, name)
-    if kube is not None:
-        return Target(Scheduler.KUBERNETES, kube.settings(state_dir(), runbook, evidence_store=evidence_store),
-                      kube.cluster_name)
-    return None
+    block: DenpexSlurmTarget | DenpexKubernetesTarget | None = _load(DenpexSlurmTarget, name)
+    scheduler = Scheduler.SLURM
+    if block is None:
+        block, scheduler = _load(DenpexKubernetesTarget, name), Scheduler.KUBERNETES
+    if block is None:
+        return TargetLookup(None)
+    decision = judge_target(read_ownership(state_dir(), cluster), tenant=tenant, block_cluster=block.cluster_name)
+    if not decision.allowed:
+        return TargetLookup(None, refused=decision.reason)
+    # Settings are made (key files written) only for a target that may be used.
+    return TargetLookup(Target(scheduler, block.settings(state_dir(), runbook), block.cluster_name, decision.tenant),
+                        note=decision.reason)
 
 
 def webhook_url() -> str | None:
@@ -127,11 +157,20 @@ def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) ->
 
 def record_not_done(plan: IsolationPlan, *, operation: Operation, outcome: str, reason: str,
                     approver: str | None, cluster: str) -> None:
-    """Audit log and event feed: why nothing was done."""
-    record_decision(state_audit_log(state_dir()), plan, operation=operation, outcome=outcome,
-                    reason=reason, approver=approver, at=utc_now())
-    emit(f"denpex.remediation.{outcome}", plan.incident_id, cluster,
-         {"plan_hash": plan.content_hash(), "operation": operation.value, "reason": reason})
+    """Audit log (and the cluster's stored copy, in the operator's audit store) and event feed:
+    why nothing was done. A copy that fails is a warning: the record is in the log, and the
+    cluster's next action checks the log against the copy as it stands."""
+    folder = state_dir()
+    payload = {"plan_hash": plan.content_hash(), "operation": operation.value, "reason": reason}
+    try:
+        record_decision(state_audit_log(folder), plan, operation=operation, outcome=outcome, reason=reason,
+                        approver=approver, at=utc_now(), store=open_store(resolve_audit_store(None, folder)),
+                        cluster=plan.cluster or cluster)
+    except (StoreError, AuditChainError) as exc:
+        get_run_logger().warning("the %s decision is in the audit log but not in its stored copy: %s",
+                                 outcome, exc)
+        payload["audit_copy_warning"] = str(exc)
+    emit(f"denpex.remediation.{outcome}", plan.incident_id, cluster, payload)
 
 
 def remediation_limit(cluster: str) -> str:

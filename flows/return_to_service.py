@@ -12,7 +12,9 @@ from prefect import flow
 from prefect.concurrency.sync import concurrency
 
 from denpex.isolation.plan import Operation, load_plan
+from denpex.state_paths import state_path
 from denpex.workflow.approval_answer import AnswerVerdict
+from denpex.workflow.flow_parameters import check_flow_parameters
 from flows.approval import (
     ask_approval,
     emit,
@@ -31,11 +33,11 @@ __all__ = ["return_to_service"]
 @flow(name="denpex-return-to-service")
 def return_to_service(cluster: str, incident_id: str) -> dict[str, Any]:
     """Pause for approval of the rollback, then resume the incident's nodes."""
+    check_flow_parameters(cluster=cluster, incident_id=incident_id)
     runbook, runbook_file = load_runbook_for_flow()
-    plan = load_plan(state_dir() / "plans" / f"{incident_id}.json")
-    target = find_target(cluster, runbook_file, None)
-    if target is None:
-        raise ValueError(f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}")
+    plan = load_plan(state_path(state_dir(), "plans", f"{incident_id}.json"))
+    # The saved plan's tenant is the owner the triage run found; the registry must still agree.
+    target = find_target(cluster, runbook_file, tenant=plan.tenant).target_or_raise(cluster)
     nodes = ", ".join(a.node for a in plan.actions)
     description = (f"# Return to service: incident {incident_id} on {cluster}\n\n"
                    f"Undo `{plan.actions[0].rollback.value if plan.actions else 'nothing'}` on **{nodes}** "

@@ -28,7 +28,9 @@ from denpex.analysis.triage import EvidenceInventory
 from denpex.evidence.files import write_atomic
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
 from denpex.report import PlanView, TriageReport
+from denpex.state_paths import state_path
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
+from denpex.workflow.flow_parameters import check_flow_parameters
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
@@ -97,6 +99,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
            alert_id: str = "") -> dict[str, Any]:
     """Triage one incident; pause for approval; act only on what a person approved."""
     log = get_run_logger()
+    # Anyone who reaches the Prefect API can start a run: its parameters are checked as a request's.
+    check_flow_parameters(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
+                          alert_id=alert_id or None, evidence=evidence)
     runbook, runbook_file = load_runbook_for_flow()
     timing = runbook.workflow
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
@@ -116,16 +121,25 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     charts = render_charts(result, batches, inventory.world_size)
     del batches  # only the compact counters live on, inside the charts' data
     report = TriageReport(**dict(result))
-    target = find_target(cluster, runbook_file, evidence)
+    found = find_target(cluster, runbook_file, tenant=tenant)
+    target = found.target
+    if found.refused:
+        log.warning("no remediation on cluster %r: %s", cluster, found.refused)
+        emit("denpex.remediation.refused", incident_id, cluster, {"reason": found.refused, "tenant": tenant})
+    elif found.note:
+        log.info("%s", found.note)
     plan = None
     if target is not None:
+        # The plan's tenant is the registry's owner of the cluster, never this run's parameter.
         plan = plan_isolation_task(result, inventory, target.scheduler, runbook_file, incident_id=incident_id,
-                                   tenant=tenant, cluster=target.cluster_name, as_of=alert_time)
+                                   tenant=target.tenant, cluster=target.cluster_name, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
                                chart=charts_markdown(charts))
     publish_report(report, plan, markdown, key)
     publish_charts(charts, key)
+    if found.refused:
+        return _finish(ref, report, IncidentStage.REFUSED, found.refused, plan, key)
     if plan is None or not plan.actions:
         why = (f"no isolation proposed for incident {incident_id}" if target is not None
                else f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}; triage only")
@@ -194,9 +208,9 @@ def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, targ
 
 def _save_plan(plan: IsolationPlan) -> None:
     """Keep the plan where the return-to-service flow finds it."""
-    folder = state_dir() / "plans"
-    folder.mkdir(parents=True, exist_ok=True)
-    save_plan(plan, folder / f"{plan.incident_id}.json")
+    path = state_path(state_dir(), "plans", f"{plan.incident_id}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_plan(plan, path)
 
 
 def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason: str,
@@ -205,9 +219,8 @@ def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason
                               plan_hash=plan.content_hash() if plan else None, **extra)
     publish_decision(ref.incident_id, stage.value, reason, key)
     data = outcome.contract_json()
-    folder = state_dir() / "reports"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{ref.incident_id}-{ref.flow_run_id}.json"
+    path = state_path(state_dir(), "reports", f"{ref.incident_id}-{ref.flow_run_id}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
     data["report_path"] = str(path)
     return data

@@ -39,9 +39,9 @@ def correlate_telemetry(result: TriageResult, inventory: EvidenceInventory) -> T
 
 @task(name="plan-isolation")
 def plan_isolation_task(result: TriageResult, inventory: EvidenceInventory, scheduler: Scheduler, runbook: Path, *,
-                        incident_id: str, tenant: str, cluster: str, as_of: datetime) -> IsolationPlan:
-    """The isolation plan under the runbook's policy, bound to the tenant and cluster (the executor
-    re-checks it all on live facts)."""
+                        incident_id: str, tenant: str | None, cluster: str, as_of: datetime) -> IsolationPlan:
+    """The isolation plan under the runbook's policy, bound to the tenant (the cluster's registered
+    owner; None: none) and cluster (the executor re-checks it all on live facts)."""
     job_id = inventory.manifest.job_id if inventory.manifest else None
     return plan_isolation(result, inventory.manifest, load_runbook(runbook).policy(), None, scheduler, incident_id,
                           result.as_of or as_of, cluster=cluster, tenant=tenant, job_id=job_id)

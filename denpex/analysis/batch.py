@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from denpex.analysis.models import SkippedFile
 from denpex.analysis.rank_runs import RankRuns
 from denpex.analysis.summary import RankSummary, summarize_dump
+from denpex.evidence.cpu_budget import DEFAULT_CPU_BUDGET, CpuBudget, arm_cpu_limit
 from denpex.evidence.discovery import DumpRef
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import decode_dump
@@ -73,11 +74,14 @@ def summarize_in_worker(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DU
         gc.collect()
 
 
-def worker_init() -> None:
+def worker_init(cpu_budget: CpuBudget = DEFAULT_CPU_BUDGET) -> None:
     """Runs once in each dedicated worker process, never in the caller's.
 
     Unpickled dumps are trees of plain containers with no reference cycles: reference counting
     frees each one the moment its summary is built. The cyclic collector would only re-walk the
     live dump again and again while it is being unpickled (about 40% of the load time).
+    Each decode then runs under ``cpu_budget``: a pathological dump becomes that rank's
+    ``SkippedFile`` instead of holding the worker (the limit is only ever armed in a worker).
     """
     gc.disable()
+    arm_cpu_limit(cpu_budget)

@@ -10,11 +10,9 @@ main-module import every time (most of a small incident's parse time).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from types import TracebackType
 from typing import NamedTuple
@@ -27,10 +25,13 @@ from denpex.analysis.batch import (
     summarize_in_worker,
     worker_init,
 )
+from denpex.analysis.lanes import LaneKilled, Lanes
+from denpex.analysis.models import SkippedFile
+from denpex.evidence.cpu_budget import DEFAULT_CPU_BUDGET, CpuBudget
 from denpex.evidence.discovery import DumpRef
 from denpex.evidence.store import EvidenceStore
 
-__all__ = ["IsolatedWorkers", "QueuedBatch", "WorkerDied", "Progress", "summarize_all", "usable_cpus"]
+__all__ = ["IsolatedWorkers", "QueuedBatch", "Progress", "summarize_all", "usable_cpus"]
 
 # Below this many dumps, starting worker processes costs more than it saves.
 _POOL_THRESHOLD = 64
@@ -43,10 +44,6 @@ Progress = Callable[[int, int], None]
 _WORKER_PRELOAD = ["denpex.analysis.batch", "boto3", "botocore.client"]
 
 
-class WorkerDied(RuntimeError):
-    """A worker process died under a batch (a dump crashed the decoder, or the kernel killed it)."""
-
-
 def usable_cpus() -> int:
     """The CPUs this process may run on (a container's or taskset's share, not the host's)."""
     try:
@@ -55,60 +52,65 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _ready() -> None:
-    """A no-op run on a worker, so that the worker is started."""
-
-
 class QueuedBatch(NamedTuple):
-    """A batch sent to a pool, kept with the pool it went to (a dead worker breaks only that one)."""
+    """A batch sent to the workers, kept with its refs (a dead worker is then retried per ref)."""
 
-    pool: ProcessPoolExecutor
     future: Future[list[RankOutcome]]
     refs: list[DumpRef]
+    max_bytes: int
 
 
 class IsolatedWorkers:
-    """A pool of ``workers`` decode processes (default: the usable CPUs), started on first use."""
+    """``workers`` decode processes (default: the usable CPUs), started on first use.
 
-    def __init__(self, workers: int | None = None) -> None:
+    Each decode runs under ``cpu_budget`` in its worker. A worker that dies, or that the lanes
+    kill for running past its batch's CPU allowance (a decode stuck in C), fails only its own
+    batch; that batch is then run again one dump at a time on fresh workers, so the dump that
+    kills its worker alone is reported as that rank's unusable evidence and every other rank keeps
+    its summary.
+    """
+
+    def __init__(self, workers: int | None = None, *, cpu_budget: CpuBudget = DEFAULT_CPU_BUDGET) -> None:
         self._workers = workers or usable_cpus()
-        self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
+        self._budget = cpu_budget
+        self._lanes: Lanes | None = None
 
     def summarize(self, refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
-        """``summarize_batch`` on a worker.
-
-        A worker that dies breaks the whole pool (every batch in flight fails with it): this
-        raises ``WorkerDied`` naming the batch's dumps, and the next call starts fresh workers.
-        """
+        """``summarize_batch`` on a worker."""
         return self.collect(self.submit(refs, max_bytes))
 
     def submit(self, refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> QueuedBatch:
         """Queue a batch on the workers without waiting for it (``summarize_all`` queues them all)."""
-        pool = self._current()
-        return QueuedBatch(pool, pool.submit(summarize_in_worker, list(refs), max_bytes), list(refs))
+        return QueuedBatch(self._send(list(refs), max_bytes), list(refs), max_bytes)
 
     def collect(self, queued: QueuedBatch) -> list[RankOutcome]:
-        """The outcomes of a batch queued with ``submit``; ``WorkerDied`` if its worker died."""
+        """The outcomes of a batch queued with ``submit``."""
         try:
             return queued.future.result()
-        except BrokenProcessPool as exc:
-            self._discard(queued.pool)
-            refs = queued.refs
-            names = ", ".join(ref.name for ref in refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
-            raise WorkerDied(
-                f"a parse worker died while this batch was in flight ({names}); a dump that crashes "
-                "the decoder or a worker killed for memory does this. Fresh workers take the next batch "
-                "(a flow's parse task retries this one); if it fails again, triage these files one by "
-                "one with `denpex triage`"
-            ) from exc
+        except LaneKilled as exc:
+            if len(queued.refs) == 1:
+                return [_worker_lost(queued.refs[0], exc)]
+        except BrokenProcessPool:
+            pass
+        # One dump of the batch (or the kernel) took its worker: find which, on fresh workers.
+        # A lone dump whose worker merely died gets this one more try too.
+        alone = [(ref, self._send([ref], queued.max_bytes)) for ref in queued.refs]
+        outcomes: list[RankOutcome] = []
+        for ref, future in alone:
+            try:
+                outcomes.extend(future.result())
+            except (BrokenProcessPool, LaneKilled) as exc:
+                outcomes.append(_worker_lost(ref, exc))
+        return outcomes
 
     def warm(self) -> None:
         """Start the workers now, without waiting: a flow calls this before it lists and waits for
         evidence, so the workers' start overlaps that wait instead of delaying the first batch."""
-        pool = self._current()
-        for _ in range(self._workers):
-            pool.submit(_ready)
+        self._current().warm()
+
+    def worker_pids(self) -> set[int]:
+        """The current workers' process ids (none before the first use)."""
+        return self._lanes.worker_pids() if self._lanes is not None else set()
 
     def __enter__(self) -> IsolatedWorkers:
         return self
@@ -118,25 +120,31 @@ class IsolatedWorkers:
         self.close()
 
     def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        lanes, self._lanes = self._lanes, None
+        if lanes is not None:
+            lanes.close()
 
-    def _current(self) -> ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                context = multiprocessing.get_context("forkserver")
-                context.set_forkserver_preload(_WORKER_PRELOAD)
-                self._pool = ProcessPoolExecutor(max_workers=self._workers, mp_context=context,
-                                                 initializer=worker_init)
-            return self._pool
+    def _send(self, refs: list[DumpRef], max_bytes: int) -> Future[list[RankOutcome]]:
+        # The lanes' own watch is the bound for a decode stuck in C, where the in-worker limit
+        # cannot reach: the batch's budget, summed over its dumps.
+        allowance = sum(self._budget.seconds_for(ref.size) for ref in refs)
+        return self._current().submit(summarize_in_worker, refs, max_bytes, cpu_s=allowance)
 
-    def _discard(self, pool: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is pool:
-                self._pool = None
-        pool.shutdown(wait=False, cancel_futures=True)
+    def _current(self) -> Lanes:
+        if self._lanes is None:
+            self._lanes = Lanes(self._workers, initializer=worker_init, initargs=(self._budget,),
+                                preload=_WORKER_PRELOAD)
+        return self._lanes
+
+
+def _worker_lost(ref: DumpRef, exc: BaseException) -> SkippedFile:
+    if isinstance(exc, LaneKilled):
+        why = (f"decoding it ran past {exc.allowance_s:.1f} s of CPU without returning (hostile or "
+               "pathological), so its parse worker was stopped")
+    else:
+        why = ("its parse worker died decoding it, on a fresh worker too (a dump that crashes the "
+               "decoder, or a worker killed for memory); triage it alone with `denpex triage` to see why")
+    return SkippedFile(path=ref.name, rank=ref.rank, reason=why)
 
 
 def summarize_all(refs: Sequence[DumpRef], *, max_bytes: int = DEFAULT_MAX_DUMP_BYTES,

@@ -219,11 +219,12 @@ class EvidenceUploader:
             self.spool.done(entry)
             self.delivered += 1
             return True
-        if response.status_code >= 500 or response.status_code == 429:
+        # 408: the body arrived slower than the service allows (a busy link); another try may be faster.
+        if response.status_code >= 500 or response.status_code in (408, 429):
             _log.warning("upload of %s: HTTP %d (%s); retrying later", entry.path.name, response.status_code,
                          response.text[:200])
             return False
-        # 401/403/413/422: retrying the same request cannot succeed; keep it for a person.
+        # 401/403/409/413/422: retrying the same request cannot succeed; keep it for a person.
         reason = f"HTTP {response.status_code}: {response.text[:500]}"
         _log.error("upload of %s refused for good: %s", entry.path.name, reason)
         self.spool.reject(entry, reason)

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from denpex.evidence.cpu_budget import cpu_limit
 from denpex.evidence.errors import DumpError
+from denpex.evidence.memory_budget import JSON_DECODE_BYTES_PER_INPUT_BYTE, decode_budget, decode_within
 from denpex.evidence.safe_pickle import safe_loads
 
 __all__ = [
@@ -90,8 +92,17 @@ def decode_dump(data: bytes, *, source: str) -> DecodedDump:
 
 
 def _json_loads(data: bytes) -> object:
+    # The same budgets as a pickle's: 47 MiB of ``{}`` would otherwise take a worker to 1.2 GiB.
+    # The CPU limit is the general bound (the C decoder never returns to Python midway, so a
+    # decode past it is ended by the worker's owner).
+    budget = decode_budget(len(data), JSON_DECODE_BYTES_PER_INPUT_BYTE)
     try:
-        return json.loads(data)
+        with cpu_limit(len(data)):
+            return decode_within(budget, lambda: json.loads(data))
+    except MemoryError as exc:
+        raise DumpError(f"decoding these {len(data):,} bytes of JSON needs more than the {budget >> 20} MiB "
+                        "a real dump of this size could need (a flood of empty objects or lists): hostile "
+                        "or corrupt, so it was refused; collect it again") from exc
     except UnicodeDecodeError as exc:
         raise DumpError("neither a pickle nor UTF-8 JSON") from exc
     except json.JSONDecodeError as exc:

@@ -14,24 +14,37 @@ from __future__ import annotations
 
 import resource
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["decode_budget", "memory_budget", "DECODE_FLOOR_BYTES", "DECODE_BYTES_PER_INPUT_BYTE"]
+__all__ = ["decode_budget", "memory_budget", "DECODE_FLOOR_BYTES", "DECODE_BYTES_PER_INPUT_BYTE",
+           "JSON_DECODE_BYTES_PER_INPUT_BYTE", "decode_within"]
 
 DECODE_FLOOR_BYTES = 256 << 20
 # A real FR pickle grows about 11x when decoded (278 KiB -> 3 MiB measured on the template);
 # 32x leaves room for dumps that share few strings, and still refuses a memo bomb.
 DECODE_BYTES_PER_INPUT_BYTE = 32
+# JSON is wordier and its decoder shares every key string: a real JSON dump grows about 4.6x
+# (19 MiB -> 88 MiB of data segment, measured), while 47 MiB of ``{}, {}, ...`` grows 25x (to
+# 1.16 GiB). 12x keeps 2.6x headroom over the real one and refuses the empty-dict flood.
+JSON_DECODE_BYTES_PER_INPUT_BYTE = 12
 
 _STATUS = Path("/proc/self/status")
+_T = TypeVar("_T")
+# The cap is process-wide while a decode holds it: other threads' allocations meanwhile (a thread
+# started, a file read) count against it, and under load they can exhaust it. A hostile input
+# fails on every try, at once; a decode that met someone else's allocation passes the next.
+_DECODE_TRIES = 3
 _lock = threading.RLock()
 
 
-def decode_budget(input_bytes: int) -> int:
-    """How much more memory decoding ``input_bytes`` of dump may take."""
-    return DECODE_FLOOR_BYTES + DECODE_BYTES_PER_INPUT_BYTE * input_bytes
+def decode_budget(input_bytes: int, per_input_byte: int = DECODE_BYTES_PER_INPUT_BYTE) -> int:
+    """How much more memory decoding ``input_bytes`` of dump may take (``per_input_byte``: the
+    encoding's worst real growth with headroom; the pickle's by default)."""
+    return DECODE_FLOOR_BYTES + per_input_byte * input_bytes
 
 
 def _data_segment_bytes() -> int | None:
@@ -66,3 +79,17 @@ def memory_budget(extra_bytes: int) -> Iterator[None]:
             yield
         finally:
             resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def decode_within(budget: int, decode: Callable[[], _T]) -> _T:
+    """``decode()`` under :func:`memory_budget`, tried again if it met another thread's
+    allocation; a ``MemoryError`` on the last try is the caller's to report."""
+    for attempt in range(_DECODE_TRIES):
+        try:
+            with memory_budget(budget):
+                return decode()
+        except MemoryError:
+            if attempt == _DECODE_TRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise RuntimeError("unreachable: the last try returns or raises")

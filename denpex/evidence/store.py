@@ -7,13 +7,14 @@ store from a string: ``/var/denpex/incident-7``, ``file:///...`` or ``s3://bucke
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from denpex.evidence.errors import DumpError, EvidenceSourceError
-from denpex.evidence.files import write_atomic
+from denpex.evidence.files import temporary_name, write_atomic
 
 __all__ = ["StoredObject", "EvidenceStore", "LocalStore", "S3Store", "open_store"]
 
@@ -43,6 +44,10 @@ class EvidenceStore(Protocol):
     def read(self, name: str, *, max_bytes: int) -> bytes: ...
 
     def write(self, name: str, data: bytes) -> None: ...
+
+    def write_file(self, name: str, path: Path) -> None:
+        """Write the file at ``path`` as ``name``, streamed (a dump is never held whole in memory)."""
+        ...
 
     def delete(self, name: str) -> None:
         """Remove ``name``; a name that is not there is no error."""
@@ -89,7 +94,24 @@ class LocalStore:
         return data
 
     def write(self, name: str, data: bytes) -> None:
-        write_atomic(self._path(name), data)
+        try:
+            write_atomic(self._path(name), data)
+        except OSError as exc:
+            raise EvidenceSourceError(f"cannot write {self.root / name} ({exc.strerror or exc})") from exc
+
+    def write_file(self, name: str, path: Path) -> None:
+        target = self._path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_name(target)
+        try:
+            shutil.copyfile(path, tmp)
+            with tmp.open("rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise EvidenceSourceError(f"cannot write {target} ({exc.strerror or exc})") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def delete(self, name: str) -> None:
         try:
@@ -158,6 +180,16 @@ class S3Store:
         try:
             self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
         except (ClientError, BotoCoreError) as exc:
+            raise EvidenceSourceError(f"cannot write {self.uri}/{name} ({exc})") from exc
+
+    def write_file(self, name: str, path: Path) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            with path.open("rb") as fh:
+                # One PUT from the open file (botocore streams it), as write() does from bytes.
+                self._client.put_object(Bucket=self.bucket, Key=self._key(name), Body=fh)
+        except (ClientError, BotoCoreError, OSError) as exc:
             raise EvidenceSourceError(f"cannot write {self.uri}/{name} ({exc})") from exc
 
     def delete(self, name: str) -> None:

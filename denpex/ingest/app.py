@@ -1,8 +1,12 @@
 """The HTTP app (FastAPI): ``POST /v1/evidence``, ``POST /v1/alerts``, ``GET /v1/incidents/{id}``.
 
-Thin: read the body under its cap, authenticate, parse, call the service, answer JSON. Every
-refusal is ``{"error": "<one clear sentence>"}`` with the status of its :class:`IngestError`.
-Blocking work (SQLite, the store, the dump check) runs in the thread pool, never on the event loop.
+Thin: check what the headers alone can tell, then receive the body into the spool (hashed as it
+streams, within the bounds of :mod:`denpex.ingest.body_spool`), verify the signature, parse, call
+the service, answer JSON. No body byte is read before the headers pass (a stranger is answered
+401 or 403 at once), and no body is ever held whole in memory. Every refusal is
+``{"error": "<one clear sentence>"}`` with the status of its :class:`IngestError`. Blocking work
+(SQLite, the store, the dump check, the multipart parse) runs in the thread pool, never on the
+event loop.
 """
 
 from __future__ import annotations
@@ -10,24 +14,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
 from denpex.ingest.alerts import Alert, alert_from_watchdog, parse_alertmanager, parse_denpex_alert
-from denpex.ingest.auth import Caller, authenticate_bearer, authenticate_signed
+from denpex.ingest.auth import Caller, PendingRequest, authenticate_bearer, check_signed_headers, verify_signature
+from denpex.ingest.body_spool import SpooledFile, SpoolBusyError, SpoolSlot, spool_body
 from denpex.ingest.coverage import incident_view
 from denpex.ingest.errors import IngestError, InvalidRequestError, PayloadTooLargeError, RateLimitedError
 from denpex.ingest.identity import parse_identity
 from denpex.ingest.incidents import IncidentKey
 from denpex.ingest.service import IngestService
+from denpex.ingest.signing import body_sha256, request_target
+from denpex.ingest.upload_form import FormCaps, parse_upload_form
 
 __all__ = ["create_app"]
-
-_MAX_PARTS = 34  # identity, dump, and up to 32 telemetry files
 
 
 def create_app(service: IngestService) -> FastAPI:
@@ -42,7 +45,8 @@ def create_app(service: IngestService) -> FastAPI:
 
     @app.exception_handler(IngestError)
     async def _refused(_: Request, exc: IngestError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimitedError) else None
+        retry_after = exc.retry_after_s if isinstance(exc, (RateLimitedError, SpoolBusyError)) else None
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(Exception)
@@ -56,23 +60,38 @@ def create_app(service: IngestService) -> FastAPI:
 
     @app.post("/v1/evidence")
     async def upload_evidence(request: Request) -> JSONResponse:
-        body = await _read_body(request, service.config.max_upload_bytes)
-        caller = await _signed(service, request, body)
-        identity, dump, filename, telemetry = await _parse_upload(service, request, body)
-        receipt = await run_in_threadpool(service.evidence.accept, caller, identity, dump, filename, telemetry)
+        cap = service.config.max_upload_bytes
+        pending = await _check_headers(service, request)
+        content_type = request.headers.get("content-type", "")
+        if not content_type.lower().startswith("multipart/form-data"):
+            raise InvalidRequestError("an upload is multipart/form-data with the parts 'identity' and 'dump'")
+        caps = FormCaps(max_dump_bytes=service.config.max_dump_bytes,
+                        max_telemetry_bytes=service.config.max_telemetry_bytes)
+        with service.spool.admit(_declared(request, cap)) as slot:
+            body = await _receive(service, request, slot, cap)
+            caller = await _verify(service, request, pending, body.sha256)
+            form = await run_in_threadpool(parse_upload_form, body.path, content_type, slot, caps)
+            identity = parse_identity(form.identity)
+            receipt = await run_in_threadpool(service.evidence.accept, caller, identity, form.dump, form.telemetry)
         return JSONResponse(receipt.model_dump(), status_code=201 if receipt.stored else 200)
 
     @app.post("/v1/alerts")
     async def receive_alert(request: Request) -> JSONResponse:
-        body = await _read_body(request, service.config.max_alert_bytes)
+        cap = service.config.max_alert_bytes
         now = datetime.fromtimestamp(service.clock(), UTC)
         authorization = request.headers.get("authorization")
         if authorization is not None:
             grant = await run_in_threadpool(authenticate_bearer, service.registry, authorization)
             tenant, cluster = grant.tenant, grant.cluster
+            with service.spool.admit(_declared(request, cap)) as slot:
+                body = await _small_body(await _receive(service, request, slot, cap))
             alerts = parse_alertmanager(body, tenant=tenant, cluster=cluster, received_at=now)
         else:
-            caller = await _signed(service, request, body)
+            pending = await _check_headers(service, request)
+            with service.spool.admit(_declared(request, cap)) as slot:
+                spooled = await _receive(service, request, slot, cap)
+                caller = await _verify(service, request, pending, spooled.sha256)
+                body = await _small_body(spooled)
             tenant, cluster = caller.tenant, caller.cluster
             alerts = _signed_alerts(request, body, now)
         receipts = await run_in_threadpool(service.alerts.receive, tenant, cluster, alerts)
@@ -80,7 +99,9 @@ def create_app(service: IngestService) -> FastAPI:
 
     @app.get("/v1/incidents/{incident_id}")
     async def read_incident(incident_id: str, request: Request) -> JSONResponse:
-        caller = await _signed(service, request, b"")
+        # A GET signs the empty body; whatever body a sender attaches is never read.
+        pending = await _check_headers(service, request)
+        caller = await _verify(service, request, pending, body_sha256(b""))
         key = IncidentKey(caller.tenant, caller.cluster, incident_id)
         view = await run_in_threadpool(incident_view, service.book, service.trigger, key)
         return JSONResponse(view.model_dump(mode="json"))
@@ -88,25 +109,38 @@ def create_app(service: IngestService) -> FastAPI:
     return app
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused (413) as soon as it passes ``limit``: never read past the cap."""
+def _declared(request: Request, limit: int) -> int | None:
+    """The declared Content-Length, refused (413) before a byte is read when it is over ``limit``."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is None or not declared.isdigit():
+        return None
+    if int(declared) > limit:
         raise PayloadTooLargeError(f"the body is {int(declared):,} bytes, over the {limit:,}-byte cap; "
                                    "nothing was stored")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"the body is over the {limit:,}-byte cap; nothing was stored")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return int(declared)
 
 
-async def _signed(service: IngestService, request: Request, body: bytes) -> Caller:
-    return await run_in_threadpool(authenticate_signed, service.registry, service.nonces, dict(request.headers),
-                                   method=request.method, path=request.url.path, body=body, now=service.clock())
+async def _check_headers(service: IngestService, request: Request) -> PendingRequest:
+    return await run_in_threadpool(check_signed_headers, service.registry, service.nonces, dict(request.headers),
+                                   now=service.clock())
+
+
+async def _receive(service: IngestService, request: Request, slot: SpoolSlot, cap: int) -> SpooledFile:
+    """The body, spooled and hashed, within its cap and its deadline."""
+    deadline = service.spool.limits.deadline_s(_declared(request, cap), cap)
+    return await spool_body(request.stream(), slot, cap=cap, deadline_s=deadline)
+
+
+async def _verify(service: IngestService, request: Request, pending: PendingRequest, body_hash: str) -> Caller:
+    """The signature over the request target: the path and, when there is one, the query as sent."""
+    target = request_target(request.url.path, request.scope.get("query_string", b"").decode("latin-1"))
+    return await run_in_threadpool(verify_signature, service.nonces, pending, method=request.method, target=target,
+                                   body_hash=body_hash, now=service.clock())
+
+
+async def _small_body(spooled: SpooledFile) -> bytes:
+    """A body already under a small cap (an alert's 4 MiB), read back from its spool file."""
+    return await run_in_threadpool(spooled.path.read_bytes)
 
 
 def _signed_alerts(request: Request, body: bytes, now: datetime) -> list[Alert]:
@@ -123,37 +157,3 @@ def _signed_alerts(request: Request, body: bytes, now: datetime) -> list[Alert]:
                                     incident_id=params.get("incident_id"),
                                     world_size=int(world_size) if world_size else None, received_at=now)]
     return [parse_denpex_alert(body, received_at=now)]
-
-
-async def _parse_upload(service: IngestService, request: Request,
-                        body: bytes) -> tuple[Any, bytes, str, list[bytes]]:
-    """identity, dump bytes, dump file name, telemetry files; every problem is a 413 or 422."""
-    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise InvalidRequestError("an upload is multipart/form-data with the parts 'identity' and 'dump'")
-    # The body is already read (it had to be, to check the signature): let the form parser use it.
-    request._body = body
-    try:
-        form = await request.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS, max_part_size=1024 * 1024)
-    except Exception as exc:  # noqa: BLE001 - Starlette raises assorted errors for a bad multipart body
-        raise InvalidRequestError(f"the multipart body cannot be parsed ({exc})") from exc
-    try:
-        identity_part = form.get("identity")
-        dump_part = form.get("dump")
-        if identity_part is None or not isinstance(dump_part, UploadFile):
-            raise InvalidRequestError("an upload needs a part 'identity' (JSON) and a file part 'dump'")
-        identity_raw = await identity_part.read() if isinstance(identity_part, UploadFile) else identity_part
-        identity = parse_identity(identity_raw)
-        dump = await dump_part.read()
-        if len(dump) > service.config.max_dump_bytes:
-            raise PayloadTooLargeError(f"the dump is {len(dump):,} bytes, over the {service.config.max_dump_bytes:,}"
-                                       "-byte cap per dump; nothing was stored")
-        telemetry = []
-        for part in form.getlist("telemetry"):
-            data = await part.read() if isinstance(part, UploadFile) else part.encode()
-            if len(data) > service.config.max_telemetry_bytes:
-                raise PayloadTooLargeError(f"a telemetry part is {len(data):,} bytes, over the "
-                                           f"{service.config.max_telemetry_bytes:,}-byte cap; nothing was stored")
-            telemetry.append(data)
-        return identity, dump, dump_part.filename or "dump", telemetry
-    finally:
-        await form.close()

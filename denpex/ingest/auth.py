@@ -1,14 +1,27 @@
 """Who sent a request: a verified signature or bearer token, bound to one tenant and cluster.
 
-Checks run in this order, and the first failure answers (nothing is stored on any):
+A signed request is checked in two steps, so that nothing about the body is read, stored or
+spent before the headers alone could pass (the body may be 256 MiB):
+
+:func:`check_signed_headers`, from the headers only, before any body byte is read:
 
 1. the headers are all there and well formed                      401
 2. the timestamp is within 300 s of the server's clock           401
-3. the key exists, and the HMAC matches (constant time)           401
+3. the key exists                                                 401
 4. the key is not revoked                                         403
 5. the tenant and cluster in the headers are the key's own        403
 6. the tenant's plan includes hang triage                         403
-7. the nonce was never used with this key (recorded from now on)  401
+7. the nonce was not used with this key yet (read, not recorded)  401
+
+:func:`verify_signature`, once the body has been hashed as it streamed to the spool:
+
+8. the HMAC matches (constant time)                               401
+9. the nonce is recorded, atomically: of two requests racing with
+   one nonce only one passes; a request whose HMAC failed never
+   spends the nonce of the genuine one                            401
+
+A key id is not a secret, so steps 4-6 answer before the signature is known to be good: their
+messages name what the headers claimed, never which tenant or cluster the key belongs to.
 """
 
 from __future__ import annotations
@@ -19,10 +32,11 @@ from dataclasses import dataclass
 from denpex.ingest.errors import AuthenticationError, ForbiddenError
 from denpex.ingest.nonce_cache import NonceCache
 from denpex.ingest.plans import require_hang_triage
-from denpex.ingest.registry import Registry, TokenGrant
-from denpex.ingest.signing import check_signature, check_timestamp, parse_signed_headers
+from denpex.ingest.registry import Registry, SigningKey, TokenGrant
+from denpex.ingest.signing import SignedHeaders, body_sha256, check_signature, check_timestamp, parse_signed_headers
 
-__all__ = ["Caller", "authenticate_signed", "authenticate_bearer"]
+__all__ = ["Caller", "PendingRequest", "check_signed_headers", "verify_signature", "authenticate_signed",
+           "authenticate_bearer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,21 +49,48 @@ class Caller:
     host: str | None = None
 
 
-def authenticate_signed(registry: Registry, nonces: NonceCache, headers: Mapping[str, str], *,
-                        method: str, path: str, body: bytes, now: float) -> Caller:
-    """Verify a signed request; see the module docstring for the order of the checks."""
+@dataclass(frozen=True, slots=True)
+class PendingRequest:
+    """A signed request whose headers passed; its signature is not verified yet."""
+
+    signed: SignedHeaders
+    key: SigningKey
+
+    def __repr__(self) -> str:
+        # The key holds the secret (a SecretStr already redacts it); keep reprs short anyway.
+        return f"PendingRequest(key_id={self.key.key_id!r}, nonce={self.signed.nonce!r})"
+
+
+def check_signed_headers(registry: Registry, nonces: NonceCache, headers: Mapping[str, str], *,
+                         now: float) -> PendingRequest:
+    """Steps 1-7 of the module docstring: everything the headers alone can tell."""
     signed = parse_signed_headers(headers)
     check_timestamp(signed.timestamp, now)
     key = registry.signing_key(signed.key_id)
-    check_signature(key.secret.get_secret_value().encode(), signed, method, path, body)
     if key.revoked:
         raise ForbiddenError(f"key {key.key_id} was revoked; sign with a current key")
     if (signed.tenant, signed.cluster) != (key.tenant, key.cluster):
-        raise ForbiddenError(f"key {key.key_id} belongs to tenant {key.tenant!r}, cluster {key.cluster!r}; "
-                             f"it cannot act for tenant {signed.tenant!r}, cluster {signed.cluster!r}")
+        raise ForbiddenError(f"key {key.key_id} cannot act for tenant {signed.tenant!r}, cluster "
+                             f"{signed.cluster!r}; sign with a key of that tenant and cluster")
     _require_plan(registry, key.tenant)
-    nonces.claim(key.key_id, signed.nonce, now)
+    nonces.check_unused(key.key_id, signed.nonce, now)
+    return PendingRequest(signed=signed, key=key)
+
+
+def verify_signature(nonces: NonceCache, pending: PendingRequest, *, method: str, target: str, body_hash: str,
+                     now: float) -> Caller:
+    """Steps 8-9: the HMAC over the request target and the streamed body's hash, then the nonce."""
+    key = pending.key
+    check_signature(key.secret.get_secret_value().encode(), pending.signed, method, target, body_hash=body_hash)
+    nonces.claim(key.key_id, pending.signed.nonce, now)
     return Caller(tenant=key.tenant, cluster=key.cluster, key_id=key.key_id, host=key.host)
+
+
+def authenticate_signed(registry: Registry, nonces: NonceCache, headers: Mapping[str, str], *,
+                        method: str, path: str, body: bytes, now: float) -> Caller:
+    """Both steps for a body already in memory (``path`` is the request target)."""
+    pending = check_signed_headers(registry, nonces, headers, now=now)
+    return verify_signature(nonces, pending, method=method, target=path, body_hash=body_sha256(body), now=now)
 
 
 def authenticate_bearer(registry: Registry, authorization: str) -> TokenGrant:

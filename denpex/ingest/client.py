@@ -12,11 +12,12 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from pydantic import SecretStr
 
-from denpex.ingest.signing import signed_headers
+from denpex.ingest.signing import request_target, signed_headers
 
 __all__ = ["encode_multipart", "IngestClient"]
 
@@ -54,21 +55,26 @@ class IngestClient:
         self._http = http
 
     def signed(self, method: str, path: str, body: bytes) -> dict[str, str]:
-        """The authentication headers for one request (fresh nonce, current time)."""
+        """The authentication headers for one request (fresh nonce, current time); ``path`` is the target."""
         return signed_headers(secret=self._secret.get_secret_value().encode(), key_id=self.key_id,
                               tenant=self.tenant, cluster=self.cluster, method=method, path=path, body=body)
 
     def send(self, method: str, path: str, body: bytes = b"", *, content_type: str | None = None,
              params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
-        """Sign ``body`` for ``path`` (without the query) and send it."""
-        all_headers = self.signed(method, path, body)
+        """Sign ``body`` for the request target (``path``, and ``?query`` when ``params`` are given) and send it.
+
+        The query string is encoded here, once, and sent as signed: the server checks the
+        signature against the query exactly as it arrives.
+        """
+        target = request_target(path, urlencode(dict(params)) if params else "")
+        all_headers = self.signed(method, target, body)
         if content_type:
             all_headers["Content-Type"] = content_type
         all_headers.update(headers or {})
         if self._http is not None:
-            return self._http.request(method, self.base_url + path, content=body, headers=all_headers,
-                                      params=params, timeout=self._timeout_s)
-        return httpx.request(method, self.base_url + path, content=body, headers=all_headers, params=params,
+            return self._http.request(method, self.base_url + target, content=body, headers=all_headers,
+                                      timeout=self._timeout_s)
+        return httpx.request(method, self.base_url + target, content=body, headers=all_headers,
                              timeout=self._timeout_s)
 
     def upload(self, identity: Mapping[str, Any], dump: bytes, filename: str,

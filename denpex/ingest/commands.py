@@ -1,4 +1,4 @@
-"""The ingest commands of the ``denpex`` CLI: tenants, keys, tokens and ``serve-api``.
+"""The ingest commands of the ``denpex`` CLI: tenants, clusters, keys, tokens and ``serve-api``.
 
 Thin: parse options, call the core, print, pick the exit code (0, or 2 with one line on stderr).
 ``denpex.cli`` registers them. State lives in ``$DENPEX_STATE_DIR`` (``--state-dir`` overrides).
@@ -19,11 +19,12 @@ from denpex.ingest.registry import Registry
 from denpex.ingest.service import MAX_DUMP_BYTES
 from denpex.state_dir import StateDirError, resolve_state_dir
 
-__all__ = ["tenants_app", "keys_app", "tokens_app", "serve_api_command"]
+__all__ = ["tenants_app", "clusters_app", "keys_app", "tokens_app", "serve_api_command"]
 
 EXIT_UNUSABLE = 2
 
 tenants_app = typer.Typer(no_args_is_help=True, help="Manage the ingest service's tenants and their plans.")
+clusters_app = typer.Typer(no_args_is_help=True, help="Which tenant owns each cluster (one tenant per cluster).")
 keys_app = typer.Typer(no_args_is_help=True, help="Create and revoke request-signing keys.")
 tokens_app = typer.Typer(no_args_is_help=True, help="Create Alertmanager bearer tokens.")
 
@@ -57,6 +58,27 @@ def tenants_add(
     except RegistryError as exc:
         raise _fail(str(exc)) from exc
     typer.echo(json.dumps({"tenant": tenant, "plan": plan.value}))
+
+
+@clusters_app.command("add")
+def clusters_add(
+    cluster: Annotated[str, typer.Argument(metavar="CLUSTER")],
+    tenant: Annotated[str, typer.Option("--tenant")],
+    state_dir: StateDirOption = None,
+) -> None:
+    """Claim a cluster for a tenant (its first key or token does it too); a taken or colliding name is refused."""
+    try:
+        record = _registry(state_dir).add_cluster(tenant, cluster)
+    except RegistryError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(record.model_dump_json())
+
+
+@clusters_app.command("list")
+def clusters_list(state_dir: StateDirOption = None) -> None:
+    """Every registered cluster and its owner, one JSON object a line (opening the registry migrates it)."""
+    for record in _registry(state_dir).clusters():
+        typer.echo(record.model_dump_json(exclude_none=True))
 
 
 @keys_app.command("create")
@@ -121,6 +143,19 @@ def serve_api_command(
                                                help="Worker processes that check dumps.")] = 2,
     max_dump_bytes: Annotated[int, typer.Option("--max-dump-bytes", min=1,
                                                 help="Cap per dump (default 256 MiB).")] = MAX_DUMP_BYTES,
+    spool_dir: Annotated[Path | None, typer.Option(
+        "--spool-dir", help="Where request bodies are spooled while hashed (default: STATE_DIR/spool).")] = None,
+    max_bodies_in_flight: Annotated[int, typer.Option(
+        "--max-bodies-in-flight", min=1, help="Bodies received at once; more are answered 503 with Retry-After.")] = 64,
+    max_spool_bytes: Annotated[int, typer.Option(
+        "--max-spool-bytes", min=1, help="Disk the spooled bodies may take (default 4 GiB); past it, 503.")] = 4 << 30,
+    body_min_rate: Annotated[int, typer.Option(
+        "--body-min-rate", min=1, help="Bytes/s a body must keep (plus 30 s of grace) before it is cut off "
+                                       "with 408 (default 256 KiB/s).")] = 256 * 1024,
+    max_body_seconds: Annotated[float, typer.Option(
+        "--max-body-seconds", min=0.1, help="The most seconds any body may take to arrive (default 900).")] = 900.0,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", min=1, help="Connections served at once; more are answered 503 (default 1024).")] = 1024,
     state_dir: StateDirOption = None,
 ) -> None:
     """Run the ingest service: signed evidence uploads, alerts, incident coverage."""
@@ -135,6 +170,11 @@ def serve_api_command(
         raise _fail(str(exc)) from exc
     config = ServiceConfig(state_dir=resolved, store=store or str(resolved / "evidence"),
                            prefect_api_url=prefect_api_url or os.environ.get("PREFECT_API_URL"),
-                           check_workers=check_workers, max_dump_bytes=max_dump_bytes)
+                           check_workers=check_workers, max_dump_bytes=max_dump_bytes, spool_dir=spool_dir,
+                           max_bodies_in_flight=max_bodies_in_flight, max_spool_bytes=max_spool_bytes,
+                           body_min_rate_bytes_s=body_min_rate, max_body_s=max_body_seconds)
     service = IngestService(config)
-    uvicorn.run(create_app(service), host=host, port=port, log_level="info", access_log=False)
+    # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
+    # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503.
+    uvicorn.run(create_app(service), host=host, port=port, log_level="info", access_log=False,
+                limit_concurrency=max_connections, h11_max_incomplete_event_size=16 * 1024)

@@ -43,6 +43,12 @@ CREATE TABLE IF NOT EXISTS telemetry (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, sha256 TEXT NOT NULL,
     object_name TEXT NOT NULL, trusted INTEGER NOT NULL, host TEXT, key_id TEXT NOT NULL,
     uploaded_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, incident_id, sha256, trusted));
+-- One row per cluster, keyed by its block-name slug (denpex.tenancy.cluster_slug) so that two
+-- spellings of one block name cannot both be held. tenant is NULL while contested (keys made
+-- before ownership named it for several tenants; contested_by says who).
+CREATE TABLE IF NOT EXISTS clusters (
+    slug TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, tenant TEXT REFERENCES tenants(name),
+    contested_by TEXT, claimed_at REAL NOT NULL);
 """
 
 

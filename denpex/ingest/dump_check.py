@@ -1,18 +1,21 @@
 """Check an uploaded dump with the safe loader in a worker process, before it is accepted.
 
 The decode memory budget (``denpex.evidence.memory_budget``) caps the whole process while it
-holds, so a hostile dump decoded in the server would squeeze every other request. A pool of
-worker processes takes that risk instead; a worker that dies is replaced by a fresh pool.
+holds, so a hostile dump decoded in the server would squeeze every other request. Worker
+processes take that risk instead, each decode under a CPU budget too
+(``denpex.evidence.cpu_budget``); a worker that dies or runs past its budget is replaced, failing
+only the dump it held. Jobs are handed out fairly across tenants (``denpex.analysis.lanes``), so
+one tenant's flood of slow dumps cannot hold up another tenant's upload.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from threading import Lock
+from pathlib import Path
 
+from denpex.analysis.lanes import LaneKilled, Lanes
+from denpex.evidence.cpu_budget import DEFAULT_CPU_BUDGET, CpuBudget, arm_cpu_limit
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import DumpEncoding, decode_dump
 from denpex.ingest.errors import InvalidRequestError
@@ -34,12 +37,18 @@ def encoding_of_filename(filename: str) -> DumpEncoding:
     return DumpEncoding.JSON if filename.lower().endswith(".json") else DumpEncoding.PICKLE
 
 
-def check_dump(data: bytes, filename: str) -> DumpCheck | str:
-    """Decode ``data`` with the safe loader; a refusal is returned as its message (picklable)."""
+def check_dump(source: bytes | Path, filename: str) -> DumpCheck | str:
+    """Decode the dump (its bytes, or the file that holds them) with the safe loader; a refusal is
+    returned as its message (picklable)."""
+    try:
+        data = source if isinstance(source, bytes) else source.read_bytes()
+    except OSError as exc:
+        return f"the spooled upload could not be read ({exc.strerror or exc})"
     try:
         decoded = decode_dump(data, source=filename)
     except DumpError as exc:
         return str(exc)
+    del data
     declared = encoding_of_filename(filename)
     if decoded.encoding is not declared:
         return (f"the file name {filename!r} says {declared.value} but the bytes are {decoded.encoding.value}; "
@@ -50,33 +59,48 @@ def check_dump(data: bytes, filename: str) -> DumpCheck | str:
 
 
 class DumpChecker:
-    """A pool of worker processes that run :func:`check_dump`."""
+    """Worker processes that run :func:`check_dump`, each decode within ``cpu_budget``.
 
-    def __init__(self, workers: int = 2) -> None:
-        self._workers = workers
-        self._lock = Lock()
-        self._pool = self._new_pool()
+    ``workers`` decodes run at once; while other tenants wait, one tenant holds at most
+    ``workers - 1`` of them.
+    """
 
-    def _new_pool(self) -> ProcessPoolExecutor:
-        # forkserver: workers start from a clean process, not a copy of the threaded server.
-        return ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("forkserver"))
+    def __init__(self, workers: int = 2, *, cpu_budget: CpuBudget = DEFAULT_CPU_BUDGET) -> None:
+        self._budget = cpu_budget
+        self._lanes = Lanes(workers, initializer=arm_cpu_limit, initargs=(cpu_budget,))
 
-    def check(self, data: bytes, filename: str) -> DumpCheck:
-        """The dump's facts, or InvalidRequestError (422) saying why it was refused."""
-        with self._lock:
-            pool = self._pool
+    def check(self, source: bytes | Path, filename: str, *, tenant: str | None = None) -> DumpCheck:
+        """The dump's facts, or InvalidRequestError (422) saying why it was refused.
+
+        With a ``Path`` the worker reads the file itself, so the server never holds the dump.
+        """
+        size = len(source) if isinstance(source, bytes) else _size_of(source)
+        allowance = self._budget.seconds_for(size)
+        future = self._lanes.submit(check_dump, source, filename, key=tenant or "", cpu_s=allowance)
         try:
-            outcome = pool.submit(check_dump, data, filename).result()
+            outcome = future.result()
+        except LaneKilled as exc:
+            raise InvalidRequestError(
+                f"the dump {filename!r} took more than {exc.allowance_s:.1f} s of CPU to decode (hostile "
+                "or pathological); refused, nothing stored") from exc
         except BrokenProcessPool as exc:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = self._new_pool()
             raise InvalidRequestError("the dump killed the worker that decoded it (hostile or corrupt); "
                                       "it was refused and nothing was stored") from exc
         if isinstance(outcome, str):
-            raise InvalidRequestError(f"the dump {filename!r} was refused: {outcome}")
+            raise InvalidRequestError(f"the dump {filename!r} was refused: {outcome}; nothing stored")
         return outcome
+
+    def warm(self) -> None:
+        """Start the workers now, so that the first upload does not wait for them."""
+        self._lanes.warm()
 
     def close(self) -> None:
         """Stop the workers."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._lanes.close()
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the worker reports the unreadable file

@@ -1,22 +1,36 @@
 """Accepting one rank's dump: check, hash, version, store, record, rebuild the manifest.
 
-    checked identity + dump bytes
+    checked identity + the dump's spool file (never whole in this process)
       -> safe loader in a worker process (422 when refused)
-      -> sha256; the same bytes again for this rank -> {"stored": false} (idempotent)
+      -> the incident's job must be the upload's (409 otherwise)
+      -> sha256 (computed as the dump was spooled); the same bytes again for this rank ->
+         {"stored": false} (idempotent), but its telemetry files are still taken on their own
       -> a new version (a pickle and its JSON of one moment share one), never an overwrite
-      -> objects written: versions/..., rank_<r>.<ext>, telemetry/..., telemetry.json
-      -> the database row, last: a store outage (503) leaves no row, and the retry lands in the
-         same version's names with the same bytes
+      -> objects written: versions/..., telemetry/..., rank_<r>.<ext>, telemetry.json
+      -> the database row, last
       -> manifest.json, from the identities, by :class:`ManifestWriter` (within its interval)
+
+A refused request leaves nothing (issue 16, finding 14). Objects are written before the row, so
+any failure after the first write (the store refusing one write of several, the state database
+busy past its timeout, a bug) used to leave them behind: a ``versions/`` object no row knows,
+and, worse, a ``rank_<r>`` file holding bytes that were never acknowledged, which triage would
+read. Now every change is undone before the refusal is answered: new objects are deleted, and
+the names this upload overwrote or removed (``rank_<r>.<ext>``, ``telemetry.json``) are put back
+as the recorded uploads say they were. Only a store that refuses the undo as well can keep an
+object (it is logged); that leftover is never recorded, and the retry writes the same names.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import sqlite3
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -25,8 +39,9 @@ from denpex.evidence.fr_dump import DumpEncoding
 from denpex.evidence.store import EvidenceStore
 from denpex.hardware.stored_telemetry import TELEMETRY_INDEX, TelemetryIndex, TrustedFile
 from denpex.ingest.auth import Caller
-from denpex.ingest.dump_check import DumpChecker
-from denpex.ingest.errors import InvalidRequestError, StoreUnavailableError
+from denpex.ingest.database import Database
+from denpex.ingest.dump_check import DumpCheck, DumpChecker
+from denpex.ingest.errors import ConflictError, StoreUnavailableError
 from denpex.ingest.identity import UploadIdentity
 from denpex.ingest.incidents import IncidentBook, IncidentKey, StoredTelemetry, StoredUpload
 from denpex.ingest.layout import (
@@ -36,16 +51,22 @@ from denpex.ingest.layout import (
     version_name,
 )
 from denpex.ingest.manifest_writer import ManifestWriter
+from denpex.ingest.upload_form import DumpPart
 
 __all__ = ["UploadReceipt", "EvidenceIntake"]
 
+_log = logging.getLogger(__name__)
+
 
 class UploadReceipt(BaseModel):
-    """The answer to an upload (ARCHITECTURE.md)."""
+    """The answer to an upload (ARCHITECTURE.md), plus how many telemetry files were new."""
 
     stored: bool
     sha256: str
     version: int
+    telemetry_stored: int = 0
+    """Telemetry files of this request the incident did not hold yet (stored now, even when the dump
+    itself was an identical re-upload)."""
 
 
 @dataclass
@@ -60,71 +81,188 @@ class _Locks:
             return self.by_incident[key]
 
 
+@dataclass
+class _Undo:
+    """What one upload changed in the store, newest first, to put back if it is refused."""
+
+    steps: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+    def add(self, what: str, undo: Callable[[], None]) -> None:
+        self.steps.append((what, undo))
+
+    def run(self) -> None:
+        for what, undo in reversed(self.steps):
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - undo the rest whatever one step does
+                _log.exception("could not undo %s of a refused upload; the object stays, unrecorded", what)
+
+
 class EvidenceIntake:
     """Accepts uploads into one store, with bookkeeping in the state database."""
 
     def __init__(self, store: EvidenceStore, book: IncidentBook, checker: DumpChecker,
-                 manifests: ManifestWriter) -> None:
+                 manifests: ManifestWriter, db: Database, *, max_dump_bytes: int) -> None:
         self.store = store
+        self.max_dump_bytes = max_dump_bytes
         self.book = book
         self.checker = checker
         self.manifests = manifests
+        self._db = db
         self._locks = _Locks()
 
-    def accept(self, caller: Caller, identity: UploadIdentity, dump: bytes, filename: str,
+    def accept(self, caller: Caller, identity: UploadIdentity, dump: DumpPart,
                telemetry: list[bytes]) -> UploadReceipt:
         """Store one rank's dump (and telemetry) or refuse it; see the module docstring."""
-        check = self.checker.check(dump, filename)
-        sha256 = hashlib.sha256(dump).hexdigest()
+        check = self._check(dump, caller)
+        sha256 = dump.file.sha256
         key = IncidentKey(caller.tenant, caller.cluster, identity.incident_id)
         with self._locks.of(key):
             self._check_job(key, identity)
             earlier = self.book.uploads(key, identity.rank)
+            known = self.book.telemetry(key)
+            base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
+            items = _new_telemetry(telemetry, caller, known)
             same = next((u for u in earlier if u.sha256 == sha256), None)
             if same is not None:
-                return UploadReceipt(stored=False, sha256=sha256, version=same.version)
+                self._store_telemetry_alone(key, base, caller, items, known)
+                return UploadReceipt(stored=False, sha256=sha256, version=same.version,
+                                     telemetry_stored=len(items))
             version = _version_for(earlier, check.encoding, identity)
             upload = StoredUpload(rank=identity.rank, version=version, encoding=check.encoding, sha256=sha256,
                                   object_name=version_name(identity.rank, version, check.encoding),
                                   key_id=caller.key_id, identity=identity.model_dump_json(exclude_none=True),
                                   uploaded_at=time.time())
-            items = [_telemetry_item(data, caller) for data in telemetry]
             joins = any(u.version == version for u in earlier)
-            self._write(key, identity, upload, dump, telemetry, items, joins_version=joins)
-            self.book.record_upload(key, identity.job_id, upload, identity.world_size, items)
+            undo = _Undo()
+            try:
+                self._write(base, upload, dump.file.path, items, earlier, known, undo, joins_version=joins)
+                recorded = self.book.record_upload(key, identity.job_id, upload, identity.world_size,
+                                                   [item for item, _ in items])
+            except BaseException as exc:
+                undo.run()
+                if isinstance(exc, EvidenceError):
+                    raise StoreUnavailableError(f"the evidence store cannot be written ({exc}); nothing was "
+                                                "acknowledged, retry the upload") from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreUnavailableError(f"the state database is unavailable ({exc}); nothing was "
+                                                "stored, retry the upload") from exc
+                raise
+            if not recorded:
+                # Only another process serving this state could have recorded these names meanwhile;
+                # they are its objects now, so nothing is undone.
+                raise StoreUnavailableError(f"another upload of rank {identity.rank} version {version} was "
+                                            "recorded at the same time; retry the upload")
             self.manifests.add(key, identity)
-        return UploadReceipt(stored=True, sha256=sha256, version=version)
+        return UploadReceipt(stored=True, sha256=sha256, version=version, telemetry_stored=len(items))
+
+    def _check(self, dump: DumpPart, caller: Caller) -> DumpCheck:
+        """The worker's check of the spooled file: the worker reads it, this process never holds the dump."""
+        return self.checker.check(dump.file.path, dump.filename, tenant=caller.tenant)
 
     def _check_job(self, key: IncidentKey, identity: UploadIdentity) -> None:
         record = self.book.record(key)
         if record is not None and record.job_id != identity.job_id:
-            raise InvalidRequestError(f"incident {key.incident_id!r} belongs to job {record.job_id!r}, not "
-                                      f"{identity.job_id!r}; each hang of each job has its own incident id")
+            raise ConflictError(f"incident {key.incident_id!r} belongs to job {record.job_id!r}, not "
+                                f"{identity.job_id!r}; each hang of each job has its own incident id")
 
-    def _write(self, key: IncidentKey, identity: UploadIdentity, upload: StoredUpload, dump: bytes,
-               telemetry: list[bytes], items: list[StoredTelemetry], *, joins_version: bool) -> None:
-        base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
-        known = self.book.telemetry(key)
-        every = {t.object_name: t for t in known + items}
-        index = TelemetryIndex(
-            trusted=[TrustedFile(name=name, host=t.host) for name, t in sorted(every.items()) if t.trusted and t.host],
-            untrusted=[name for name, t in sorted(every.items()) if not t.trusted])
+    def _store_telemetry_alone(self, key: IncidentKey, base: str, caller: Caller,
+                               items: list[tuple[StoredTelemetry, bytes]], known: list[StoredTelemetry]) -> None:
+        """An identical dump re-sent with new telemetry: the telemetry is stored and recorded on its own."""
+        if not items:
+            return
+        undo = _Undo()
         try:
-            # The immutable version first: whatever fails later, it is never lost or overwritten.
-            self.store.write(f"{base}/{upload.object_name}", dump)
-            for data, item in zip(telemetry, items):
-                self.store.write(f"{base}/{item.object_name}", data)
-            self.store.write(f"{base}/{current_dump_name(upload.rank, upload.encoding)}", dump)
-            if upload.version > 1 and not joins_version:
-                # The other encoding of the previous version must not stand beside this one:
-                # triage would read the old pickle over a new JSON.
-                other = DumpEncoding.JSON if upload.encoding is DumpEncoding.PICKLE else DumpEncoding.PICKLE
-                self.store.delete(f"{base}/{current_dump_name(upload.rank, other)}")
-            if items or known:
-                self.store.write(f"{base}/{TELEMETRY_INDEX}", index.model_dump_json(indent=1).encode())
-        except EvidenceError as exc:
-            raise StoreUnavailableError(f"the evidence store cannot be written ({exc}); nothing was "
-                                        "acknowledged, retry the upload") from exc
+            self._write_telemetry(base, items, known, undo)
+            _record_telemetry(self._db, key, [item for item, _ in items], caller.key_id, time.time())
+        except BaseException as exc:
+            undo.run()
+            if isinstance(exc, (EvidenceError, sqlite3.Error)):
+                raise StoreUnavailableError(f"the telemetry cannot be stored ({exc}); nothing was stored, "
+                                            "retry the upload") from exc
+            raise
+
+    def _write(self, base: str, upload: StoredUpload, dump: Path, items: list[tuple[StoredTelemetry, bytes]],
+               earlier: list[StoredUpload], known: list[StoredTelemetry], undo: _Undo, *,
+               joins_version: bool) -> None:
+        version_object = f"{base}/{upload.object_name}"
+        # The immutable version first: whatever fails later, an accepted version is never overwritten.
+        undo.add(version_object, self._deleter(version_object))
+        self.store.write_file(version_object, dump)
+        self._write_telemetry(base, items, known, undo, index=False)
+        current = current_dump_name(upload.rank, upload.encoding)
+        undo.add(f"{base}/{current}", lambda: self._restore_current(base, upload.rank, upload.encoding, earlier))
+        self.store.write_file(f"{base}/{current}", dump)
+        if upload.version > 1 and not joins_version:
+            # The other encoding of the previous version must not stand beside this one:
+            # triage would read the old pickle over a new JSON.
+            other = DumpEncoding.JSON if upload.encoding is DumpEncoding.PICKLE else DumpEncoding.PICKLE
+            undo.add(f"{base}/{current_dump_name(upload.rank, other)}",
+                     lambda: self._restore_current(base, upload.rank, other, earlier))
+            self.store.delete(f"{base}/{current_dump_name(upload.rank, other)}")
+        if items or known:
+            self._write_index(base, [item for item, _ in items], known, undo)
+
+    def _write_telemetry(self, base: str, items: list[tuple[StoredTelemetry, bytes]], known: list[StoredTelemetry],
+                         undo: _Undo, *, index: bool = True) -> None:
+        for item, data in items:
+            name = f"{base}/{item.object_name}"
+            undo.add(name, self._deleter(name))
+            self.store.write(name, data)
+        if index and items:
+            self._write_index(base, [item for item, _ in items], known, undo)
+
+    def _write_index(self, base: str, items: list[StoredTelemetry], known: list[StoredTelemetry], undo: _Undo) -> None:
+        name = f"{base}/{TELEMETRY_INDEX}"
+        undo.add(name, lambda: self.store.write(name, _index(known)) if known else self.store.delete(name))
+        self.store.write(name, _index(known + items))
+
+    def _deleter(self, name: str) -> Callable[[], None]:
+        return lambda: self.store.delete(name)
+
+    def _restore_current(self, base: str, rank: int, encoding: DumpEncoding, earlier: list[StoredUpload]) -> None:
+        """Put ``rank_<r>.<ext>`` back as the recorded uploads say it was (or remove it: there was none)."""
+        name = f"{base}/{current_dump_name(rank, encoding)}"
+        # rank_<r>.<ext> holds the newest version's member of that encoding; an older version's
+        # other encoding was removed when a newer version came.
+        newest = max((u.version for u in earlier), default=None)
+        member = next((u for u in earlier if u.version == newest and u.encoding is encoding), None)
+        if member is None:
+            self.store.delete(name)
+            return
+        # A refused upload is rare; reading the kept version back once is the price of putting it back.
+        self.store.write(name, self.store.read(f"{base}/{member.object_name}", max_bytes=self.max_dump_bytes))
+
+
+def _index(telemetry: list[StoredTelemetry]) -> bytes:
+    every = {t.object_name: t for t in telemetry}
+    index = TelemetryIndex(
+        trusted=[TrustedFile(name=name, host=t.host) for name, t in sorted(every.items()) if t.trusted and t.host],
+        untrusted=[name for name, t in sorted(every.items()) if not t.trusted])
+    return index.model_dump_json(indent=1).encode()
+
+
+def _new_telemetry(telemetry: list[bytes], caller: Caller,
+                   known: list[StoredTelemetry]) -> list[tuple[StoredTelemetry, bytes]]:
+    """This request's telemetry files that the incident does not hold yet (each once)."""
+    held = {t.object_name for t in known}
+    out: dict[str, tuple[StoredTelemetry, bytes]] = {}
+    for data in telemetry:
+        item = _telemetry_item(data, caller)
+        if item.object_name not in held:
+            out.setdefault(item.object_name, (item, data))
+    return list(out.values())
+
+
+def _record_telemetry(db: Database, key: IncidentKey, items: list[StoredTelemetry], key_id: str, now: float) -> None:
+    """Telemetry rows without a new dump row (the dump was an identical re-upload)."""
+    with db.connect() as conn:
+        for item in items:
+            conn.execute("INSERT OR IGNORE INTO telemetry (tenant, cluster, incident_id, sha256, object_name, "
+                         "trusted, host, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                         (key.tenant, key.cluster, key.incident_id, item.sha256, item.object_name,
+                          int(item.trusted), item.host, key_id, now))
+
 
 def _version_for(earlier: list[StoredUpload], encoding: DumpEncoding, identity: UploadIdentity) -> int:
     """The version this upload belongs to.

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.evidence.store import open_store
 from denpex.ingest.alert_intake import AlertIntake
+from denpex.ingest.body_spool import BodySpool, SpoolLimits
 from denpex.ingest.dump_check import DumpChecker
 from denpex.ingest.evidence_intake import EvidenceIntake
 from denpex.ingest.flow_trigger import FlowTrigger, NoEngineTrigger, PrefectEventTrigger
@@ -39,6 +40,19 @@ class ServiceConfig(BaseModel):
     max_alert_bytes: int = 4 * 1024 * 1024
     check_workers: int = 2
     manifest_interval_s: float = 0.5
+    spool_dir: Path | None = None
+    """Where request bodies are spooled while they are hashed (default: ``{state_dir}/spool``)."""
+    max_bodies_in_flight: int = 64
+    max_spool_bytes: int = 4 << 30
+    body_min_rate_bytes_s: int = 256 * 1024
+    max_body_s: float = 900.0
+
+    @property
+    def spool_limits(self) -> SpoolLimits:
+        """The bounds on bodies being received (:mod:`denpex.ingest.body_spool`)."""
+        return SpoolLimits(directory=self.spool_dir or self.state_dir / "spool", max_in_flight=self.max_bodies_in_flight,
+                           max_disk_bytes=self.max_spool_bytes, min_rate_bytes_s=self.body_min_rate_bytes_s,
+                           max_body_s=self.max_body_s)
 
     @property
     def max_upload_bytes(self) -> int:
@@ -47,7 +61,7 @@ class ServiceConfig(BaseModel):
 
 
 class IngestService:
-    """Registry, replay cache, evidence and alert intake, over one state directory and one store."""
+    """Registry, replay cache, body spool, evidence and alert intake, over one state directory and one store."""
 
     def __init__(self, config: ServiceConfig, *, trigger: FlowTrigger | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -61,7 +75,9 @@ class IngestService:
         self.trigger: FlowTrigger = trigger or (
             PrefectEventTrigger(config.prefect_api_url) if config.prefect_api_url else NoEngineTrigger())
         self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s)
-        self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests)
+        self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests, self.registry.db,
+                                       max_dump_bytes=config.max_dump_bytes)
+        self.spool = BodySpool(config.spool_limits)
         self.alerts = AlertIntake(self.book, self.trigger, store.uri)
 
     def close(self) -> None:

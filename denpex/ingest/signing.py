@@ -2,7 +2,9 @@
 
     v1\\n{METHOD}\\n{PATH}\\n{tenant}\\n{cluster}\\n{timestamp}\\n{nonce}\\n{sha256 hex of body}
 
-``PATH`` is the request path without the query string. The signature travels as
+``PATH`` is the request target: the path, and, when the request has a query string, ``?`` and the
+query string exactly as sent (:func:`request_target`). A request without a query signs as it
+always did; one whose query was changed after signing no longer matches. The signature travels as
 ``X-Denpex-Signature: v1=<hex>`` beside ``X-Denpex-Tenant``, ``X-Denpex-Cluster``,
 ``X-Denpex-Key-Id``, ``X-Denpex-Timestamp`` (Unix seconds) and ``X-Denpex-Nonce``.
 
@@ -35,6 +37,7 @@ __all__ = [
     "SignedHeaders",
     "canonical_string",
     "body_sha256",
+    "request_target",
     "sign",
     "signed_headers",
     "parse_signed_headers",
@@ -76,6 +79,17 @@ def body_sha256(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def request_target(path: str, query: str = "") -> str:
+    """What ``{PATH}`` is in the canonical string: the path, plus ``?query`` when there is one.
+
+    >>> request_target("/v1/alerts", "job_id=j1&world_size=4")
+    '/v1/alerts?job_id=j1&world_size=4'
+    >>> request_target("/v1/evidence")
+    '/v1/evidence'
+    """
+    return f"{path}?{query}" if query else path
+
+
 def canonical_string(method: str, path: str, tenant: str, cluster: str, timestamp: int, nonce: str,
                      body_hash: str) -> str:
     """The string that is signed.
@@ -89,8 +103,13 @@ def canonical_string(method: str, path: str, tenant: str, cluster: str, timestam
 
 def sign(secret: bytes, method: str, path: str, tenant: str, cluster: str, timestamp: int, nonce: str,
          body: bytes) -> str:
-    """``v1=<hex HMAC-SHA256>`` of the canonical string of this request."""
-    message = canonical_string(method, path, tenant, cluster, timestamp, nonce, body_sha256(body))
+    """``v1=<hex HMAC-SHA256>`` of the canonical string of this request (``path`` is the request target)."""
+    return _sign_hash(secret, method, path, tenant, cluster, timestamp, nonce, body_sha256(body))
+
+
+def _sign_hash(secret: bytes, method: str, path: str, tenant: str, cluster: str, timestamp: int, nonce: str,
+               body_hash: str) -> str:
+    message = canonical_string(method, path, tenant, cluster, timestamp, nonce, body_hash)
     return f"{SIGNATURE_VERSION}=" + hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
 
 
@@ -140,9 +159,17 @@ def check_timestamp(timestamp: int, now: float, max_skew_s: int = MAX_CLOCK_SKEW
                                   f"clock (at most {max_skew_s} s allowed); check the sender's clock")
 
 
-def check_signature(secret: bytes, signed: SignedHeaders, method: str, path: str, body: bytes) -> None:
-    """Compare in constant time; a mismatch names what to check, never the expected value."""
-    expected = sign(secret, method, path, signed.tenant, signed.cluster, signed.timestamp, signed.nonce, body)
+def check_signature(secret: bytes, signed: SignedHeaders, method: str, path: str, body: bytes | None = None, *,
+                    body_hash: str | None = None) -> None:
+    """Compare in constant time; a mismatch names what to check, never the expected value.
+
+    ``path`` is the request target (:func:`request_target`). Give the ``body``, or its
+    ``body_hash`` when the body was hashed as it streamed to disk (it is never held whole).
+    """
+    if (body is None) == (body_hash is None):
+        raise TypeError("check_signature takes exactly one of body and body_hash")
+    digest = body_hash if body_hash is not None else body_sha256(body or b"")
+    expected = _sign_hash(secret, method, path, signed.tenant, signed.cluster, signed.timestamp, signed.nonce, digest)
     if not hmac.compare_digest(expected.encode(), f"{SIGNATURE_VERSION}={signed.signature}".encode()):
-        raise AuthenticationError("the signature does not match this request: the body, path, headers "
+        raise AuthenticationError("the signature does not match this request: the body, path, query, headers "
                                   "or secret differ from what was signed")

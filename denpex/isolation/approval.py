@@ -195,8 +195,11 @@ def check_approval(plan: IsolationPlan, approval: Approval | None, *, now: datet
     """Return ``approval`` when it authenticates and lets ``operation`` run on ``plan`` on
     ``cluster`` (the one the settings reach) now; else one ApprovalError listing every problem.
 
-    ``rule`` is the operator's approval rule, never the plan's. The plan's age is judged only to
-    isolate: undoing an old isolation must stay possible.
+    ``rule`` is the operator's approval rule, never the plan's. ``tenant`` is the owner of
+    ``cluster`` in the operator's registry (``denpex.tenancy.execution_tenant``), never the plan's
+    field, which whoever can write the plan file can null or change; None: the cluster has no
+    registered owner and no tenant scoping applies. The plan's age is judged only to isolate:
+    undoing an old isolation must stay possible.
     """
     digest = plan.content_hash()
     if approval is None:
@@ -240,7 +243,16 @@ def _authenticity(approval: Approval, rule: ApprovalRule, trusted: TrustedApprov
                         "approval cannot be accepted")
     if allowed and who not in allowed:
         problems.append(f"{who!r} is not an allowed approver here ({', '.join(sorted(allowed))})")
+    elif not allowed and tenant is not None and who in _scoped_names(rule):
+        # An approver the runbook scopes to some tenants or clusters approves only there; with
+        # nobody listed for this tenant, any trusted key would otherwise do, theirs included.
+        problems.append(f"{who!r} approves only where the runbook scopes them, not for tenant {tenant!r} on "
+                        f"cluster {approval.cluster!r}")
     return problems
+
+
+def _scoped_names(rule: ApprovalRule) -> frozenset[str]:
+    return frozenset(name for scope in rule.scoped for name in scope.names)
 
 
 def _binding(plan: IsolationPlan, approval: Approval, digest: str, operation: Operation,

@@ -7,9 +7,25 @@ deleting or reordering a line breaks the chain, and ``verify_audit_log`` names t
 A chain alone can be rebuilt by anyone who can write the file. So each record also carries
 ``mac``, HMAC-SHA256 of its ``hash`` under a key kept outside the log (``audit.key`` in the state
 directory, readable by the service user only): a log edited and re-chained by hand fails the
-keyed check. Execution verifies the whole keyed chain before acting, and refuses a log that does
-not extend the copies last stored in the evidence store, this incident's and the whole log's
-after its latest run of any incident (a log cut at a record boundary, removed, or replaced).
+keyed check. Execution verifies the whole keyed chain before acting.
+
+A chain cut at a record boundary, or a log removed, still verifies: what catches it is a copy
+kept elsewhere (``denpex.isolation.audit_store``). There is one log per machine (the state
+directory's), written by every cluster's runs, and one stored copy per cluster, in the audit
+store the operator's configuration names. Every writer appends here, then extends its cluster's
+copy to the whole log; every action (isolate, requeue, rollback) first checks that the log
+*extends* its cluster's copy, and refuses, recording why, when it does not.
+
+"Extends" means: the log holds the copy's last record (its head) at the same seq with the same
+hash. The chain verifies, so every record before it is the copy's too. The log may be longer:
+a writer died between its append and its copy (the crash window), or another cluster's run
+wrote since. It may not be shorter, nor hold another record at the head's seq. Since each
+copy is the whole log, not only its cluster's records, a cut that removes another cluster's
+later records is caught by that cluster's next action (and ``denpex audit verify LOG --against
+COPY`` shows it), not by this cluster's; no record a cluster's writer copied can go missing
+unnoticed by that cluster. The head carries its record's mac, so an edited head is refused; a
+cluster with no copy yet passes (its first write), so the store must be one the service user
+cannot delete from or roll back (S3 versioning or object lock), or a copy can be cut with the log.
 
 Every action is bracketed: an ``intent`` record is written (and fsynced) before the command is
 sent, a ``result`` record after it with the rc, the output and the verified state. An intent with
@@ -35,9 +51,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from denpex.evidence.errors import EvidenceError
-from denpex.evidence.store import EvidenceStore
-from denpex.isolation.errors import AuditChainError, AuditError, BusyError, StoreError
+from denpex.isolation.errors import AuditChainError, AuditError, BusyError
 from denpex.isolation.plan import Operation, canonical_json
 
 __all__ = [
@@ -49,10 +63,6 @@ __all__ = [
     "AuditVerification",
     "AuditLog",
     "verify_audit_log",
-    "copy_audit_log",
-    "stored_copy_name",
-    "stored_head_name",
-    "check_extends_stored_copy",
     "load_or_create_audit_key",
 ]
 
@@ -364,7 +374,7 @@ def verify_audit_log(path: Path, *, reference: Path | None = None,
     """Check every line's hash and the chain; report every problem with its line number.
 
     A log cut at a record boundary still chains, so ``last`` names its head, and ``reference``
-    (a copy from the evidence store) catches the cut: every record of the copy must be in the
+    (a stored copy, ``denpex.isolation.audit_store``) catches the cut: every record of the copy must be in the
     log, unchanged. With ``key``, each record's ``mac`` must verify too: a log re-chained by hand
     does not.
     """
@@ -435,84 +445,6 @@ def _compare_with_copy(hashes: dict[int, str], raw: bytes, reference: str) -> li
     return problems
 
 
-_MAX_COPY_BYTES = 1 << 30
-
-
-def stored_copy_name(log: AuditLog, incident_id: str) -> str:
-    """``audit/<incident>/<log file name>``, where the store keeps this incident's copy."""
-    return f"audit/{incident_id}/{log.path.name}"
-
-
-def stored_head_name(log: AuditLog) -> str | None:
-    """``audit/log-<id>/<log file name>``: the copy of the whole log after its latest run, whatever
-    the incident; None for a log without a key.
-
-    An incident's own copy cannot protect the log when the next run is another incident's (it has
-    no copy yet): a log cut at a record boundary, or removed, would pass. The id is derived from
-    the log's key, so logs of other state directories sharing one store do not collide.
-    """
-    if log.key is None:
-        return None
-    return f"audit/log-{hashlib.sha256(b'denpex audit log id:' + log.key).hexdigest()[:16]}/{log.path.name}"
-
-
-def _copy_names(log: AuditLog, incident_id: str) -> list[str]:
-    head = stored_head_name(log)
-    return [stored_copy_name(log, incident_id), *([head] if head else [])]
-
-
-def _stored_copy(store: EvidenceStore, name: str) -> bytes | None:
-    """The stored copy's bytes; None only when the store says it has no such object."""
-    try:
-        return store.read(name, max_bytes=_MAX_COPY_BYTES)
-    except EvidenceError as exc:
-        if _is_missing(exc.__cause__):
-            return None
-        raise StoreError(f"cannot read the stored audit copy {store.uri}/{name}: {exc}; nothing was "
-                         "done (a copy that cannot be read cannot be checked)") from exc
-
-
-def _is_missing(cause: BaseException | None) -> bool:
-    if isinstance(cause, FileNotFoundError):
-        return True
-    response = getattr(cause, "response", None)  # botocore ClientError
-    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
-    return code in ("NoSuchKey", "404")
-
-
-def check_extends_stored_copy(log: AuditLog, store: EvidenceStore, incident_id: str) -> None:
-    """Raise AuditChainError when the stored copy holds a record this log lacks or differs on.
-
-    The copy only ever grows (``copy_audit_log`` refuses to replace it otherwise), so a log that
-    does not extend it was truncated, rolled back or replaced.
-    """
-    hashes: dict[int, str] | None = None
-    for name in _copy_names(log, incident_id):
-        previous = _stored_copy(store, name)
-        if previous is None:
-            continue
-        hashes = _chain_hashes(log.path) if hashes is None else hashes
-        problems = _compare_with_copy(hashes, previous, f"{store.uri}/{name}")
-        if problems:
-            raise AuditChainError(
-                f"the audit log {log.path} does not extend its stored copy {store.uri}/{name}: "
-                f"{'; '.join(problems)}; nothing was done"
-            )
-
-
-def _chain_hashes(path: Path) -> dict[int, str]:
-    hashes: dict[int, str] = {}
-    if not path.exists():
-        return hashes
-    for line in _split_lines(_read_log(path))[0]:
-        try:
-            record = AuditRecord.model_validate_json(line)
-        except ValidationError:
-            continue
-        hashes[record.seq] = record.hash
-    return hashes
-
-
 def load_or_create_audit_key(path: Path) -> bytes:
     """The audit log's HMAC key at ``path``: created (32 random bytes, mode 0600) on first use.
 
@@ -561,27 +493,3 @@ def _create_audit_key(path: Path) -> None:
         raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
     finally:
         os.unlink(tmp)
-
-
-def copy_audit_log(log: AuditLog, store: EvidenceStore, incident_id: str) -> str:
-    """Copy the whole log into the evidence store under ``audit/<incident>/``; returns its URI.
-
-    The stored copy only grows: a log that does not extend it is refused (AuditChainError), so a
-    forged or truncated log never replaces the record of what was done.
-    """
-    name, *others = _copy_names(log, incident_id)
-    try:
-        data = log.path.read_bytes()
-    except OSError as exc:
-        raise StoreError(f"{log.path}: cannot read audit log to copy: {exc.strerror or exc}") from exc
-    try:
-        check_extends_stored_copy(log, store, incident_id)
-    except StoreError as exc:
-        raise StoreError(f"{exc}; the local copy at {log.path} is intact") from exc
-    try:
-        for target in (name, *others):
-            store.write(target, data)
-    except EvidenceError as exc:
-        raise StoreError(f"cannot copy the audit log to {store.uri}: {exc}; the local copy at "
-                         f"{log.path} is intact") from exc
-    return f"{store.uri.rstrip('/')}/{name}"

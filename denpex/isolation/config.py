@@ -13,7 +13,9 @@ values, so a CI job or a Prefect worker can point at another cluster without a f
     runbook: /etc/denpex/runbooks/gpu-hardware-fault.yaml   # default: the built-in safe policy
     trusted_approvers: /etc/denpex/approvers.yaml            # approvers' ed25519 public keys
     cluster: gpu-prod                   # only where the cluster cannot say its own name
-    evidence_store: s3://incidents/denpex
+    evidence_store: s3://incidents/denpex   # each run's incident also gets a copy of the log here
+    audit_store: s3://audit/denpex      # the audit log's checked copy, one per cluster;
+                                        # default: <state_dir>/audit-store
 
 The breaker, the run lock, the audit log and its HMAC key live in the one machine-wide state
 directory (``denpex.state_dir``); it must be absolute, so that every operator shares them.
@@ -21,7 +23,7 @@ directory (``denpex.state_dir``); it must be absolute, so that every operator sh
 Environment: DENPEX_SSH_HOST, DENPEX_SSH_PORT, DENPEX_SSH_USER, DENPEX_SSH_KEY,
 DENPEX_SSH_KNOWN_HOSTS, DENPEX_KUBECONFIG, DENPEX_KUBE_CONTEXT, DENPEX_KUBE_HOST,
 DENPEX_KUBE_TOKEN, DENPEX_KUBE_CA_CERT, DENPEX_RUNBOOK, DENPEX_TRUSTED_APPROVERS, DENPEX_CLUSTER,
-DENPEX_EVIDENCE_STORE (and DENPEX_STATE_DIR, read by ``resolve_state_dir``).
+DENPEX_EVIDENCE_STORE, DENPEX_AUDIT_STORE (and DENPEX_STATE_DIR, read by ``resolve_state_dir``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ _ENV: dict[str, tuple[str, ...]] = {
     "DENPEX_TRUSTED_APPROVERS": ("trusted_approvers",),
     "DENPEX_CLUSTER": ("cluster",),
     "DENPEX_EVIDENCE_STORE": ("evidence_store",),
+    "DENPEX_AUDIT_STORE": ("audit_store",),
 }
 
 
@@ -92,7 +95,13 @@ class IsolationSettings(BaseModel):
     """The user Slurm records for Denpex's drains (``Reason=... [user@time]``); default: the SSH
     user. Set it when commands run through sudo. A drain another user set is never Denpex's."""
     evidence_store: str | None = None
-    """A folder or ``s3://bucket/prefix``; the audit log is copied there after each run."""
+    """A folder or ``s3://bucket/prefix``; the audit log is copied under ``audit/<incident>/`` there
+    after each run, beside the incident's evidence. Nothing is checked against that copy."""
+    audit_store: str | None = Field(default=None, min_length=1)
+    """A folder or ``s3://bucket/prefix`` for the audit log's checked copy, one per cluster
+    (``denpex.isolation.audit_store``). None: ``$DENPEX_AUDIT_STORE``, else ``<state_dir>/audit-store``.
+    Best somewhere the service user can add to but not rewrite (an S3 bucket with versioning or
+    object lock): a copy beside the log can be cut with it."""
     verify_timeout_s: float = Field(default=20.0, gt=0)
 
 

@@ -9,7 +9,8 @@ plan's own word:
 3. the cluster the adapter reaches is the plan's and the approval's;
 4. the approval authenticates (a trusted signature, or an accepted channel and a listed
    approver) and binds this plan hash, operation, incident, cluster and nodes, and is current;
-5. under the machine-wide run lock, the keyed audit chain verifies and extends its stored copy;
+5. under the machine-wide run lock, the keyed audit chain verifies and extends the cluster's copy
+   in the operator's audit store (``denpex.isolation.audit_store``);
 6. the gates run on live facts (node, blast radius, breaker, per-cluster rate limit); then act.
 
 Refusals raise ``RefusedError`` subclasses (never retried); ``errors.is_transient`` tells the
@@ -23,16 +24,18 @@ from collections.abc import Callable
 from datetime import datetime
 
 from denpex.analysis.models import Verdict
+from denpex.evidence.errors import EvidenceError
 from denpex.evidence.store import EvidenceStore, open_store
 from denpex.isolation.adapter import ClusterAdapter
 from denpex.isolation.approval import Approval, check_approval
 from denpex.isolation.audit import AuditLog
-from denpex.isolation.errors import ApprovalError, PolicyMismatchError, RemoteError
+from denpex.isolation.errors import ApprovalError, ConfigError, PolicyMismatchError, RemoteError
 from denpex.isolation.executor import ExecutionReport, Executor, RunMode
 from denpex.isolation.facts import owned_reason_prefix
 from denpex.isolation.operator import OperatorConfig
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy
+from denpex.tenancy import ClusterOwnership, OwnershipState, TenancyDecision, execution_tenant, read_ownership
 
 __all__ = ["VERDICTS_WITH_CULPRIT", "execute_approved", "check_plan_policy", "reached_cluster"]
 
@@ -51,13 +54,14 @@ def execute_approved(
     clock: Callable[[], datetime] = utc_now,
     sleep: Callable[[float], None] = time.sleep,
     store: EvidenceStore | None = None,
+    audit_store: EvidenceStore | None = None,
 ) -> ExecutionReport:
     """Dry-run or execute ``plan`` under ``approval`` on the cluster ``adapter`` reaches.
 
     ``operation`` defaults to the approval's (ISOLATE in a dry run without one). ``store``
-    defaults to the operator's evidence store. Raises ApprovalError, PolicyMismatchError or
-    AuditChainError (refusals: nothing was done), ConfigError, BusyError, or RemoteError
-    subclasses from the cluster.
+    defaults to the operator's evidence store, ``audit_store`` to the operator's audit store.
+    Raises ApprovalError, PolicyMismatchError or AuditChainError (refusals: nothing was done),
+    ConfigError, BusyError, or RemoteError subclasses from the cluster.
     """
     operation = operation or (approval.operation if approval is not None else Operation.ISOLATE)
     check_plan_policy(plan, operator.policy, operation)
@@ -66,22 +70,46 @@ def execute_approved(
         raise ApprovalError(f"execution refused: the plan was made for cluster {plan.cluster!r}, but the "
                             f"settings reach {cluster or 'a cluster that does not say its name'!r}; "
                             "nothing was done")
+    tenancy = _tenancy(plan, operator, cluster)
     approver, nodes = None, None
     if mode is RunMode.EXECUTE:
         approved = check_approval(plan, approval, now=clock(), operation=operation,
                                   rule=operator.policy.approval, trusted=operator.trusted,
-                                  cluster=cluster, tenant=plan.tenant)
+                                  cluster=cluster, tenant=tenancy.tenant)
         approver, nodes = approved.approver, approved.nodes
     if store is None and operator.evidence_store:
         store = open_store(operator.evidence_store)
+    if audit_store is None:
+        try:
+            audit_store = open_store(operator.audit_store_uri)
+        except EvidenceError as exc:
+            raise ConfigError(f"the audit store {operator.audit_store_uri!r} cannot be used: {exc}; set "
+                              "`audit_store:` (or DENPEX_AUDIT_STORE) to a folder or s3://bucket/prefix") from exc
     # A dry run writes nothing, not even the audit key: it never appends to the log.
     audit = operator.audit_log() if mode is RunMode.EXECUTE else AuditLog(operator.audit_path)
     executor = Executor(
         adapter=adapter, audit=audit, breaker=operator.breaker(), policy=operator.policy,
-        cluster=cluster or "(unnamed)", store=store, clock=clock, sleep=sleep,
+        cluster=cluster or "(unnamed)", store=store, audit_store=audit_store, clock=clock, sleep=sleep,
         verify_timeout_s=operator.verify_timeout_s, poll_s=operator.poll_s,
     )
-    return executor.run(plan, mode=mode, operation=operation, approver=approver, nodes=nodes)
+    report = executor.run(plan, mode=mode, operation=operation, approver=approver, nodes=nodes)
+    if tenancy.tenant is None:
+        report.notes.append(tenancy.reason)
+    return report
+
+
+def _tenancy(plan: IsolationPlan, operator: OperatorConfig, cluster: str | None) -> TenancyDecision:
+    """Whose approvers apply: the registry's owner of the reached cluster, never the plan's word.
+
+    A plan naming another tenant is refused here, before anything is read from the cluster's nodes.
+    """
+    # A cluster that does not say its name has no owner to look up; the approval check refuses it.
+    ownership = (read_ownership(operator.state_dir, cluster) if cluster
+                 else ClusterOwnership("(unnamed)", OwnershipState.UNREGISTERED))
+    decision = execution_tenant(ownership, plan.tenant)
+    if not decision.allowed:
+        raise ApprovalError(f"execution refused: {decision.reason}; nothing was done")
+    return decision
 
 
 def reached_cluster(adapter: ClusterAdapter, operator: OperatorConfig) -> str | None:

@@ -2,9 +2,10 @@
 
 Stages of one run (each audited in EXECUTE mode)::
 
-    approval check -> run lock -> recover dangling intents -> read facts -> gates again (node,
-    blast radius) -> per node: read it again -> intent -> one changing call -> read state until
-    the post-checks pass -> result -> copy the audit log to the evidence store
+    approval check -> run lock -> the log verifies and extends the cluster's stored copy ->
+    recover dangling intents -> read facts -> gates again (node, blast radius) -> per node: read
+    it again -> intent -> one changing call -> read state until the post-checks pass -> result
+    -> extend the cluster's stored copy (and the incident's copy in the evidence store)
 
 The run lock (one executing run per audit log) keeps a second run from taking the first one's
 fresh intent for a crash's leftover and sending the command again. Each node is read again right
@@ -32,16 +33,10 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.evidence.store import EvidenceStore
 from denpex.isolation.adapter import ActionOutput, ClusterAdapter
-from denpex.isolation.audit import (
-    AuditEntry,
-    AuditKind,
-    AuditLog,
-    Outcome,
-    check_extends_stored_copy,
-    copy_audit_log,
-)
+from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome
+from denpex.isolation.audit_store import check_extends_stored_copy, copy_audit_log, update_stored_copy
 from denpex.isolation.breaker import CircuitBreaker
-from denpex.isolation.errors import OutcomeUnknownError, RemoteError, StoreError
+from denpex.isolation.errors import AuditChainError, AuditError, OutcomeUnknownError, RemoteError, StoreError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner
 from denpex.isolation.gates import blast_radius_gate, node_gate
 from denpex.isolation.plan import HungJob, IsolationPlan, NodeAction, Operation, utc_now
@@ -133,7 +128,8 @@ class Executor:
 
     It does not judge approvals: ``denpex.isolation.execute.execute_approved`` does, and is the one
     entry point for the CLI and the flow. ``cluster`` names the cluster for the per-cluster rate
-    limit.
+    limit and its stored copy of the audit log in ``audit_store``; ``store`` (the evidence store)
+    gets the incident's copy.
     """
 
     adapter: ClusterAdapter
@@ -142,6 +138,7 @@ class Executor:
     policy: IsolationPolicy
     cluster: str
     store: EvidenceStore | None = None
+    audit_store: EvidenceStore | None = None
     clock: Callable[[], datetime] = utc_now
     sleep: Callable[[float], None] = time.sleep
     verify_timeout_s: float = 20.0
@@ -158,17 +155,33 @@ class Executor:
         nodes: Collection[str] | None = None,
     ) -> ExecutionReport:
         """Dry-run or execute ``plan`` on ``nodes`` (default: all of its nodes), already approved by
-        ``approver``. EXECUTE verifies the audit chain (and that it extends the stored copy)
-        before acting: AuditChainError; BusyError while another run holds the lock."""
+        ``approver``. EXECUTE verifies the audit chain, and that it extends the cluster's stored
+        copy, before acting: AuditChainError; BusyError while another run holds the lock."""
         actions = [a for a in plan.actions if nodes is None or a.node in nodes]
         work = self._requeue if operation is Operation.REQUEUE else self._run
         if mode is RunMode.DRY_RUN:
             return work(plan, actions, mode, operation, None)
         with self.audit.run_lock():
             self.audit.verify()
-            if self.store is not None:
-                check_extends_stored_copy(self.audit, self.store, plan.incident_id)
+            self._check_stored_copy(plan, operation, approver)
             return work(plan, actions, mode, operation, approver)
+
+    def _check_stored_copy(self, plan: IsolationPlan, operation: Operation, approver: str | None) -> None:
+        """Refuse a log cut back, removed or replaced since the cluster's copy was stored, and say so
+        in the log. The refusal is not copied: the stored copy stays the witness of what was cut."""
+        if self.audit_store is None:
+            return
+        try:
+            check_extends_stored_copy(self.audit, self.audit_store, self.cluster)
+        except AuditChainError as exc:
+            entry = AuditEntry(kind=AuditKind.DECISION, incident_id=plan.incident_id,
+                               plan_hash=plan.content_hash(), operation=operation, approver=approver,
+                               action="refused", message=str(exc)[:2000])
+            try:
+                self.audit.append(entry, at=self.clock())
+            except AuditError:
+                pass  # the refusal stands without its record; the raised error says why
+            raise
 
     def _run(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,
              approver: str | None) -> ExecutionReport:
@@ -216,10 +229,17 @@ class Executor:
         return report
 
     def _copy_audit(self, plan: IsolationPlan, report: ExecutionReport) -> None:
+        """Extend the cluster's copy, then the incident's. A failed copy is a warning, not a failed
+        run: the records are in the log, and the next action checks it against the older copy."""
+        if self.audit_store is not None:
+            try:
+                report.audit_copy = update_stored_copy(self.audit, self.audit_store, self.cluster)
+            except (StoreError, AuditChainError) as exc:
+                report.warnings.append(str(exc))
         if self.store is not None:
             try:
-                report.audit_copy = copy_audit_log(self.audit, self.store, plan.incident_id)
-            except StoreError as exc:
+                copy_audit_log(self.audit, self.store, plan.incident_id)
+            except (StoreError, AuditChainError) as exc:
                 report.warnings.append(str(exc))
 
     def _requeue(self, plan: IsolationPlan, actions: list[NodeAction], mode: RunMode, operation: Operation,

@@ -6,11 +6,13 @@ of rules. What the executor trusts is what the operator owns on the machine that
 - the runbook (limits, approvers, channels, steps), or the built-in safe policy;
 - the approvers' ed25519 public keys;
 - the machine-wide state directory (absolute): breaker, run lock, audit log and its HMAC key;
-- where the audit log is copied, and the cluster's name where the connection cannot tell it.
+- where the audit log is copied (the audit store: its checked copy, one per cluster; and the
+  evidence store: a copy per incident), and the cluster's name where the connection cannot tell it.
 """
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,12 +27,15 @@ from denpex.isolation.policy import IsolationPolicy
 from denpex.isolation.runbook import load_runbook
 from denpex.state_dir import StateDirError, resolve_state_dir
 
-__all__ = ["AUDIT_LOG_NAME", "BREAKER_NAME", "AUDIT_KEY_NAME", "OperatorConfig", "load_operator_config",
-           "state_audit_log"]
+__all__ = ["AUDIT_LOG_NAME", "BREAKER_NAME", "AUDIT_KEY_NAME", "AUDIT_STORE_ENV", "AUDIT_STORE_DIR_NAME",
+           "OperatorConfig", "load_operator_config", "resolve_audit_store", "state_audit_log"]
 
 AUDIT_LOG_NAME = "audit.jsonl"
 BREAKER_NAME = "breaker.json"
 AUDIT_KEY_NAME = "audit.key"
+AUDIT_STORE_ENV = "DENPEX_AUDIT_STORE"
+AUDIT_STORE_DIR_NAME = "audit-store"
+"""The default audit store, in the state directory: a single machine keeps a checked copy unconfigured."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,10 @@ class OperatorConfig:
     cluster: str | None = None
     """The cluster's name where the adapter cannot say it (a bare Kubernetes host and token)."""
     evidence_store: str | None = None
-    """A folder or ``s3://bucket/prefix`` for the audit log's copies."""
+    """A folder or ``s3://bucket/prefix`` for each incident's copy of the audit log (not checked)."""
+    audit_store: str | None = None
+    """A folder or ``s3://bucket/prefix`` for the audit log's checked copy, one per cluster; None:
+    ``<state_dir>/audit-store``. Every action refuses a log that does not extend it."""
     verify_timeout_s: float = 20.0
     poll_s: float = 0.2
 
@@ -69,6 +77,10 @@ class OperatorConfig:
     def audit_key_path(self) -> Path:
         return self.state_dir / AUDIT_KEY_NAME
 
+    @property
+    def audit_store_uri(self) -> str:
+        return self.audit_store or str(self.state_dir / AUDIT_STORE_DIR_NAME)
+
     def audit_log(self) -> AuditLog:
         """The keyed audit log; its key is created (mode 0600) on first use."""
         return state_audit_log(self.state_dir)
@@ -81,6 +93,19 @@ def state_audit_log(state_dir: Path) -> AuditLog:
     """The state directory's audit log with its HMAC key: every writer must append through this,
     or its records carry no mac and the next execution refuses the whole log."""
     return AuditLog(state_dir / AUDIT_LOG_NAME, key=load_or_create_audit_key(state_dir / AUDIT_KEY_NAME))
+
+
+def resolve_audit_store(explicit: str | None, state_dir: Path,
+                        environ: Mapping[str, str] | None = None) -> str:
+    """Where the audit log's checked copy lives: ``explicit`` (the settings file), else
+    ``$DENPEX_AUDIT_STORE``, else ``<state_dir>/audit-store``.
+
+    The flow builds its settings from a target block, which has no say here: every writer on the
+    machine (the flow's decisions, its executions, the CLI) must find the same copy, so only the
+    operator's own configuration names it.
+    """
+    env = os.environ if environ is None else environ
+    return explicit or env.get(AUDIT_STORE_ENV) or str(state_dir / AUDIT_STORE_DIR_NAME)
 
 
 def load_operator_config(settings: IsolationSettings, environ: Mapping[str, str]) -> OperatorConfig:
@@ -96,7 +121,9 @@ def load_operator_config(settings: IsolationSettings, environ: Mapping[str, str]
     trusted = load_trusted_approvers(settings.trusted_approvers) if settings.trusted_approvers \
         else TrustedApprovers()
     return OperatorConfig(state_dir=state_dir, policy=policy, trusted=trusted, cluster=settings.cluster,
-                          evidence_store=settings.evidence_store, verify_timeout_s=settings.verify_timeout_s)
+                          evidence_store=settings.evidence_store,
+                          audit_store=resolve_audit_store(settings.audit_store, state_dir, environ),
+                          verify_timeout_s=settings.verify_timeout_s)
 
 
 def _refuse_shared_write(path: Path) -> None:

@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from testkit.services.net import free_port, wait_http
 from testkit.services.s3 import AWS_ENV
 
-__all__ = ["ROOT", "DENPEX", "ApiServer"]
+__all__ = ["ROOT", "DENPEX", "ApiServer", "process_tree_pss"]
 
 ROOT = Path(__file__).resolve().parents[2]
 DENPEX = [sys.executable, "-m", "denpex"]
@@ -44,6 +45,13 @@ class ApiServer:
             self.env["PREFECT_API_URL"] = prefect_api_url
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (its workers are its descendants)."""
+        if self.proc is None:
+            raise RuntimeError("the server is not running")
+        return self.proc.pid
+
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([*DENPEX, "serve-api", "--port", str(self.port), "--store", self.store,
@@ -57,3 +65,29 @@ class ApiServer:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(30)
         self.proc = None
+
+
+def process_tree_pss(pid: int) -> int:
+    """Bytes of memory (PSS, so pages shared with forked children count once) of ``pid`` and every
+    descendant, read from ``/proc``: the service with its dump-checking workers and their forkserver."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields after the last ')' are fixed.
+        children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry))
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        stack.extend(children.get(current, []))
+        try:
+            for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue  # gone meanwhile
+    return total

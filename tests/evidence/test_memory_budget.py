@@ -79,6 +79,7 @@ def test_a_decode_that_met_another_threads_allocation_is_tried_again(monkeypatch
     import contextlib
     from collections.abc import Iterator
 
+    from denpex.evidence import memory_budget as budget_module
     from denpex.evidence import safe_pickle
 
     entered: list[int] = []
@@ -90,6 +91,6 @@ def test_a_decode_that_met_another_threads_allocation_is_tried_again(monkeypatch
             raise MemoryError  # as if a thread started meanwhile took the headroom
         yield
 
-    monkeypatch.setattr(safe_pickle, "memory_budget", crowded_once)
+    monkeypatch.setattr(budget_module, "memory_budget", crowded_once)
     assert safe_pickle.safe_loads(pickle.dumps({"entries": []}, protocol=2)) == {"entries": []}
     assert len(entered) == 2

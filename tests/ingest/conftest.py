@@ -90,13 +90,14 @@ def make_lab(tmp: Path, s3: MotoS3, engine: Engine | None, *, prefix: str, extra
     for plan in PlanTier:
         if plan is not PlanTier.DATA_CENTER:
             registry.add_tenant(f"t-{plan.value}", plan)
-            tier_keys[plan] = registry.create_key(f"t-{plan.value}", "c1")
+            # A cluster belongs to one tenant: each tier's tenant has a cluster of its own.
+            tier_keys[plan] = registry.create_key(f"t-{plan.value}", f"c-{plan.value}")
     api = ApiServer(state, f"s3://{s3.bucket}/{prefix}", s3_endpoint=s3.endpoint,
                     prefect_api_url=engine.api_url if engine else None, log_dir=tmp, extra_args=extra_args)
     api.start()
     return Lab(api=api, s3=s3, registry=registry, key=registry.create_key("acme", "c1"),
                node_key=registry.create_key("acme", "c1", host="gpu-node-002"),
-               other_cluster_key=registry.create_key("acme", "c2"), foreign_key=registry.create_key("globex", "c1"),
+               other_cluster_key=registry.create_key("acme", "c2"), foreign_key=registry.create_key("globex", "g1"),
                token=registry.create_token("acme", "c1"), tier_keys=tier_keys, prefix=prefix)
 
 

@@ -13,6 +13,7 @@ from denpex.ingest.signing import (
     check_signature,
     check_timestamp,
     parse_signed_headers,
+    request_target,
     sign,
     signed_headers,
 )
@@ -82,3 +83,28 @@ def test_clock_skew_window(skew: int, ok: bool) -> None:
     else:
         with pytest.raises(AuthenticationError, match="300 s"):
             check_timestamp(1_000_000 + skew, 1_000_000)
+
+
+def test_the_request_target_carries_the_query_as_sent() -> None:
+    """Issue 16, finding 9: ``{PATH}`` is the path plus ``?query``; without a query it is the path alone."""
+    assert request_target("/v1/evidence") == "/v1/evidence"
+    target = request_target("/v1/alerts", "job_id=job-1&world_size=4")
+    assert target == "/v1/alerts?job_id=job-1&world_size=4"
+    assert canonical_string("POST", target, "acme", "c1", 1, "n", "h").split("\n")[2] == target
+    # The fixed vector has no query, so it holds as before.
+    assert sign(VECTOR_SECRET, **{**VECTOR_REQUEST, "path": request_target("/v1/evidence", "")}) == VECTOR_SIGNATURE  # type: ignore[arg-type]
+
+
+def test_a_changed_query_breaks_the_signature() -> None:
+    headers = parse_signed_headers(_signed(path="/v1/alerts?job_id=job-1"))
+    check_signature(VECTOR_SECRET, headers, "POST", "/v1/alerts?job_id=job-1", b"hello")
+    for changed in ("/v1/alerts?job_id=job-2", "/v1/alerts", "/v1/alerts?job_id=job-1&world_size=4"):
+        with pytest.raises(AuthenticationError, match="does not match"):
+            check_signature(VECTOR_SECRET, headers, "POST", changed, b"hello")
+
+
+def test_a_streamed_body_is_checked_by_its_hash() -> None:
+    headers = parse_signed_headers(_signed())
+    check_signature(VECTOR_SECRET, headers, "POST", "/v1/evidence", body_hash=body_sha256(b"hello"))
+    with pytest.raises(AuthenticationError, match="does not match"):
+        check_signature(VECTOR_SECRET, headers, "POST", "/v1/evidence", body_hash=body_sha256(b"hellO"))

@@ -21,9 +21,9 @@ from denpex.isolation.audit import (
     AuditKind,
     AuditLog,
     Outcome,
-    copy_audit_log,
     verify_audit_log,
 )
+from denpex.isolation.audit_store import copy_audit_log
 from denpex.isolation.errors import AuditError, StoreError
 from denpex.isolation.plan import Operation
 from isolation.triage_cases import NOW

@@ -1,0 +1,165 @@
+"""Two tenants, two clusters, one target block: the incident flow on the real Prefect engine (the
+session's test harness, in this process) and the Kubernetes fake API (issue 16, findings 1, 13).
+
+Tenant b cannot register tenant a's cluster under any spelling. An incident of tenant b naming
+a's cluster finds a's target block (blocks are looked up by the cluster's name), and the flow
+refuses it because the operator's registry gives the cluster to a: b's approver would approve
+anything b is shown, and a's API server must receive nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import SecretStr
+
+from conftest import FIXTURES, write_runbooks
+from denpex.ingest.errors import RegistryError
+from denpex.ingest.plans import PlanTier
+from denpex.ingest.registry import Registry
+from denpex.isolation.plan import save_plan
+from flow_driver import ALERT_TIME, CULPRIT_NODE, find_run, manifest_with_gpus, resume, saved_plan, wait_for, xid79_log
+from testkit.fakes.k8s_api import FakeApiServer, make_node
+
+# Sized to what it starts: the harness server (shared by the session) and one in-process flow run.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+A_CLUSTER = "xt-a.prod"
+B_CLUSTER = "xt-b.lab"
+SCENARIO = FIXTURES / "withheld_one"
+
+
+@pytest.fixture
+def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The operator's state directory and runbooks (alice approves for a, bob for b), for this process."""
+    runbooks = tmp_path / "runbooks"
+    write_runbooks(runbooks)
+    body = yaml.safe_load((runbooks / "hang-triage.yaml").read_text())
+    body["approval"]["approvers"] = []
+    body["approval"]["scoped"] = [{"tenant": "a", "names": ["alice"]}, {"tenant": "b", "names": ["bob"]}]
+    (runbooks / "hang-triage.yaml").write_text(yaml.safe_dump(body))
+    monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("DENPEX_RUNBOOKS_DIR", str(runbooks))
+    from blocks import DenpexRunbook
+
+    DenpexRunbook(name="hang-triage").save("default", overwrite=True)
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def a_cluster_api() -> Iterator[FakeApiServer]:
+    """Tenant a's Kubernetes API server, with a target block that reaches it."""
+    from blocks import DenpexKubernetesTarget
+    from blocks.targets import block_name_for
+
+    with FakeApiServer() as server:
+        for i in range(1, 17):
+            server.add_node(make_node(f"gpu-node-{i:03d}"))
+        DenpexKubernetesTarget(cluster_name=A_CLUSTER, host=server.url, token=SecretStr("test-token")).save(
+            block_name_for(A_CLUSTER), overwrite=True)
+        try:
+            yield server
+        finally:
+            DenpexKubernetesTarget.delete(block_name_for(A_CLUSTER))
+
+
+def _evidence(tmp_path: Path) -> str:
+    folder = tmp_path / "evidence"
+    shutil.copytree(SCENARIO, folder)
+    (folder / "manifest.json").write_bytes(manifest_with_gpus(SCENARIO))
+    (folder / "kernel.log").write_bytes(xid79_log())
+    return str(folder)
+
+
+def _run_as_attacker(state: Path, **parameters: Any) -> dict[str, Any]:
+    """Run the flow in a thread; if it pauses for approval, tenant b's approver approves everything."""
+    from flows.triage import triage
+
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = triage(**parameters)
+        except BaseException as exc:  # noqa: BLE001 (reported to the test below)
+            out["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    run_id = find_run(parameters["incident_id"])
+    if wait_for(run_id, {"PAUSED", "COMPLETED", "FAILED"}) == "PAUSED":
+        plan = saved_plan(state, parameters["incident_id"])
+        resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(),
+                        "nodes": [a.node for a in plan.actions], "approver": "bob", "comment": "mine"})
+    worker.join(timeout=240)
+    if "error" in out:
+        raise out["error"]
+    result: dict[str, Any] = out["result"]
+    return result
+
+
+def _two_tenants(state: Path) -> Registry:
+    registry = Registry(state)
+    registry.add_tenant("a", PlanTier.DATA_CENTER)
+    registry.add_tenant("b", PlanTier.DATA_CENTER)
+    registry.create_key("a", A_CLUSTER)
+    registry.create_key("b", B_CLUSTER)
+    return registry
+
+
+@pytest.mark.parametrize("spelling", [A_CLUSTER, "XT_A.Prod", "xt-a-prod"])
+def test_tenant_b_cannot_register_tenant_a_cluster(tmp_path: Path, spelling: str) -> None:
+    registry = _two_tenants(tmp_path / "state")
+    with pytest.raises(RegistryError, match="registered to tenant 'a'"):
+        registry.create_key("b", spelling)
+    with pytest.raises(RegistryError, match="registered to tenant 'a'"):
+        registry.create_token("b", spelling)
+
+
+def test_tenant_b_cannot_drain_tenant_a_cluster_through_a_target(state: Path, a_cluster_api: FakeApiServer,
+                                                                 tmp_path: Path) -> None:
+    _two_tenants(state)
+    incident = f"xt-{uuid.uuid4().hex[:8]}"
+    result = _run_as_attacker(state, tenant="b", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
+                              alert_time=ALERT_TIME, evidence=_evidence(tmp_path), world_size=4, reported_by_rank=0,
+                              alert_id=f"am-{incident}")
+
+    assert not [r for r in a_cluster_api.requests if r[0] in {"PATCH", "POST", "DELETE"}], a_cluster_api.requests
+    assert not a_cluster_api.nodes[CULPRIT_NODE]["spec"].get("taints")
+    assert result["outcome"] == "refused"
+    assert result["reason"] == (f"cluster {A_CLUSTER!r} belongs to tenant 'a' in the operator's registry, not to "
+                                "the incident's tenant 'b'")
+    assert not (state / "plans" / f"{incident}.json").exists()  # nothing was put up for approval
+
+
+def _planted_plan(path: Path) -> None:
+    """A real plan where a climbing incident id leads, outside the state directory."""
+    from denpex.isolation.plan import utc_now
+    from denpex.isolation.planner import plan_isolation
+    from denpex.isolation.policy import IsolationPolicy, Scheduler
+    from isolation.triage_cases import killed_process
+
+    now = utc_now()
+    save_plan(plan_isolation(killed_process(as_of=now), None, IsolationPolicy(), None, Scheduler.KUBERNETES, "x", now,
+                             cluster=A_CLUSTER), path)
+
+
+def test_a_run_whose_parameters_climb_out_of_the_state_directory_does_nothing(state: Path, tmp_path: Path) -> None:
+    from flows.return_to_service import return_to_service
+    from flows.triage import triage
+
+    (state / "plans").mkdir(parents=True)  # as the triage flow leaves it
+    _planted_plan(tmp_path / "x.json")  # state/plans/../../x.json
+    # FlowParameterError, a ValueError: the run fails before reading or writing anything.
+    with pytest.raises(ValueError, match=r"incident_id '\.\./\.\./x' must match"):
+        return_to_service(cluster=A_CLUSTER, incident_id="../../x")
+    with pytest.raises(ValueError, match=r"incident_id '\.\./\.\./x' must match.*evidence '/a/\.\./b' climbs"):
+        triage(tenant="b", cluster=A_CLUSTER, job_id="j", incident_id="../../x", alert_time=ALERT_TIME,
+               evidence="/a/../b")
+    assert not list(tmp_path.glob("x-*.json"))  # no report beside it (state/reports/../../x-RUN.json)

@@ -1,0 +1,71 @@
+"""The spool's bounds, in process: bodies in flight, disk, the body deadline, and cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from denpex.ingest.body_spool import BodySpool, SpoolBusyError, SpoolLimits, spool_body
+from denpex.ingest.errors import PayloadTooLargeError, RequestTimeoutError
+
+
+async def _chunks(parts: list[bytes], pause_s: float = 0.0) -> AsyncIterator[bytes]:
+    for part in parts:
+        if pause_s:
+            await asyncio.sleep(pause_s)
+        yield part
+
+
+def test_a_body_is_spooled_hashed_private_and_removed_with_its_slot(tmp_path: Path) -> None:
+    spool = BodySpool(SpoolLimits(tmp_path / "spool"))
+    with spool.admit(6) as slot:
+        body = asyncio.run(spool_body(_chunks([b"hel", b"lo!"]), slot, cap=10, deadline_s=5))
+        assert body.path.read_bytes() == b"hello!" and body.sha256 == hashlib.sha256(b"hello!").hexdigest()
+        assert stat.S_IMODE(body.path.stat().st_mode) == 0o600
+        assert spool.reserved_bytes == 6
+    assert list((tmp_path / "spool").iterdir()) == [] and spool.reserved_bytes == 0
+
+
+def test_bodies_in_flight_and_disk_are_bounded(tmp_path: Path) -> None:
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_in_flight=2, max_disk_bytes=100))
+    with spool.admit(60), spool.admit(None):
+        with pytest.raises(SpoolBusyError, match="bodies") as busy:
+            with spool.admit(1):
+                pass
+        assert busy.value.status == 503 and busy.value.retry_after_s >= 1
+    with spool.admit(60):
+        with pytest.raises(SpoolBusyError, match="spool is full"):
+            with spool.admit(41):
+                pass
+        with spool.admit(None) as slot:  # a chunked body: charged as it arrives
+            with pytest.raises(SpoolBusyError, match="spool is full"):
+                asyncio.run(spool_body(_chunks([b"x" * 30, b"x" * 30]), slot, cap=1000, deadline_s=5))
+    assert spool.reserved_bytes == 0 and list((tmp_path / "spool").iterdir()) == []
+
+
+def test_a_body_past_its_cap_or_its_deadline_is_refused(tmp_path: Path) -> None:
+    spool = BodySpool(SpoolLimits(tmp_path / "spool"))
+    with spool.admit(None) as slot, pytest.raises(PayloadTooLargeError):
+        asyncio.run(spool_body(_chunks([b"x" * 8, b"x" * 8]), slot, cap=10, deadline_s=5))
+    with spool.admit(None) as slot, pytest.raises(RequestTimeoutError, match="longer than"):
+        asyncio.run(spool_body(_chunks([b"x"] * 50, pause_s=0.05), slot, cap=100, deadline_s=0.3))
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+def test_the_deadline_grows_with_the_size_up_to_its_cap() -> None:
+    limits = SpoolLimits(Path("/s"), min_rate_bytes_s=1000, grace_s=10, max_body_s=100)
+    assert limits.deadline_s(5000, 10**9) == 15
+    assert limits.deadline_s(None, 10**9) == 100
+
+
+def test_orphans_of_a_dead_process_are_removed_at_start(tmp_path: Path) -> None:
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    (folder / "999999999-ab.body").write_bytes(b"left by a crash")
+    BodySpool(SpoolLimits(folder))
+    assert list(folder.iterdir()) == []

@@ -1,0 +1,53 @@
+"""Flow parameters are checked with the ingest service's rules, and paths built from them stay in
+the state directory (issue 16, finding 13)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from denpex.state_paths import StatePathError, state_path
+from denpex.workflow.flow_parameters import FlowParameterError, check_flow_parameters
+
+GOOD = dict(tenant="acme", cluster="gpu.prod", job_id="job-123", incident_id="fr-20261201T130914Z",
+            alert_id="am-7f3a", evidence="s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z")
+
+
+def test_the_ingest_services_names_and_ids_pass() -> None:
+    check_flow_parameters(**GOOD)
+    check_flow_parameters(evidence="/srv/evidence/acme/c1/job/inc")
+    check_flow_parameters(evidence="file:///srv/evidence/inc")
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("tenant", "../etc", "tenant '../etc' is not a valid name"),
+    ("cluster", "gpu prod", "cluster 'gpu prod' is not a valid name"),
+    ("cluster", "a/b", "cluster 'a/b' is not a valid name"),
+    ("job_id", "job/../../x", "job_id 'job/../../x' must match"),
+    ("incident_id", "../../../x", "incident_id '../../../x' must match"),
+    ("incident_id", "x" * 64, "must match"),
+    ("alert_id", "am 1", "alert_id 'am 1' must match"),
+    ("evidence", "s3://evidence/acme/../globex/job/inc", "climbs with '..'"),
+    ("evidence", "/srv/evidence/../../etc", "climbs with '..'"),
+    ("evidence", "s3:///prefix", "names no bucket"),
+    ("evidence", "http://example.com/x", "neither a folder nor an s3:// URI"),
+    ("evidence", "/srv/x\n", "control character"),
+], ids=lambda v: str(v)[:24])
+def test_a_bad_parameter_is_named(field: str, value: str, why: str) -> None:
+    with pytest.raises(FlowParameterError, match="invalid flow parameters") as caught:
+        check_flow_parameters(**{**GOOD, field: value})
+    assert why in str(caught.value) and str(caught.value).endswith("nothing was done")
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(FlowParameterError) as caught:
+        check_flow_parameters(tenant="", cluster="a/b", incident_id="..")
+    assert str(caught.value).count(";") == 3
+
+
+def test_state_paths_stay_in_the_state_directory(tmp_path: Path) -> None:
+    assert state_path(tmp_path, "plans", "inc-7.json") == tmp_path / "plans" / "inc-7.json"
+    for parts in [("plans", "../../x.json"), ("..", "x"), ("plans", ""), ("plans", "."), ("a\0b",), ()]:
+        with pytest.raises(StatePathError):
+            state_path(tmp_path, *parts)
