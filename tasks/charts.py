@@ -8,6 +8,7 @@ from prefect.artifacts import create_image_artifact
 from denpex.analysis.batch import RankOutcome
 from denpex.analysis.job_progress import job_progress
 from denpex.analysis.models import TriageResult
+from denpex.markdown_text import inline
 from denpex.charts import Chart, png_data_uri, png_markdown, triage_charts
 
 __all__ = ["render_charts", "publish_charts", "charts_markdown", "CHARTS_BESIDE_FORM"]
@@ -33,4 +34,4 @@ def publish_charts(charts: list[Chart], key_prefix: str) -> None:
 
 def charts_markdown(charts: list[Chart], limit: int = CHARTS_BESIDE_FORM) -> str:
     """Markdown images for the report artifact and the approval form."""
-    return "\n\n".join(f"**{c.title}**\n\n{png_markdown(c.png, c.title)}" for c in charts[:limit])
+    return "\n\n".join(f"**{inline(c.title, limit=200)}**\n\n{png_markdown(c.png, c.title)}" for c in charts[:limit])

@@ -14,6 +14,7 @@ import base64
 
 from pydantic import BaseModel, ConfigDict
 
+from denpex.markdown_text import inline
 from denpex.analysis.models import TriageResult
 from denpex.charts.group_chart import GroupChart, group_charts, render_group_chart
 from denpex.charts.overview_chart import JobOverview, job_overview, render_overview
@@ -55,8 +56,7 @@ def png_data_uri(png: bytes) -> str:
 
 def png_markdown(png: bytes, alt: str) -> str:
     """A markdown image of ``png`` inlined as a data URI."""
-    safe_alt = alt.replace("[", "(").replace("]", ")")
-    return f"![{safe_alt}]({png_data_uri(png)})"
+    return f"![{inline(alt, limit=200)}]({png_data_uri(png)})"
 
 
 def _slug(text: str) -> str:

@@ -16,12 +16,15 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from typing import Annotated
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
+                      field_validator, model_validator)
 
 from denpex.evidence.errors import ManifestError
 
 __all__ = ["RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes",
-           "MAX_WORLD_SIZE"]
+           "MAX_WORLD_SIZE", "PlainText", "HostName"]
 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 # Far above any real job. A larger "world size" is a typo, or a timestamp read as a rank, and a
@@ -29,20 +32,34 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_WORLD_SIZE = 1 << 20
 
 
+def _printable(value: str) -> str:
+    # A newline or a control character in a name would let it start a new line of the report
+    # beside the approval form (the report also escapes, but a name is never text to lay out).
+    if not value.isprintable():
+        raise ValueError("holds a line break or control character; names are printable text")
+    return value
+
+
+PlainText = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)]
+"""A name or description from evidence: printable, one line, at most 256 characters."""
+HostName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")]
+"""A node name as schedulers spell it (Slurm NodeName, a Kubernetes node): no spaces or markup."""
+
+
 class RankIdentity(BaseModel):
     """Where one rank ran. Used to map a culprit rank to a node and a GPU."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: str | None = None
+    host: HostName | None = None
     local_rank: int | None = Field(default=None, ge=0)
     pid: int | None = Field(default=None, ge=0)
-    gpu_pci_bus_id: str | None = None
-    gpu_uuid: str | None = None
+    gpu_pci_bus_id: PlainText | None = None
+    gpu_uuid: PlainText | None = None
     gpu_index: int | None = Field(default=None, ge=0)
     # The name of this rank's dump in the evidence folder or prefix. When given, it decides
     # the rank; otherwise the rank is the trailing number of the file name.
-    dump_file: str | None = None
+    dump_file: PlainText | None = None
     # When the rank's collector wrote its dump. Staleness is judged on this when present.
     dumped_at: datetime | None = None
 
@@ -52,7 +69,7 @@ class ProcessGroupSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    desc: str | None = None
+    desc: Annotated[str, StringConstraints(max_length=256), AfterValidator(_printable)] | None = None
     ranks: tuple[int, ...]
 
     @field_validator("ranks")
@@ -75,7 +92,7 @@ class JobManifest(BaseModel):
     cluster: str | None = None
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     ranks: dict[int, RankIdentity] = Field(default_factory=dict)
-    process_groups: dict[str, ProcessGroupSpec] = Field(default_factory=dict)
+    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _ranks_in_world(self) -> "JobManifest":

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from denpex.ingest.alerts import Alert, AlertStatus
-from denpex.ingest.errors import IngestError
+from denpex.ingest.errors import ConflictError, IngestError
 from denpex.ingest.flow_trigger import AlertEvent, FlowTrigger
 from denpex.ingest.incidents import IncidentBook, IncidentKey
 from denpex.ingest.layout import incident_prefix, join_uri
@@ -48,8 +48,24 @@ class AlertIntake:
         self.store_uri = store_uri
 
     def receive(self, tenant: str, cluster: str, alerts: list[Alert]) -> list[AlertReceipt]:
-        """Handle every alert of one delivery, in order."""
+        """Handle every alert of one delivery, in order.
+
+        An alert naming an incident of another job is refused (409) before any alert of the
+        delivery starts a run: it would otherwise take that incident's one run and point it at
+        its own, empty, evidence folder. The book checks again inside each write (a race).
+        """
+        for alert in alerts:
+            self._check_job(tenant, cluster, alert)
         return [self._one(tenant, cluster, alert) for alert in alerts]
+
+    def _check_job(self, tenant: str, cluster: str, alert: Alert) -> None:
+        if alert.incident_id is None:
+            return  # it joins its own job's open incident, or opens one named after its job
+        record = self.book.record(IncidentKey(tenant, cluster, alert.incident_id))
+        if record is not None and record.job_id != alert.job_id:
+            raise ConflictError(f"incident {alert.incident_id!r} belongs to job {record.job_id!r}, not "
+                                f"{alert.job_id!r}; an alert cannot take another job's incident, and no run "
+                                "was started for this delivery")
 
     def _one(self, tenant: str, cluster: str, alert: Alert) -> AlertReceipt:
         key = IncidentKey(tenant, cluster, incident_for(alert, self.book, tenant, cluster))

@@ -28,11 +28,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from denpex.evidence.manifest import MAX_WORLD_SIZE
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError
 from denpex.ingest.identity import ID_PATTERN, INCIDENT_ID_PATTERN
 
 __all__ = ["AlertSource", "AlertStatus", "Alert", "DenpexAlert", "WatchdogTimeout", "parse_alertmanager",
-           "parse_denpex_alert", "parse_watchdog_line", "alert_from_watchdog"]
+           "parse_denpex_alert", "parse_watchdog_line", "alert_from_watchdog", "check_world_size"]
 
 # Alertmanager's zero time for "not resolved yet".
 _ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -93,7 +94,7 @@ class DenpexAlert(BaseModel):
     alert_time: datetime | None = None
     rank: int | None = Field(default=None, ge=0)
     hostname: str | None = None
-    world_size: int | None = Field(default=None, gt=0)
+    world_size: int | None = Field(default=None, gt=0, le=MAX_WORLD_SIZE)
     process_group: str | None = None
     collective_seq_id: int | None = Field(default=None, ge=0)
     op: str | None = None
@@ -141,6 +142,7 @@ def alert_from_watchdog(text: str, *, job_id: str, incident_id: str | None, worl
     if incident_id is not None:
         _check_id("incident_id", incident_id, _INCIDENT_ID)
     line = parse_watchdog_line(text)
+    check_world_size(world_size)
     return Alert(source=AlertSource.WATCHDOG_LINE, status=AlertStatus.FIRING, job_id=job_id,
                  incident_id=incident_id, alert_time=received_at, rank=line.rank, world_size=world_size,
                  process_group=line.process_group, collective_seq_id=line.collective_seq_id, op=line.op)
@@ -200,8 +202,16 @@ def _alertmanager_alert(entry: Any, *, tenant: str, cluster: str, received_at: d
     return Alert(source=AlertSource.ALERTMANAGER, status=status, job_id=labels["job_id"],
                  incident_id=labels.get("incident_id"), alert_time=_time(entry.get("startsAt")) or received_at,
                  rank=_label_int(labels, "rank"), hostname=labels.get("hostname"),
-                 world_size=_label_int(labels, "world_size"), process_group=labels.get("process_group"),
+                 world_size=check_world_size(_label_int(labels, "world_size")), process_group=labels.get("process_group"),
                  collective_seq_id=_label_int(labels, "collective_seq_id"), op=labels.get("op"))
+
+
+def check_world_size(world_size: int | None) -> int | None:
+    """An alert's world size, bounded as uploads' are: the coverage view and the flow size work by it."""
+    if world_size is not None and not 0 < world_size <= MAX_WORLD_SIZE:
+        raise InvalidRequestError(f"world_size {world_size} is out of range: a job has 1 to {MAX_WORLD_SIZE:,} "
+                                  "ranks")
+    return world_size
 
 
 def _work_fields(work: str) -> list[tuple[str, str]]:
@@ -215,7 +225,8 @@ def _work_fields(work: str) -> list[tuple[str, str]]:
 
 
 def _int(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isascii() and value.isdigit() else None
+    # At most 18 digits: an int64, and far below Python's int() digit limit (a 500 otherwise).
+    return int(value) if value is not None and value.isascii() and value.isdigit() and len(value) <= 18 else None
 
 
 def _label_int(labels: dict[str, str], name: str) -> int | None:

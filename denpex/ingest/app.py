@@ -151,7 +151,7 @@ def _signed_alerts(request: Request, body: bytes, now: datetime) -> list[Alert]:
             raise InvalidRequestError("a raw watchdog line needs the job: POST /v1/alerts?job_id=JOB"
                                       "[&incident_id=ID][&world_size=N]")
         world_size = params.get("world_size")
-        if world_size is not None and not world_size.isdigit():
+        if world_size is not None and not (world_size.isascii() and world_size.isdigit() and len(world_size) <= 9):
             raise InvalidRequestError(f"world_size {world_size!r} is not a positive integer")
         return [alert_from_watchdog(body.decode("utf-8", errors="replace"), job_id=params["job_id"],
                                     incident_id=params.get("incident_id"),

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from denpex.evidence.manifest import MAX_WORLD_SIZE, ProcessGroupSpec, RankIdentity
+from denpex.evidence.manifest import MAX_WORLD_SIZE, HostName, PlainText, ProcessGroupSpec, RankIdentity
 from denpex.ingest.errors import InvalidRequestError
 
 __all__ = ["UploadIdentity", "parse_identity", "ID_PATTERN", "INCIDENT_ID_PATTERN"]
@@ -34,13 +34,13 @@ class UploadIdentity(BaseModel):
     incident_id: str = Field(pattern=INCIDENT_ID_PATTERN)
     rank: int = Field(ge=0)
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
-    host: str | None = None
+    host: HostName | None = None
     local_rank: int | None = Field(default=None, ge=0)
     pid: int | None = Field(default=None, ge=0)
-    gpu_uuid: str | None = None
-    gpu_pci_bus_id: str | None = None
+    gpu_uuid: PlainText | None = None
+    gpu_pci_bus_id: PlainText | None = None
     dumped_at: datetime | None = None
-    process_groups: dict[str, ProcessGroupSpec] = Field(default_factory=dict)
+    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _ranks_in_world(self) -> "UploadIdentity":

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from denpex.evidence.fr_dump import DumpEncoding
 from denpex.ingest.database import Database
+from denpex.ingest.errors import ConflictError
 
 __all__ = ["IncidentKey", "RunState", "StoredUpload", "StoredTelemetry", "IncidentRecord", "IncidentBook",
            "alert_id_for"]
@@ -206,6 +207,17 @@ class IncidentBook:
 
     @staticmethod
     def _ensure(db: sqlite3.Connection, key: IncidentKey, job_id: str, world_size: int | None) -> None:
+        """The incident's row, made for ``job_id`` if new; a row of another job is a conflict (409).
+
+        Checked inside the caller's write transaction: a check made before it would let an alert
+        for another job open the incident in between, and the upload or alert would then land in
+        (or start the run of) the wrong job's incident.
+        """
         db.execute("INSERT OR IGNORE INTO incidents (tenant, cluster, incident_id, job_id, world_size, created_at) "
                    "VALUES (?, ?, ?, ?, ?, ?)", (key.tenant, key.cluster, key.incident_id, job_id, world_size,
                                                 time.time()))
+        owner = db.execute("SELECT job_id FROM incidents WHERE tenant = ? AND cluster = ? AND incident_id = ?",
+                           (key.tenant, key.cluster, key.incident_id)).fetchone()[0]
+        if owner != job_id:
+            raise ConflictError(f"incident {key.incident_id!r} belongs to job {owner!r}, not {job_id!r}; each "
+                                "hang of each job has its own incident id, and nothing was recorded")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from denpex.isolation.plan import IsolationPlan
+from denpex.markdown_text import code_block, inline
 from denpex.report import TriageReport, render_text
 
 __all__ = ["report_markdown", "candidate_rows", "decision_markdown"]
@@ -16,17 +17,19 @@ __all__ = ["report_markdown", "candidate_rows", "decision_markdown"]
 def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, plan: IsolationPlan | None,
                     chart: str = "") -> str:
     """Verdict and reasons, the proposed actions, and (when given) the chart's markdown."""
-    lines = [f"# Incident {incident_id} on {cluster}: {report.verdict.value}", ""]
+    lines = [f"# Incident {inline(incident_id)} on {inline(cluster)}: {report.verdict.value}", ""]
     if plan is not None and plan.actions:
         lines.append("**Proposed (needs approval):** "
-                     + ", ".join(f"`{a.action.value}` **{a.node}**" for a in plan.actions))
+                     + ", ".join(f"`{a.action.value}` **{inline(a.node)}**" for a in plan.actions))
         lines.append("")
         lines.append(f"Plan hash `{plan.content_hash()}`")
     else:
         lines.append("**No isolation proposed.**")
     for why in report.plan.blocked:
-        lines.append(f"- blocked: {why}")
-    lines += ["", "```text", render_text(report).rstrip(), "```"]
+        lines.append(f"- blocked: {inline(why)}")
+    # The text report quotes evidence strings (hosts, group descriptions, reasons) as they came:
+    # a fence they cannot close keeps them literal.
+    lines += ["", code_block(render_text(report).rstrip())]
     if chart:
         lines += ["", chart]
     return "\n".join(lines) + "\n"
@@ -38,10 +41,10 @@ def candidate_rows(report: TriageReport, plan: IsolationPlan | None) -> list[dic
     rows = []
     for c in report.candidates:
         rows.append({
-            "rank": c.rank, "host": c.host or "", "kind": c.kind.value,
-            "process_group": c.process_group or "", "collective_seq_id": c.collective_seq_id,
+            "rank": c.rank, "host": inline(c.host or "", limit=200), "kind": c.kind.value,
+            "process_group": inline(c.process_group or "", limit=200), "collective_seq_id": c.collective_seq_id,
             "confidence": round(c.confidence, 2),
-            "hardware": "; ".join(h.summary for h in c.hardware)[:200],
+            "hardware": inline("; ".join(h.summary for h in c.hardware), limit=200),
             "planned_action": actions.get(c.host or "", "none"),
         })
     return rows
@@ -49,4 +52,4 @@ def candidate_rows(report: TriageReport, plan: IsolationPlan | None) -> list[dic
 
 def decision_markdown(incident_id: str, outcome: str, reason: str) -> str:
     """Why the plan was or was not carried out."""
-    return f"# Incident {incident_id}: {outcome}\n\n{reason}\n"
+    return f"# Incident {inline(incident_id)}: {inline(outcome)}\n\n{inline(reason, limit=4000)}\n"

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from denpex.markdown_text import chat_text
 from denpex.report import TriageReport
 
 __all__ = ["ApprovalNotice", "approval_notice", "NotifyError", "post_webhook"]
@@ -38,11 +39,11 @@ class ApprovalNotice(BaseModel):
 def approval_notice(report: TriageReport, *, incident_id: str, cluster: str, run_url: str | None,
                     plan_hash: str) -> ApprovalNotice:
     """One short message: what is proposed, why, and where to approve it."""
-    actions = ", ".join(f"{a.action} {a.node}" for a in report.plan.actions) or "no action"
-    culprits = ", ".join(f"rank {c.rank} ({c.kind.value}{' on ' + c.host if c.host else ''})"
+    actions = ", ".join(f"{a.action} {chat_text(a.node)}" for a in report.plan.actions) or "no action"
+    culprits = ", ".join(f"rank {c.rank} ({c.kind.value}{' on ' + chat_text(c.host, limit=100) if c.host else ''})"
                          for c in report.candidates[:4]) or "no culprit"
     lines = [
-        f"Denpex: incident {incident_id} on cluster {cluster} waits for approval: {actions}.",
+        f"Denpex: incident {chat_text(incident_id)} on cluster {chat_text(cluster)} waits for approval: {actions}.",
         f"Verdict {report.verdict.value}: {culprits}. Plan {plan_hash[:12]}.",
         f"Approve or reject: {run_url}" if run_url else "Approve or reject it in the Prefect UI.",
     ]

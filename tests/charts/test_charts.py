@@ -131,7 +131,7 @@ def test_markdown_embeds_the_png_as_a_data_uri() -> None:
     uri = png_data_uri(png)
     assert uri.startswith("data:image/png;base64,")
     assert base64.b64decode(uri.split(",", 1)[1]) == png
-    assert png_markdown(png, "job [overview]") == f"![job (overview)]({uri})"
+    assert png_markdown(png, "job [overview]") == f"![job \\[overview\\]]({uri})"  # alt text is escaped
 
 
 def test_cli_writes_the_overview_and_group_charts(tmp_path: Path) -> None:

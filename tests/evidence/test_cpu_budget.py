@@ -97,6 +97,9 @@ def test_a_real_json_dump_still_decodes_under_the_budget() -> None:
 def test_json_over_its_budget_is_a_dump_error() -> None:
     from denpex.evidence import memory_budget
 
-    with memory_budget.memory_budget(0):  # no headroom at all: even a small decode is refused
+    # Built outside the budget, and big enough (tens of MiB decoded) that the heap's free space
+    # left by earlier tests in this worker cannot hold it: no headroom means a refusal.
+    body = json.dumps(dump(history("0", 60_000))).encode()
+    with memory_budget.memory_budget(0):
         with pytest.raises(DumpError, match="bytes of JSON needs more than"):
-            decode_dump(json.dumps(dump(history("0", 5000))).encode(), source="rank_0.json")
+            decode_dump(body, source="rank_0.json")

@@ -319,3 +319,54 @@ def test_api_restart_keeps_the_replay_cache(lab: Lab) -> None:
     lab.api.stop()
     lab.api.start()
     refused(httpx.post(f"{lab.url}/v1/evidence", content=body, headers=headers), 401, "replayed")
+
+
+# Issue 16, finding 10 ------------------------------------------------------------------------------
+def test_an_alert_naming_another_jobs_incident_is_refused_and_the_genuine_one_starts_the_run(
+        lab: Lab, engine: Engine) -> None:
+    """The ranks of job-1 opened the incident; an alert for job-2 naming it must not take its one run."""
+    incident = new_incident()
+    c = client(lab, lab.key)
+    assert c.upload(identity(0, incident), dump_bytes(0), "rank_0.pkl").status_code == 201
+    refused(c.alert({"job_id": "job-2", "incident_id": incident, "rank": 0}), 409, "belongs to job 'job-1'")
+    refused(c.watchdog_line(WATCHDOG_LINE, job_id="job-2", incident_id=incident), 409, "belongs to job 'job-1'")
+    assert c.incident(incident).json()["run_state"] == "not_started"
+    genuine = c.alert({"job_id": "job-1", "incident_id": incident, "rank": 0})
+    assert genuine.status_code == 200, genuine.text
+    [receipt] = genuine.json()["alerts"]
+    assert receipt["run_started"] is True
+    [run] = _runs_for(engine, receipt["alert_id"])
+    assert run["parameters"]["job_id"] == "job-1" and run["parameters"]["evidence"].endswith(f"/job-1/{incident}")
+    # An upload of another job into the incident an alert opened is a conflict too, and leaves nothing.
+    refused(c.upload(identity(1, incident, job="job-2"), dump_bytes(1), "rank_1.pkl"), 409, "belongs to job")
+    assert not lab.s3.keys(f"{lab.prefix}/acme/c1/job-2/{incident}/")
+
+
+# Issue 16, finding 5 -------------------------------------------------------------------------------
+def test_an_alerts_world_size_is_bounded_and_coverage_never_lists_every_rank(lab: Lab) -> None:
+    c = client(lab, lab.key)
+    refused(c.alert({"job_id": "job-1", "incident_id": new_incident(), "world_size": 30_000_000}), 422,
+            "world_size")
+    huge = c.send("POST", "/v1/alerts", WATCHDOG_LINE.encode(), content_type="text/plain",
+                  params={"job_id": "job-1", "incident_id": new_incident(), "world_size": "30000000"})
+    refused(huge, 422, "world_size 30000000 is out of range")
+    digits = c.send("POST", "/v1/alerts", WATCHDOG_LINE.encode(), content_type="text/plain",
+                    params={"job_id": "job-1", "incident_id": new_incident(), "world_size": "9" * 5000})
+    refused(digits, 422, "world_size")
+    payload = {"version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
+        "status": "firing", "labels": {"alertname": "NCCLWatchdogTimeout", "job_id": "job-1",
+                                       "incident_id": new_incident(), "world_size": "30000000"},
+        "startsAt": "2026-12-01T13:09:14Z"}]}
+    bearer = {"Authorization": f"Bearer {lab.token.token}"}
+    refused(httpx.post(f"{lab.url}/v1/alerts", json=payload, headers=bearer), 422, "out of range")
+    # The largest world an upload may claim: the answer lists a bounded prefix and counts the rest.
+    incident = new_incident()
+    assert c.alert({"job_id": "job-1", "incident_id": incident, "world_size": 1 << 20}).status_code == 200
+    started = time.monotonic()
+    view = c.incident(incident)
+    assert view.status_code == 200, view.text
+    body = view.json()
+    assert body["world_size"] == 1 << 20 and body["missing_count"] == 1 << 20
+    assert body["missing_ranks_truncated"] is True and body["missing_ranks"][:3] == [0, 1, 2]
+    assert len(body["missing_ranks"]) == 4096 and len(view.content) < 256 * 1024
+    assert time.monotonic() - started < 10

@@ -1,0 +1,43 @@
+"""Evidence strings made inert where markdown (or a chat message) is built from them.
+
+Hosts, process-group descriptions, reasons, hardware summaries and comments come from uploads,
+dumps and forms: a tenant controls them. Placed in markdown as they are, a newline starts a new
+block, a backtick run closes the report's code fence, and ``[text](url)`` or HTML adds content
+beside the approval form that Denpex never wrote. Every builder goes through these helpers.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["inline", "code_block", "chat_text"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+# Every ASCII punctuation character may be backslash-escaped in CommonMark; these are the ones
+# that can start or end markup (emphasis, code, links, images, HTML, tables, headings, lists).
+_MARKUP = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&])")
+
+
+def inline(text: object, *, limit: int = 2000) -> str:
+    """``text`` as one line of literal markdown: control characters become spaces, markup is
+    escaped, and overlong text is cut (with an ellipsis) so one field cannot bury the rest."""
+    flat = _CONTROL.sub(" ", str(text))
+    if len(flat) > limit:
+        flat = flat[:limit] + "…"
+    return _MARKUP.sub(r"\\\1", flat)
+
+
+def code_block(text: str, info: str = "text") -> str:
+    """``text`` in a fenced code block that nothing inside it can close: the fence is one backtick
+    longer than the longest backtick run in the text (CommonMark closes a fence only with a run
+    at least as long), and HTML inside a code block is shown, never rendered."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def chat_text(text: object, *, limit: int = 500) -> str:
+    """``text`` for a Slack-compatible message: one line, with ``&``, ``<`` and ``>`` escaped as
+    Slack requires (``<url|label>`` and ``<!channel>`` are its only active markup)."""
+    flat = _CONTROL.sub(" ", str(text))[:limit]
+    return flat.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,106 @@
+"""Issue 16, finding 11: text that came from evidence cannot lay out the report beside the form.
+
+A tenant controls hosts, process-group descriptions, reasons and hardware summaries. Placed in
+markdown as they are, a code fence closes the report's block and the lines after it render as
+Denpex's own words ("safe to approve"). Names are validated where they arrive; every builder
+escapes what it quotes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from denpex.analysis.models import Candidate, CandidateKind, Verdict
+from denpex.evidence.errors import ManifestError
+from denpex.evidence.manifest import parse_manifest_bytes
+from denpex.ingest.errors import InvalidRequestError
+from denpex.ingest.identity import parse_identity
+from denpex.markdown_text import chat_text, code_block, inline
+from denpex.report import PlanAction, PlanView, TriageReport
+from denpex.workflow.markdown import candidate_rows, decision_markdown, report_markdown
+from denpex.workflow.notify import approval_notice
+
+FENCE_BREAK = "x\n```\n\n## Safe to approve: verified by Denpex\n\n```text"
+PRINTABLE_BREAK = "```` **Safe to approve** [docs](http://evil.example) <img src=x onerror=alert(1)> ````"
+
+
+def _report(reason: str, host: str) -> TriageReport:
+    return TriageReport(
+        verdict=Verdict.LOCALIZED, world_size=4, ranks_with_evidence=[0, 1, 2, 3], missing_ranks=[],
+        candidates=[Candidate(rank=2, kind=CandidateKind.NOT_ENTERED, confidence=0.9, host=host,
+                              reasons=[reason])],
+        plan=PlanView(recommend_isolation=False, actions=[], blocked=[f"rank 2 on {host}: {reason}"]),
+    )
+
+
+def _outside_code(markdown: str) -> list[str]:
+    """The lines CommonMark renders as markdown: those outside fenced code blocks."""
+    outside, fence = [], None
+    for line in markdown.splitlines():
+        opener = re.match(r"^(`{3,})", line)
+        if fence is None and opener:
+            fence = opener.group(1)
+        elif fence is not None and re.fullmatch(rf"{fence}`*\s*", line):
+            fence = None
+        elif fence is None:
+            outside.append(line)
+    return outside
+
+
+@pytest.mark.parametrize("hostile", [FENCE_BREAK, PRINTABLE_BREAK])
+def test_the_report_keeps_evidence_text_literal(hostile: str) -> None:
+    markdown = report_markdown(_report(hostile, "gpu-node-003"), incident_id="inc-1", cluster="lab", plan=None)
+    outside = _outside_code(markdown)
+    # Outside the code block the hostile text appears only escaped, on Denpex's own "blocked" line.
+    assert any(line.endswith(inline(hostile)) for line in outside)
+    [blocked] = [line for line in outside if line.startswith("- blocked: ")]
+    unescaped = re.sub(r"\\.", "", blocked.removeprefix("- blocked: "))
+    assert not set(unescaped) & set("`*_[]()<>#|"), unescaped
+    assert not any(line.startswith("#") for line in outside[1:])
+
+
+def test_a_code_block_cannot_be_closed_from_inside() -> None:
+    block = code_block("a\n```\nb\n`````\nc")
+    lines = block.splitlines()
+    assert lines[0] == "``````text" and lines[-1] == "``````"
+    assert _outside_code(block) == []
+
+
+def test_inline_text_is_one_literal_line() -> None:
+    assert inline("a\nb\r\u2028c") == "a b c"
+    assert inline("[x](http://e) <b>") == "\\[x\\]\\(http://e\\) \\<b\\>"
+    assert len(inline("y" * 10_000, limit=50)) <= 51
+
+
+def test_decision_rows_and_the_chat_notice_escape_too() -> None:
+    assert "\n## " not in decision_markdown("inc-1", "rejected", "no\n\n## Approved anyway")
+    [row] = candidate_rows(_report("r", "node|<b>"), None)
+    assert row["host"] == "node\\|\\<b\\>"
+    report = _report("r", "gpu-node-003")
+    report.candidates[0].host = "<!channel> <http://evil|click>"
+    text = approval_notice(report, incident_id="inc-1", cluster="lab", run_url=None, plan_hash="ab" * 32).text
+    assert "<!channel>" not in text and "<http" not in text and "&lt;!channel&gt;" in text
+    assert chat_text("a\nb") == "a b"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("host", "gpu-node-003\n```"), ("host", "node `x`"), ("gpu_uuid", "GPU-1\n## safe"),
+])
+def test_identity_strings_are_validated_at_upload(field: str, value: str) -> None:
+    identity = {"job_id": "j", "incident_id": "i", "rank": 0, "world_size": 2, field: value}
+    with pytest.raises(InvalidRequestError, match=field):
+        parse_identity(__import__("json").dumps(identity))
+
+
+def test_group_descriptions_are_printable_and_bounded() -> None:
+    base = {"job_id": "j", "incident_id": "i", "rank": 0, "world_size": 2}
+    for desc in ("tp\n```\n## Safe to approve", "d" * 300):
+        with pytest.raises(InvalidRequestError, match="desc"):
+            parse_identity(__import__("json").dumps(base | {"process_groups": {"0": {"desc": desc, "ranks": [0]}}}))
+    with pytest.raises(ManifestError):
+        parse_manifest_bytes(b'{"world_size": 2, "process_groups": {"0": {"desc": "a\\nb", "ranks": [0, 1]}}}',
+                             source="manifest.json")
+    ok = parse_identity(__import__("json").dumps(base | {"process_groups": {"0": {"desc": "tp `x`", "ranks": [0]}}}))
+    assert ok.process_groups["0"].desc == "tp `x`"
