@@ -9,15 +9,32 @@ engine cannot take it, the answer is 503 and the next delivery (Alertmanager ret
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from pydantic import BaseModel
 
 from denpex.ingest.alerts import Alert, AlertStatus
-from denpex.ingest.errors import ConflictError, IngestError
+from denpex.ingest.errors import ConflictError, IngestError, PayloadTooLargeError, RateLimitedError
 from denpex.ingest.flow_trigger import AlertEvent, FlowTrigger
-from denpex.ingest.incidents import IncidentBook, IncidentKey
+from denpex.ingest.incidents import IncidentBook, IncidentKey, RunState
 from denpex.ingest.layout import incident_prefix, join_uri
 
-__all__ = ["AlertReceipt", "AlertIntake", "incident_for"]
+__all__ = ["AlertLimits", "AlertReceipt", "AlertIntake", "incident_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertLimits:
+    """How many alerts one delivery may carry, and how many incident runs a tenant's cluster may
+    start per window. One Alertmanager post of a few KB can hold hundreds of alerts, and each new
+    incident is a flow run with its own parse workers: without a bound, one request (or one
+    misfiring rule) takes the runner from every other tenant."""
+
+    max_alerts_per_request: int = 256
+    max_new_incidents_per_request: int = 16
+    max_runs_per_window: int = 30
+    window_s: float = 3600.0
 
 
 class AlertReceipt(BaseModel):
@@ -42,10 +59,13 @@ def incident_for(alert: Alert, book: IncidentBook, tenant: str, cluster: str) ->
 class AlertIntake:
     """Records alerts and starts the incident flow through a :class:`FlowTrigger`."""
 
-    def __init__(self, book: IncidentBook, trigger: FlowTrigger, store_uri: str) -> None:
+    def __init__(self, book: IncidentBook, trigger: FlowTrigger, store_uri: str, *,
+                 limits: AlertLimits | None = None, clock: Callable[[], float] = time.time) -> None:
         self.book = book
         self.trigger = trigger
         self.store_uri = store_uri
+        self.limits = limits or AlertLimits()
+        self.clock = clock
 
     def receive(self, tenant: str, cluster: str, alerts: list[Alert]) -> list[AlertReceipt]:
         """Handle every alert of one delivery, in order.
@@ -56,7 +76,47 @@ class AlertIntake:
         """
         for alert in alerts:
             self._check_job(tenant, cluster, alert)
+        self._check_limits(tenant, cluster, alerts)
         return [self._one(tenant, cluster, alert) for alert in alerts]
+
+    def _check_limits(self, tenant: str, cluster: str, alerts: list[Alert]) -> None:
+        """Refuse the whole delivery, before any run starts, when it passes a limit; the refusal is
+        recorded (``refusals``) and answered 413 or 429, so the sender (Alertmanager retries)
+        knows: nothing is dropped silently. Repeats of incidents that already run cost nothing."""
+        limits = self.limits
+        if len(alerts) > limits.max_alerts_per_request:
+            reason = (f"the delivery holds {len(alerts)} alerts, more than the {limits.max_alerts_per_request} one "
+                      "request may carry; split it (Alertmanager: group_by job_id, max_alerts)")
+            self.book.record_refusal(tenant, cluster, status=413, alerts=len(alerts), reason=reason)
+            raise PayloadTooLargeError(reason + "; nothing was started")
+        new = self._new_incidents(tenant, cluster, alerts)
+        now = self.clock()
+        started = self.book.runs_started_since(tenant, cluster, now - limits.window_s)
+        if len(new) > limits.max_new_incidents_per_request:
+            reason = (f"the delivery would open {len(new)} incidents, more than the "
+                      f"{limits.max_new_incidents_per_request} one request may open")
+            retry = 1.0
+        elif len(started) + len(new) > limits.max_runs_per_window:
+            reason = (f"cluster {cluster!r} started {len(started)} incident runs in the last "
+                      f"{limits.window_s / 60:.0f} min; {len(new)} more would pass its limit of "
+                      f"{limits.max_runs_per_window}")
+            retry = (started[0] + limits.window_s - now) if started else limits.window_s
+        else:
+            return
+        self.book.record_refusal(tenant, cluster, status=429, alerts=len(alerts), reason=reason)
+        raise RateLimitedError(reason + "; nothing was started, retry later", retry_after_s=int(retry) + 1)
+
+    def _new_incidents(self, tenant: str, cluster: str, alerts: list[Alert]) -> set[str]:
+        """The incidents of this delivery that would start a run now."""
+        new = set()
+        for alert in alerts:
+            if alert.status is AlertStatus.RESOLVED:
+                continue
+            incident = incident_for(alert, self.book, tenant, cluster)
+            record = self.book.record(IncidentKey(tenant, cluster, incident))
+            if record is None or record.run_state is RunState.NOT_STARTED:
+                new.add(incident)
+        return new
 
     def _check_job(self, tenant: str, cluster: str, alert: Alert) -> None:
         if alert.incident_id is None:

@@ -154,6 +154,11 @@ def serve_api_command(
                                        "with 408 (default 256 KiB/s).")] = 256 * 1024,
     max_body_seconds: Annotated[float, typer.Option(
         "--max-body-seconds", min=0.1, help="The most seconds any body may take to arrive (default 900).")] = 900.0,
+    max_runs_per_window: Annotated[int, typer.Option(
+        "--max-runs-per-window", min=1, help="Incident runs one tenant's cluster may start per window; more "
+                                             "alerts are answered 429 and recorded (default 60).")] = 60,
+    run_window_seconds: Annotated[float, typer.Option(
+        "--run-window-seconds", min=1, help="The window of --max-runs-per-window (default 3600).")] = 3600.0,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", min=1, help="Connections served at once; more are answered 503 (default 1024).")] = 1024,
     state_dir: StateDirOption = None,
@@ -172,7 +177,8 @@ def serve_api_command(
                            prefect_api_url=prefect_api_url or os.environ.get("PREFECT_API_URL"),
                            check_workers=check_workers, max_dump_bytes=max_dump_bytes, spool_dir=spool_dir,
                            max_bodies_in_flight=max_bodies_in_flight, max_spool_bytes=max_spool_bytes,
-                           body_min_rate_bytes_s=body_min_rate, max_body_s=max_body_seconds)
+                           body_min_rate_bytes_s=body_min_rate, max_body_s=max_body_seconds,
+                           max_runs_per_window=max_runs_per_window, run_window_s=run_window_seconds)
     service = IngestService(config)
     # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
     # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503.

@@ -39,6 +39,12 @@ CREATE TABLE IF NOT EXISTS uploads (
     rank INTEGER NOT NULL, version INTEGER NOT NULL, encoding TEXT NOT NULL, sha256 TEXT NOT NULL,
     object_name TEXT NOT NULL, key_id TEXT NOT NULL, identity TEXT NOT NULL, uploaded_at REAL NOT NULL,
     PRIMARY KEY (tenant, cluster, incident_id, rank, version, encoding));
+CREATE TABLE IF NOT EXISTS run_starts (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, started_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS run_starts_by_cluster ON run_starts (tenant, cluster, started_at);
+CREATE TABLE IF NOT EXISTS refusals (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, refused_at REAL NOT NULL, status INTEGER NOT NULL,
+    alerts INTEGER NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS telemetry (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, sha256 TEXT NOT NULL,
     object_name TEXT NOT NULL, trusted INTEGER NOT NULL, host TEXT, key_id TEXT NOT NULL,

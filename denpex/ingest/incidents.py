@@ -181,12 +181,35 @@ class IncidentBook:
                  RunState.NOT_STARTED.value, RunState.STARTING.value, now - _STALE_CLAIM_S)).rowcount
         return alert_id if claimed else None
 
+    def runs_started_since(self, tenant: str, cluster: str, since: float) -> list[float]:
+        """When this tenant's cluster started incident runs from ``since`` on, oldest first."""
+        with self._db.connect() as db:
+            rows = db.execute("SELECT started_at FROM run_starts WHERE tenant = ? AND cluster = ? AND started_at >= ? "
+                              "ORDER BY started_at", (tenant, cluster, since)).fetchall()
+        return [r[0] for r in rows]
+
+    def record_refusal(self, tenant: str, cluster: str, *, status: int, alerts: int, reason: str) -> None:
+        """A refused alert delivery, kept so that an operator sees what was not started and why."""
+        with self._db.connect() as db:
+            db.execute("INSERT INTO refusals (tenant, cluster, refused_at, status, alerts, reason) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (tenant, cluster, time.time(), status, alerts, reason))
+
+    def refusals(self, tenant: str, cluster: str) -> list[tuple[float, int, int, str]]:
+        """Refused deliveries of a tenant's cluster: (when, status, alerts, reason), oldest first."""
+        with self._db.connect() as db:
+            return [(r[0], r[1], r[2], r[3]) for r in db.execute(
+                "SELECT refused_at, status, alerts, reason FROM refusals WHERE tenant = ? AND cluster = ? "
+                "ORDER BY refused_at", (tenant, cluster)).fetchall()]
+
     def finish_run_claim(self, key: IncidentKey, started: bool) -> None:
         """The event was accepted (STARTED), or it failed and the next delivery may try again."""
         state = RunState.STARTED if started else RunState.NOT_STARTED
         with self._db.connect() as db:
             db.execute("UPDATE incidents SET run_state = ? WHERE tenant = ? AND cluster = ? AND incident_id = ?",
                        (state.value, key.tenant, key.cluster, key.incident_id))
+            if started:
+                db.execute("INSERT INTO run_starts (tenant, cluster, incident_id, started_at) VALUES (?, ?, ?, ?)",
+                           (key.tenant, key.cluster, key.incident_id, time.time()))
 
     def record_resolved(self, key: IncidentKey, job_id: str, resolved_at: str) -> None:
         """A ``resolved`` notification: recorded on the incident (the run, if any, is left alone)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from denpex.evidence.store import open_store
-from denpex.ingest.alert_intake import AlertIntake
+from denpex.ingest.alert_intake import AlertIntake, AlertLimits
 from denpex.ingest.body_spool import BodySpool, SpoolLimits
 from denpex.ingest.dump_check import DumpChecker
 from denpex.ingest.evidence_intake import EvidenceIntake
@@ -38,6 +38,11 @@ class ServiceConfig(BaseModel):
     max_dump_bytes: int = MAX_DUMP_BYTES
     max_telemetry_bytes: int = 64 * 1024 * 1024
     max_alert_bytes: int = 4 * 1024 * 1024
+    max_alerts_per_request: int = 256
+    max_new_incidents_per_request: int = 16
+    max_runs_per_window: int = 60
+    """Incident runs one tenant's cluster may start per ``run_window_s``; more are answered 429."""
+    run_window_s: float = 3600.0
     check_workers: int = 2
     manifest_interval_s: float = 0.5
     spool_dir: Path | None = None
@@ -78,7 +83,10 @@ class IngestService:
         self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests, self.registry.db,
                                        max_dump_bytes=config.max_dump_bytes)
         self.spool = BodySpool(config.spool_limits)
-        self.alerts = AlertIntake(self.book, self.trigger, store.uri)
+        limits = AlertLimits(max_alerts_per_request=config.max_alerts_per_request,
+                             max_new_incidents_per_request=config.max_new_incidents_per_request,
+                             max_runs_per_window=config.max_runs_per_window, window_s=config.run_window_s)
+        self.alerts = AlertIntake(self.book, self.trigger, store.uri, limits=limits, clock=clock)
 
     def close(self) -> None:
         """Write the last manifests and stop the dump-checking workers."""
