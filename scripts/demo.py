@@ -246,7 +246,8 @@ def _wait_state(run_id: Any, wanted: set[str], timeout_s: float | None = 600) ->
     raise SystemExit(f"demo: the run did not reach {wanted} in time")
 
 
-_INLINE_PNG = re.compile(r"!\[([^\]]*)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
+# The alt text is escaped markdown (denpex.markdown_text.inline): brackets inside it are "\]".
+_INLINE_PNG = re.compile(r"!\[((?:\\.|[^\]\\])*)\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)")
 
 
 def _show_report(incident_id: str, run_dir: Path) -> None:

@@ -128,6 +128,29 @@ def approver_keygen(
     typer.echo(f"{name}: {public_key_text(key)}")
 
 
+@approver_app.command("enroll")
+def approver_enroll(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The approver, as the runbook lists them.")],
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Default: $DENPEX_STATE_DIR.")] = None,
+) -> None:
+    """Enroll NAME's TOTP secret for approvals in the Prefect UI: prints the otpauth URI and a QR code.
+
+    The secret is stored in the state directory, readable by the service user only; scan the
+    code with an authenticator app (any RFC 6238 one) on the approver's phone.
+    """
+    import segno
+
+    from denpex.isolation.second_factor import TotpStore
+    from denpex.state_dir import StateDirError, resolve_state_dir
+
+    try:
+        uri = TotpStore(resolve_state_dir(state_dir)).enroll(name)
+    except (StateDirError, ValueError) as exc:
+        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+    typer.echo(f"enrolled {name}; add this to an authenticator app: {uri}")
+    segno.make(uri, error="m").terminal(compact=True)
+
+
 def isolate_command(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="Plan JSON from `denpex triage --plan-out`.")],
     dry_run: Annotated[bool, typer.Option("--dry-run/--execute",

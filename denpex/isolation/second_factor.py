@@ -1,0 +1,150 @@
+"""A second factor for approvals made in the Prefect UI: each approver's TOTP (RFC 6238).
+
+Whoever reaches the Prefect API can resume a paused run and type any approver's name. A current
+one-time code from the approver's authenticator proves the person, as the CLI's ed25519
+signature does. The rules:
+
+- one secret per approver, enrolled by the operator (``denpex approver enroll NAME``), stored in
+  the state directory readable by the service user only (``approvers/totp/NAME``, mode 0600);
+- a code is accepted within RFC 6238's usual drift window, one 30 s step either way;
+- a code is accepted once per approver: the newest accepted time step is kept in the state
+  directory's SQLite file (shared by every worker, updated in one write transaction), and a code
+  of that step or an older one is refused;
+- a code proves only the approver it was enrolled for: another approver's code fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import pyotp
+
+__all__ = ["CodeVerdict", "CodeCheck", "TotpStore", "TOTP_ISSUER"]
+
+TOTP_ISSUER = "Denpex"
+_STEP_S = 30
+_DRIFT_STEPS = 1
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+_CODE = re.compile(r"\d{6}")
+
+
+class CodeVerdict(StrEnum):
+    ACCEPTED = "accepted"
+    NOT_ENROLLED = "not_enrolled"
+    MALFORMED = "malformed"
+    WRONG = "wrong"
+    REUSED = "reused"
+
+
+@dataclass(frozen=True, slots=True)
+class CodeCheck:
+    """The outcome of one code, with the sentence that is recorded when it is refused."""
+
+    verdict: CodeVerdict
+    reason: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is CodeVerdict.ACCEPTED
+
+
+class TotpStore:
+    """Approvers' TOTP secrets and their used time steps, under one state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.folder = state_dir / "approvers" / "totp"
+        self.db_path = state_dir / "approvers" / "totp-used.sqlite3"
+
+    def enroll(self, approver: str) -> str:
+        """Create ``approver``'s secret (never replacing one) and return its otpauth URI."""
+        name = _check_name(approver)
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        secret = pyotp.random_base32()
+        try:
+            fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError as exc:
+            raise ValueError(f"{approver!r} is already enrolled; remove {self.folder / name} to enroll again "
+                             "(the old authenticator entry stops working)") from exc
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret + "\n")
+        return self.uri(approver)
+
+    def uri(self, approver: str) -> str:
+        """The otpauth URI an authenticator app reads (shown as a QR code)."""
+        return pyotp.TOTP(self._secret(approver)).provisioning_uri(name=approver, issuer_name=TOTP_ISSUER)
+
+    def enrolled(self, approver: str) -> bool:
+        return _NAME.fullmatch(approver) is not None and (self.folder / approver).is_file()
+
+    def current_code(self, approver: str, at: float | None = None) -> str:
+        """The code the approver's authenticator shows now (for the demo and tests)."""
+        return pyotp.TOTP(self._secret(approver)).at(int(time.time() if at is None else at))
+
+    def check(self, approver: str, code: str, *, at: float | None = None) -> CodeCheck:
+        """Accept ``code`` for ``approver`` once, within one step of drift; see the module docstring."""
+        if not self.enrolled(approver):
+            return CodeCheck(CodeVerdict.NOT_ENROLLED, f"{approver!r} has no enrolled TOTP secret; the operator "
+                                                       f"enrolls one with `denpex approver enroll {approver}`")
+        given = code.strip().replace(" ", "")
+        if not _CODE.fullmatch(given):
+            return CodeCheck(CodeVerdict.MALFORMED, "the code must be the 6 digits the authenticator shows")
+        now = time.time() if at is None else at
+        totp = pyotp.TOTP(self._secret(approver))
+        step = _matching_step(totp, given, now)
+        if step is None:
+            return CodeCheck(CodeVerdict.WRONG, f"the code is not {approver}'s current code (wrong, expired, or "
+                                                "another approver's)")
+        if not self._claim(approver, step):
+            return CodeCheck(CodeVerdict.REUSED, f"{approver}'s code was already used; wait for the next code")
+        return CodeCheck(CodeVerdict.ACCEPTED, f"{approver}'s current TOTP code")
+
+    def _secret(self, approver: str) -> str:
+        name = _check_name(approver)
+        try:
+            return (self.folder / name).read_text().strip()
+        except FileNotFoundError as exc:
+            raise ValueError(f"{approver!r} is not enrolled; run `denpex approver enroll {approver}`") from exc
+
+    def _claim(self, approver: str, step: int) -> bool:
+        """Record ``step`` as used unless it (or a later one) was: one transaction, many workers."""
+        self.db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.db_path.exists():
+            os.close(os.open(self.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
+        db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS used (approver TEXT PRIMARY KEY, step INTEGER NOT NULL)")
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT step FROM used WHERE approver = ?", (approver,)).fetchone()
+            if row is not None and row[0] >= step:
+                db.execute("ROLLBACK")
+                return False
+            db.execute("INSERT INTO used (approver, step) VALUES (?, ?) ON CONFLICT(approver) DO UPDATE SET "
+                       "step = excluded.step", (approver, step))
+            db.execute("COMMIT")
+            return True
+        finally:
+            db.close()
+
+
+def _matching_step(totp: pyotp.TOTP, code: str, now: float) -> int | None:
+    """The time step (within the drift window) whose code is ``code``; compared in constant time."""
+    import hmac
+
+    current = int(now) // _STEP_S
+    found = None
+    for step in range(current - _DRIFT_STEPS, current + _DRIFT_STEPS + 1):
+        if hmac.compare_digest(totp.at(step * _STEP_S), code):
+            found = step
+    return found
+
+
+def _check_name(approver: str) -> str:
+    if not _NAME.fullmatch(approver):
+        raise ValueError(f"approver name {approver!r} is not plain (A-Za-z0-9._@-, at most 128)")
+    return approver

@@ -1,0 +1,75 @@
+"""The approvers' TOTP second factor: enrolment, drift, one use per approver, one approver per code."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyotp
+import pytest
+
+from denpex.isolation.second_factor import CodeVerdict, TotpStore
+
+NOW = 1_764_547_215.0  # 15 s into a 30 s step
+
+
+def test_enrolment_is_private_and_never_replaced(tmp_path: Path) -> None:
+    store = TotpStore(tmp_path)
+    uri = store.enroll("alice")
+    assert uri.startswith("otpauth://totp/Denpex:alice?secret=") and "issuer=Denpex" in uri
+    assert stat.S_IMODE((tmp_path / "approvers" / "totp" / "alice").stat().st_mode) == 0o600
+    with pytest.raises(ValueError, match="already enrolled"):
+        store.enroll("alice")
+    with pytest.raises(ValueError, match="not plain"):
+        store.enroll("../x")
+
+
+def test_a_code_is_accepted_within_one_step_and_only_once(tmp_path: Path) -> None:
+    store = TotpStore(tmp_path)
+    store.enroll("alice")
+    assert store.check("alice", store.current_code("alice", NOW - 30), at=NOW).accepted  # one step of drift
+    assert store.check("alice", store.current_code("alice", NOW - 30), at=NOW).verdict is CodeVerdict.REUSED
+    code = store.current_code("alice", NOW)
+    assert store.check("alice", code, at=NOW).accepted
+    again = store.check("alice", code, at=NOW)
+    assert again.verdict is CodeVerdict.REUSED and "already used" in again.reason
+    assert store.check("alice", store.current_code("alice", NOW - 60), at=NOW + 30).verdict is CodeVerdict.WRONG
+    assert store.check("alice", store.current_code("alice", NOW + 90), at=NOW).verdict is CodeVerdict.WRONG
+
+
+def test_a_code_proves_only_its_own_approver(tmp_path: Path) -> None:
+    store = TotpStore(tmp_path)
+    store.enroll("alice")
+    store.enroll("bob")
+    alices = store.current_code("alice", NOW)
+    bob = store.check("bob", alices, at=NOW)
+    assert bob.verdict is CodeVerdict.WRONG or alices == store.current_code("bob", NOW)
+    assert store.check("mallory", alices, at=NOW).verdict is CodeVerdict.NOT_ENROLLED
+    assert store.check("alice", "12345", at=NOW).verdict is CodeVerdict.MALFORMED
+    assert store.check("alice", alices, at=NOW).accepted
+
+
+def test_concurrent_workers_accept_one_code_once(tmp_path: Path) -> None:
+    TotpStore(tmp_path).enroll("alice")
+    code = TotpStore(tmp_path).current_code("alice", NOW)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(TotpStore(tmp_path).check("alice", code, at=NOW).accepted))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_enroll_command_prints_the_uri_and_a_qr_code(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "denpex", "approver", "enroll", "demo-operator",
+                          "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    uri = out.stdout.split("authenticator app: ", 1)[1].split()[0]
+    secret = pyotp.parse_uri(uri).secret
+    assert secret == (tmp_path / "approvers" / "totp" / "demo-operator").read_text().strip()
+    assert "\u2588" in out.stdout or "\u2580" in out.stdout  # the terminal QR code
