@@ -14,8 +14,11 @@ __all__ = ["inline", "code_block", "chat_text"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # Every ASCII punctuation character may be backslash-escaped in CommonMark; these are the ones
-# that can start or end markup (emphasis, code, links, images, HTML, tables, headings, lists).
-_MARKUP = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&])")
+# that open or close markup anywhere in a line (emphasis, code, links, images, HTML, tables).
+_MARKUP = re.compile(r"([\\`*_{}\[\]()<>|~&])")
+# These start a block only at the start of a line (list, heading, quote, setext or thematic
+# break, ordered list): escaped there, and left readable inside words (gpu-node-003, 10.0.0.1).
+_BLOCK_START = re.compile(r"^(\s*)(?:([-+#=])|(\d+)([.]))")
 
 
 def inline(text: object, *, limit: int = 2000) -> str:
@@ -24,7 +27,13 @@ def inline(text: object, *, limit: int = 2000) -> str:
     flat = _CONTROL.sub(" ", str(text))
     if len(flat) > limit:
         flat = flat[:limit] + "…"
-    return _MARKUP.sub(r"\\\1", flat)
+    escaped = _MARKUP.sub(r"\\\1", flat)
+    return _BLOCK_START.sub(_escape_block_start, escaped, count=1)
+
+
+def _escape_block_start(match: re.Match[str]) -> str:
+    lead, mark, digits, dot = match.groups()
+    return lead + ("\\" + mark if mark else digits + "\\" + dot)
 
 
 def code_block(text: str, info: str = "text") -> str:

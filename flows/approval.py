@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +19,8 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
+from pydantic import Field, create_model
+from pydantic.fields import FieldInfo
 
 from blocks.notify import DenpexApprovalWebhook
 from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, runbook_path
@@ -29,12 +32,13 @@ from denpex.isolation.operator import resolve_audit_store, state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler
 from denpex.isolation.runbook import Runbook, load_runbook
+from denpex.isolation.second_factor import TotpStore
 from denpex.state_dir import resolve_state_dir
 from denpex.tenancy import judge_target, read_ownership
 from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
 from denpex.workflow.decision_audit import record_decision
 
-__all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "ask_approval",
+__all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "approval_form", "ask_approval",
            "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
            "run_id", "artifact_prefix"]
 
@@ -129,20 +133,39 @@ def webhook_url() -> str | None:
     return block.url.get_secret_value() if block else os.environ.get("DENPEX_APPROVAL_WEBHOOK_URL") or None
 
 
+def approval_form(plan: IsolationPlan, description: str, *, policy: IsolationPolicy) -> type[ApprovalInput]:
+    """The form beside the paused run: the plan's hash and nodes pre-filled, and the approver a
+    choice among the runbook's approvers for the plan's tenant and cluster (a name typed freely
+    where the runbook lists nobody: that answer is refused with the reason, rather than the
+    form failing). The Prefect server validates an answer against this schema before resuming."""
+    fields: dict[str, Any] = {}
+    defaults = {"plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions], "comment": "", "code": ""}
+    for key, value in defaults.items():
+        # RunInput.with_initial_data would drop each field's description and bounds; keep them.
+        known = ApprovalInput.model_fields[key]
+        fields[key] = (known.annotation, FieldInfo.merge_field_infos(known, default=value))
+    names = sorted(policy.approval.approvers_for(plan.tenant, plan.cluster))
+    if names:
+        choice = Enum("Approver", {name: name for name in names}, type=str)  # type: ignore[misc]
+        fields["approver"] = (choice, Field(description="who approves: one of the runbook's approvers for this "
+                                                        "tenant and cluster"))
+    form = create_model("ApprovalInput", __base__=ApprovalInput, **fields)
+    form._description = description  # what Prefect shows above the form (as with_initial_data sets it)
+    return form
+
+
 def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation, policy: IsolationPolicy,
                  timeout: timedelta, poll: timedelta) -> ReviewedAnswer | None:
     """Pause until a person answers; None when nobody did within ``timeout``."""
-    form = ApprovalInput.with_initial_data(
-        description=description, plan_hash=plan.content_hash(), nodes=[a.node for a in plan.actions],
-        approver="", comment="",
-    )
+    form = approval_form(plan, description, policy=policy)
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=int(timeout.total_seconds()),
                                 poll_interval=max(1, int(poll.total_seconds())))
     except FlowPauseTimeout:
         return None
-    core = ApprovalAnswer.model_validate(answer.model_dump(include=set(ApprovalAnswer.model_fields)))
-    return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now())
+    core = ApprovalAnswer.model_validate(answer.model_dump(mode="json", include=set(ApprovalAnswer.model_fields)))
+    return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now(),
+                         codes=TotpStore(state_dir()))
 
 
 def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) -> None:

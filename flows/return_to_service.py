@@ -48,7 +48,7 @@ def return_to_service(cluster: str, incident_id: str) -> dict[str, Any]:
         outcome = "timed_out" if answer is None else answer.verdict.value
         reason = "nobody answered" if answer is None else answer.reason
         record_not_done(plan, operation=Operation.ROLLBACK, outcome=outcome, reason=reason,
-                        approver=answer.approver if answer else None, cluster=cluster)
+                        approver=(answer.approver or None) if answer else None, cluster=cluster)
         return {"incident_id": incident_id, "outcome": outcome, "reason": reason}
     limit = remediation_limit(cluster)
     ensure_limit(limit)

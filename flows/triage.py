@@ -160,14 +160,14 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     if answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
         stage = IncidentStage.REJECTED if answer.verdict is AnswerVerdict.REJECTED else IncidentStage.REFUSED
         record_not_done(plan, operation=Operation.ISOLATE, outcome=stage.value, reason=answer.reason,
-                        approver=answer.approver, cluster=cluster)
+                        approver=answer.approver or None, cluster=cluster)
         return _finish(ref, report, stage, answer.reason, plan, key)
     fresh = reread_inventory(evidence, world_size)
     recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None),
                               newer_ranks=newer_dumps(inventory, fresh))
     if recovery.recovered:
         record_not_done(plan, operation=Operation.ISOLATE, outcome="withdrawn", reason=recovery.reason,
-                        approver=answer.approver, cluster=cluster)
+                        approver=answer.approver or None, cluster=cluster)
         return _finish(ref, report, IncidentStage.WITHDRAWN, recovery.reason, plan, key,
                        approval=answer.approval)
     if target is None:  # a plan is made only with a target; this keeps the type checker honest

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import secrets
 import signal
 import subprocess
 import sys
@@ -84,6 +85,17 @@ def _demo_runbooks(folder: Path) -> None:
     body["workflow"].update(evidence_grace="PT10S", coverage_poll="PT1S", approval_poll="PT1S")
     folder.mkdir(parents=True)
     (folder / "hang-triage.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+def _enroll_demo_operator(state: Path, env: dict[str, str]) -> str:
+    """Enrol demo-operator's TOTP secret as an operator would (`denpex approver enroll`, which
+    prints the otpauth URI and a QR code for an authenticator app); return a shell command that
+    prints the current code, for a demo without a phone at hand."""
+    subprocess.run([sys.executable, "-m", "denpex", "approver", "enroll", "demo-operator", "--state-dir", str(state)],
+                   env=env, check=True)
+    program = ("from pathlib import Path; from denpex.isolation.second_factor import TotpStore; "
+               f"print(TotpStore(Path({str(state)!r})).current_code('demo-operator'))")
+    return f"{sys.executable} -c \"{program}\""
 
 
 def _alert_time(incident: Path) -> datetime:
@@ -209,10 +221,12 @@ def _register_blocks(lab: Any) -> None:
         "lab", overwrite=True)
 
 
-def _wait_for_trigger(api: str, served: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
+def _wait_for_trigger(api: str, served: subprocess.Popen[bytes], log: Path, timeout_s: float = 180, *,
+                      headers: dict[str, str]) -> None:
     """An event sent before the deployment's trigger exists starts nothing: wait for the automation."""
     try:
-        wait_for_deployments(api, ["on-alert"], served, log, timeout_s, automations=["denpex-alert"])
+        wait_for_deployments(api, ["on-alert"], served, log, timeout_s, automations=["denpex-alert"],
+                             headers=headers)
     except RuntimeError as failed:
         raise SystemExit(f"demo: the alert trigger was not registered; see {log}\n{failed}") from None
 
@@ -289,12 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True)
     # The Prefect server the tests use (testkit.services.prefect): SQLite in run_dir/prefect-home,
     # its output in run_dir/prefect-server.log, the UI told its API URL.
-    prefect = PrefectServer(run_dir, startup_timeout=90)
+    # The API behind basic authentication, as production puts it (or behind an authenticating
+    # proxy): every client (flows, the ingest service, this script) sends the auth string.
+    prefect = PrefectServer(run_dir, startup_timeout=90, auth_string=f"demo:{secrets.token_urlsafe(12)}")
     api = prefect.api_url
     env = prefect.env(PREFECT_UI_URL=prefect.url, PREFECT_LOGGING_LEVEL="WARNING",
                       DENPEX_STATE_DIR=str(run_dir / "state"), DENPEX_RUNBOOKS_DIR=str(run_dir / "runbooks"),
                       AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo", AWS_DEFAULT_REGION="us-east-1")
     _demo_runbooks(run_dir / "runbooks")
+    code_command = _enroll_demo_operator(run_dir / "state", env)
     with ExitStack() as stack:
         _say(f"state: {run_dir}")
         stack.callback(prefect.stop)
@@ -302,14 +319,15 @@ def main(argv: list[str] | None = None) -> int:
             prefect.start()
         except RuntimeError as failed:
             raise SystemExit(f"demo: the prefect server did not start; its log: {prefect.log}\n{failed}") from None
-        _say(f"prefect server (SQLite under {prefect.home}): {prefect.url}")
+        _say(f"prefect server (SQLite under {prefect.home}): {prefect.url} (the UI's login asks for the API's "
+             f"auth string: {prefect.auth_string})")
         store_uri = _start_store(stack, run_dir, args.store, env)
         os.environ.update(env)  # this process talks to the same API and store from here on
         lab = _start_slurm(stack, incident)
         _register_blocks(lab)
         served = _spawn(stack, [sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
         incident_id = f"demo-{run_dir.name.lower()}"
-        _wait_for_trigger(api, served, run_dir / "serve.log")
+        _wait_for_trigger(api, served, run_dir / "serve.log", headers=prefect.headers)
         _through_the_service(stack, incident, run_dir, store_uri, env, incident_id)
         run_id = _find_run(incident_id)
         ui = f"{prefect.url}/runs/flow-run/{run_id}"
@@ -327,12 +345,19 @@ def main(argv: list[str] | None = None) -> int:
             if args.approve:
                 from prefect.flow_runs import resume_flow_run
 
-                resume_flow_run(run_id, run_input=answer)
-                _say(f"approved {', '.join(nodes)} as demo-operator (DEMO_APPROVE=1)")
+                from denpex.isolation.second_factor import TotpStore
+
+                # What demo-operator's authenticator app shows now.
+                code = TotpStore(run_dir / "state").current_code("demo-operator")
+                resume_flow_run(run_id, run_input={**answer, "code": code})
+                _say(f"approved {', '.join(nodes)} as demo-operator with their current TOTP code (DEMO_APPROVE=1)")
             else:
-                _say("approve in the UI (Resume), or with:\n  curl -s -X POST "
-                     f"{api}/flow_runs/{run_id}/resume -H 'Content-Type: application/json' "
-                     f"-d '{json.dumps({'run_input': answer})}'\nCtrl-C stops the demo.")
+                body = json.dumps({"run_input": {**answer, "code": "CODE"}}).replace('"CODE"', '"\'"$CODE"\'"')
+                _say("approve in the UI (Resume; choose demo-operator and type the code from the authenticator "
+                     f"app that scanned the QR code above, or the one this prints: {code_command}), or with:\n"
+                     f"  CODE=$({code_command}); curl -s -u '{prefect.auth_string}' -X POST "
+                     f"{api}/flow_runs/{run_id}/resume -H 'Content-Type: application/json' -d '{body}'\n"
+                     "Ctrl-C stops the demo.")
             _wait_state(run_id, {"COMPLETED"}, timeout_s=None if not args.approve else 600)
         reports = sorted((run_dir / "state" / "reports").glob(f"{incident_id}-*.json"))
         final = json.loads(reports[-1].read_text())

@@ -67,7 +67,7 @@ def create_app(service: IngestService) -> FastAPI:
             raise InvalidRequestError("an upload is multipart/form-data with the parts 'identity' and 'dump'")
         caps = FormCaps(max_dump_bytes=service.config.max_dump_bytes,
                         max_telemetry_bytes=service.config.max_telemetry_bytes)
-        with service.spool.admit(_declared(request, cap)) as slot:
+        with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
             body = await _receive(service, request, slot, cap)
             caller = await _verify(service, request, pending, body.sha256)
             form = await run_in_threadpool(parse_upload_form, body.path, content_type, slot, caps)
@@ -83,12 +83,13 @@ def create_app(service: IngestService) -> FastAPI:
         if authorization is not None:
             grant = await run_in_threadpool(authenticate_bearer, service.registry, authorization)
             tenant, cluster = grant.tenant, grant.cluster
-            with service.spool.admit(_declared(request, cap)) as slot:
+            with service.spool.admit(_declared(request, cap), source=f"bearer:{tenant}/{cluster}",
+                                     authenticated=True) as slot:
                 body = await _small_body(await _receive(service, request, slot, cap))
             alerts = parse_alertmanager(body, tenant=tenant, cluster=cluster, received_at=now)
         else:
             pending = await _check_headers(service, request)
-            with service.spool.admit(_declared(request, cap)) as slot:
+            with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
                 spooled = await _receive(service, request, slot, cap)
                 caller = await _verify(service, request, pending, spooled.sha256)
                 body = await _small_body(spooled)
@@ -123,6 +124,12 @@ def _declared(request: Request, limit: int) -> int | None:
 async def _check_headers(service: IngestService, request: Request) -> PendingRequest:
     return await run_in_threadpool(check_signed_headers, service.registry, service.nonces, dict(request.headers),
                                    now=service.clock())
+
+
+def _source(pending: PendingRequest) -> str:
+    """Whom a signed body's slot is counted against before its signature is verified: the key
+    it names (the headers proved the key exists, not who holds it)."""
+    return f"key:{pending.key.key_id}"
 
 
 async def _receive(service: IngestService, request: Request, slot: SpoolSlot, cap: int) -> SpooledFile:

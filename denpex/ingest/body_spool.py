@@ -7,11 +7,19 @@ bounds hold whatever the senders do:
 - **bodies in flight** (``max_in_flight``): one more is refused at once, before a byte is read,
   with 503 and ``Retry-After``. 503 rather than 429: it is the service's capacity that is
   spent, not one tenant's rate (ARCHITECTURE.md keeps 429 for a tenant's or cluster's limit).
+  One source (the key id a signed request names, or a bearer token's tenant and cluster) holds
+  at most ``max_in_flight_per_source`` of them, so a stranger who learned one key id cannot
+  take the whole pool; bodies behind a bearer token (authenticated before the body) are not
+  counted against the signed requests' pool, so forged signed requests cannot starve
+  Alertmanager.
 - **the spool's disk** (``max_disk_bytes``): a body reserves its ``Content-Length`` before it
   is read (one that does not fit is refused at once, 503), and every byte written beyond a
   reservation (a chunked body, the dump part copied out of the body) must fit too.
 - **the time a body may take** (uvicorn has none): ``grace_s`` plus the declared size at
   ``min_rate_bytes_s``, and never more than ``max_body_s``; a body still arriving then is 408.
+  The rate holds all along, not only at the end: past ``grace_s``, a body that has not kept
+  ``min_rate_bytes_s`` on average is cut off (408) at once, so a byte now and then holds a slot
+  for ``grace_s``, not for the whole deadline.
 
 Every spool file of a request is removed when the request ends, whatever happened (refusal,
 disconnect, cancellation). Files are named ``<pid>-<random>.<kind>``, mode 0600; one left by a
@@ -26,7 +34,6 @@ import hashlib
 import os
 import secrets
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +52,7 @@ class SpoolLimits:
 
     directory: Path
     max_in_flight: int = 64
+    max_in_flight_per_source: int = 8
     max_disk_bytes: int = 4 * _GiB
     min_rate_bytes_s: int = 256 * 1024
     grace_s: float = 30.0
@@ -108,6 +116,7 @@ class BodySpool:
         limits.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._by_source: dict[str, int] = {}
         self._reserved = 0
         _remove_orphans(limits.directory)
 
@@ -117,13 +126,20 @@ class BodySpool:
         return self._reserved
 
     @contextlib.contextmanager
-    def admit(self, declared: int | None) -> Iterator[SpoolSlot]:
-        """A slot for one body, refused at once (503) when either bound is reached; freed on exit."""
+    def admit(self, declared: int | None, *, source: str, authenticated: bool = False) -> Iterator[SpoolSlot]:
+        """A slot for one body from ``source``, refused at once (503) when a bound is reached; freed
+        on exit. ``authenticated``: the sender is proven already (a bearer token), so the body is
+        not counted in the pool that unproven signed requests share."""
         with self._lock:
-            if self._in_flight >= self.limits.max_in_flight:
+            held = self._by_source.get(source, 0)
+            if held >= self.limits.max_in_flight_per_source:
+                raise SpoolBusyError(f"this sender has {held} bodies arriving, its bound; nothing was stored, "
+                                     "retry later")
+            if not authenticated and self._in_flight >= self.limits.max_in_flight:
                 raise SpoolBusyError(f"the service is receiving {self._in_flight} bodies, its bound; "
                                      "nothing was stored, retry later")
-            self._in_flight += 1
+            self._by_source[source] = held + 1
+            self._in_flight += 0 if authenticated else 1
         slot = SpoolSlot(self)
         try:
             if declared:
@@ -134,8 +150,11 @@ class BodySpool:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
             with self._lock:
-                self._in_flight -= 1
+                self._in_flight -= 0 if authenticated else 1
                 self._reserved -= slot.reserved
+                left = self._by_source.pop(source) - 1
+                if left:
+                    self._by_source[source] = left
 
     def reserve(self, slot: SpoolSlot, nbytes: int) -> None:
         """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when the disk bound would pass."""
@@ -148,13 +167,22 @@ class BodySpool:
 
 
 async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int, deadline_s: float) -> SpooledFile:
-    """Stream a request body into a spool file while hashing it: 413 past ``cap``, 408 past the deadline."""
+    """Stream a request body into a spool file while hashing it: 413 past ``cap``, 408 past the
+    deadline or once it falls behind the spool's minimum rate (module docstring)."""
+    limits = slot.spool.limits
     path, fd = slot.new_file("body")
     digest = hashlib.sha256()
     size = 0
-    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    end = started + deadline_s
+
+    def due() -> float:
+        # By then more than ``size`` bytes must have come: the grace, then the minimum rate.
+        return min(end, started + limits.grace_s + size / limits.min_rate_bytes_s)
+
     try:
-        async with asyncio.timeout(deadline_s):
+        async with asyncio.timeout(due()) as timer:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > cap:
@@ -163,10 +191,13 @@ async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int,
                 digest.update(chunk)
                 # A write to the page cache, a few hundred microseconds per chunk: not worth a thread hop.
                 _write_all(fd, chunk)
+                timer.reschedule(due())
     except TimeoutError as exc:
-        raise RequestTimeoutError(f"the body took longer than {deadline_s:.0f} s ({size:,} bytes arrived in "
-                                  f"{time.monotonic() - started:.0f} s); nothing was stored, send it again "
-                                  "faster") from exc
+        took = loop.time() - started
+        why = (f"the body took longer than {deadline_s:.0f} s" if took >= deadline_s - 0.01 else
+               f"the body arrived slower than {limits.min_rate_bytes_s:,} bytes/s after {limits.grace_s:.0f} s of grace")
+        raise RequestTimeoutError(f"{why} ({size:,} bytes arrived in {took:.0f} s); nothing was stored, send it "
+                                  "again faster") from exc
     finally:
         os.close(fd)
     return SpooledFile(path=path, size=size, sha256=digest.hexdigest())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import SecretStr
 
 from denpex.ingest.errors import RegistryError
 from denpex.ingest.plans import PlanTier
@@ -147,6 +148,9 @@ def serve_api_command(
         "--spool-dir", help="Where request bodies are spooled while hashed (default: STATE_DIR/spool).")] = None,
     max_bodies_in_flight: Annotated[int, typer.Option(
         "--max-bodies-in-flight", min=1, help="Bodies received at once; more are answered 503 with Retry-After.")] = 64,
+    max_bodies_per_sender: Annotated[int, typer.Option(
+        "--max-bodies-per-sender", min=1, help="Bodies one key (or bearer token) may have arriving at once; "
+                                               "more are answered 503 with Retry-After.")] = 8,
     max_spool_bytes: Annotated[int, typer.Option(
         "--max-spool-bytes", min=1, help="Disk the spooled bodies may take (default 4 GiB); past it, 503.")] = 4 << 30,
     body_min_rate: Annotated[int, typer.Option(
@@ -175,8 +179,10 @@ def serve_api_command(
         raise _fail(str(exc)) from exc
     config = ServiceConfig(state_dir=resolved, store=store or str(resolved / "evidence"),
                            prefect_api_url=prefect_api_url or os.environ.get("PREFECT_API_URL"),
+                           # Read from the environment only, never an option: it would show in `ps`.
+                           prefect_api_auth=_auth_string(os.environ.get("PREFECT_API_AUTH_STRING")),
                            check_workers=check_workers, max_dump_bytes=max_dump_bytes, spool_dir=spool_dir,
-                           max_bodies_in_flight=max_bodies_in_flight, max_spool_bytes=max_spool_bytes,
+                           max_bodies_in_flight=max_bodies_in_flight, max_bodies_per_sender=max_bodies_per_sender, max_spool_bytes=max_spool_bytes,
                            body_min_rate_bytes_s=body_min_rate, max_body_s=max_body_seconds,
                            max_runs_per_window=max_runs_per_window, run_window_s=run_window_seconds)
     service = IngestService(config)
@@ -184,3 +190,7 @@ def serve_api_command(
     # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503.
     uvicorn.run(create_app(service), host=host, port=port, log_level="info", access_log=False,
                 limit_concurrency=max_connections, h11_max_incomplete_event_size=16 * 1024)
+
+
+def _auth_string(value: str | None) -> SecretStr | None:
+    return SecretStr(value) if value else None

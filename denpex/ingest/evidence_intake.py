@@ -41,7 +41,7 @@ from denpex.hardware.stored_telemetry import TELEMETRY_INDEX, TelemetryIndex, Tr
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
 from denpex.ingest.dump_check import DumpCheck, DumpChecker
-from denpex.ingest.errors import ConflictError, StoreUnavailableError
+from denpex.ingest.errors import ConflictError, ForbiddenError, StoreUnavailableError
 from denpex.ingest.identity import UploadIdentity
 from denpex.ingest.incidents import IncidentBook, IncidentKey, StoredTelemetry, StoredUpload
 from denpex.ingest.layout import (
@@ -114,6 +114,7 @@ class EvidenceIntake:
     def accept(self, caller: Caller, identity: UploadIdentity, dump: DumpPart,
                telemetry: list[bytes]) -> UploadReceipt:
         """Store one rank's dump (and telemetry) or refuse it; see the module docstring."""
+        identity = _bound_to_host(caller, identity)
         check = self._check(dump, caller)
         sha256 = dump.file.sha256
         key = IncidentKey(caller.tenant, caller.cluster, identity.incident_id)
@@ -291,3 +292,17 @@ def _telemetry_item(data: bytes, caller: Caller) -> StoredTelemetry:
     sha256 = hashlib.sha256(data).hexdigest()
     return StoredTelemetry(sha256=sha256, object_name=telemetry_name(sha256, caller.host),
                            trusted=caller.host is not None, host=caller.host)
+
+
+def _bound_to_host(caller: Caller, identity: UploadIdentity) -> UploadIdentity:
+    """A node agent's key is bound to its host: it uploads that host's ranks only, so one
+    compromised node cannot replace other nodes' dumps and pin the hang on them (403). An
+    identity that names no host is that host's."""
+    if caller.host is None:
+        return identity
+    if identity.host is None:
+        return identity.model_copy(update={"host": caller.host})
+    if identity.host != caller.host:
+        raise ForbiddenError(f"this key is bound to host {caller.host!r}; it uploads that host's ranks only, "
+                             f"not a rank on {identity.host!r}")
+    return identity

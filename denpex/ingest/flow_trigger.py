@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from denpex.ingest.errors import StoreUnavailableError
-from denpex.workflow.alert_event import ALERT_EVENT, AlertEvent, AlertEventError, emit_alert
+from denpex.workflow.alert_event import ALERT_EVENT, AlertEvent, AlertEventError, api_headers, emit_alert
 
 __all__ = ["ALERT_EVENT", "AlertEvent", "FlowRunView", "FlowTrigger", "PrefectEventTrigger", "RecordingTrigger",
            "NoEngineTrigger"]
@@ -48,13 +48,15 @@ class FlowTrigger(Protocol):
 class PrefectEventTrigger:
     """Emits the alert event through Prefect's HTTP API (no Prefect import)."""
 
-    def __init__(self, api_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, api_url: str, *, timeout_s: float = 10.0, auth_string: str | None = None) -> None:
         self.api_url = api_url.rstrip("/")
         self._timeout_s = timeout_s
+        self._auth_string = auth_string  # "user:password" for an API behind basic authentication
 
     def start(self, event: AlertEvent) -> None:
         try:
-            emit_alert(self.api_url, event, occurred=datetime.now(UTC), timeout_s=self._timeout_s)
+            emit_alert(self.api_url, event, occurred=datetime.now(UTC), timeout_s=self._timeout_s,
+                       auth_string=self._auth_string)
         except AlertEventError as exc:
             raise StoreUnavailableError(f"the flow engine did not take the alert ({exc}); the alert was not "
                                         "accepted, retry") from exc
@@ -64,7 +66,8 @@ class PrefectEventTrigger:
         # here; an incident's run is among the newest while anyone asks about it.
         try:
             response = httpx.post(f"{self.api_url}/flow_runs/filter",
-                                  json={"sort": "EXPECTED_START_TIME_DESC", "limit": 200}, timeout=self._timeout_s)
+                                  json={"sort": "EXPECTED_START_TIME_DESC", "limit": 200}, timeout=self._timeout_s,
+                                  headers=api_headers(self._auth_string))
             response.raise_for_status()
         except httpx.HTTPError:
             return None

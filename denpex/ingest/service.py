@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from denpex.evidence.store import open_store
 from denpex.ingest.alert_intake import AlertIntake, AlertLimits
@@ -35,6 +35,8 @@ class ServiceConfig(BaseModel):
     state_dir: Path
     store: str
     prefect_api_url: str | None = None
+    prefect_api_auth: SecretStr | None = None
+    """``user:password`` for a Prefect API behind basic authentication (``PREFECT_API_AUTH_STRING``)."""
     max_dump_bytes: int = MAX_DUMP_BYTES
     max_telemetry_bytes: int = 64 * 1024 * 1024
     max_alert_bytes: int = 4 * 1024 * 1024
@@ -48,6 +50,7 @@ class ServiceConfig(BaseModel):
     spool_dir: Path | None = None
     """Where request bodies are spooled while they are hashed (default: ``{state_dir}/spool``)."""
     max_bodies_in_flight: int = 64
+    max_bodies_per_sender: int = 8
     max_spool_bytes: int = 4 << 30
     body_min_rate_bytes_s: int = 256 * 1024
     max_body_s: float = 900.0
@@ -56,6 +59,7 @@ class ServiceConfig(BaseModel):
     def spool_limits(self) -> SpoolLimits:
         """The bounds on bodies being received (:mod:`denpex.ingest.body_spool`)."""
         return SpoolLimits(directory=self.spool_dir or self.state_dir / "spool", max_in_flight=self.max_bodies_in_flight,
+                           max_in_flight_per_source=self.max_bodies_per_sender,
                            max_disk_bytes=self.max_spool_bytes, min_rate_bytes_s=self.body_min_rate_bytes_s,
                            max_body_s=self.max_body_s)
 
@@ -78,7 +82,8 @@ class IngestService:
         store = open_store(config.store)
         self.checker = DumpChecker(config.check_workers)
         self.trigger: FlowTrigger = trigger or (
-            PrefectEventTrigger(config.prefect_api_url) if config.prefect_api_url else NoEngineTrigger())
+            PrefectEventTrigger(config.prefect_api_url, auth_string=_secret(config.prefect_api_auth))
+            if config.prefect_api_url else NoEngineTrigger())
         self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s)
         self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests, self.registry.db,
                                        max_dump_bytes=config.max_dump_bytes)
@@ -92,3 +97,7 @@ class IngestService:
         """Write the last manifests and stop the dump-checking workers."""
         self.manifests.close()
         self.checker.close()
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None

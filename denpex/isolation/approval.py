@@ -3,14 +3,16 @@
 One record for every channel (ARCHITECTURE.md "Approvals")::
 
     {"plan_hash", "operation", "incident_id", "cluster", "nodes", "approver", "comment",
-     "channel": "cli-signed | prefect-ui", "flow_run_id", "approved_at", "expires_at", "signature"}
+     "channel": "cli-signed | prefect-ui", "flow_run_id", "approved_at", "expires_at", "signature",
+     "second_factor" (prefect-ui: "totp" or null)}
 
 - ``cli-signed``: ``signature`` is ed25519 over the canonical JSON of every other field, by a key
   whose public half the operator lists for that approver (``TrustedApprovers``). A name alone is
   never enough: anyone can type one.
 - ``prefect-ui``: a person resumed the paused flow run; ``flow_run_id`` names it. Accepted only
-  when the operator's runbook lists the channel and the approver is among the runbook's
-  approvers for the tenant and cluster.
+  when the operator's runbook lists the channel, the approver is among the runbook's approvers
+  for the tenant and cluster, and (``approval.second_factor: totp``, the default) the flow
+  accepted that approver's current TOTP code (``second_factor: "totp"``).
 
 ``check_approval`` judges a record against the operator's policy (never the plan's) and reports
 every problem at once. A person who approved draining a node has not thereby approved resuming
@@ -26,6 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from cryptography.exceptions import InvalidSignature
@@ -36,7 +39,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from denpex.isolation.errors import ApprovalError, ConfigError, validation_problems
 from denpex.isolation.gates import human_duration
 from denpex.isolation.plan import NODE_NAME_PATTERN, IsolationPlan, Operation, canonical_json
-from denpex.isolation.policy import ApprovalChannel, ApprovalRule
+from denpex.isolation.policy import ApprovalChannel, ApprovalRule, SecondFactor
 
 __all__ = [
     "Approval",
@@ -77,6 +80,10 @@ class Approval(BaseModel):
     expires_at: AwareDatetime
     signature: str | None = None
     """Base64 ed25519 signature over ``signed_bytes()`` (``cli-signed`` only)."""
+    second_factor: Literal["totp"] | None = None
+    """What proved the person behind a ``prefect-ui`` approval besides the Prefect API: ``totp``
+    when the flow accepted the approver's current one-time code (``cli-signed``: none, the
+    signature is the proof)."""
 
     @model_validator(mode="after")
     def _channel_fields(self) -> Approval:
@@ -88,13 +95,17 @@ class Approval(BaseModel):
             problems.append("a cli-signed approval has no flow_run_id")
         if self.channel is ApprovalChannel.PREFECT_UI and (self.flow_run_id is None or self.signature):
             problems.append("a prefect-ui approval names its flow_run_id and carries no signature")
+        if self.channel is ApprovalChannel.CLI_SIGNED and self.second_factor is not None:
+            problems.append("a cli-signed approval's proof is its signature; it names no second_factor")
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
     def signed_bytes(self) -> bytes:
-        """What the signature covers: the canonical JSON of every field but ``signature``."""
-        return canonical_json(self.model_dump(mode="json", exclude={"signature"})).encode()
+        """What the signature covers: the canonical JSON of every field but ``signature``
+        (``second_factor`` is left out when unset, so that approvals signed before it existed verify)."""
+        unsigned = {"signature"} | ({"second_factor"} if self.second_factor is None else set())
+        return canonical_json(self.model_dump(mode="json", exclude=unsigned)).encode()
 
 
 def _valid_node(name: str) -> bool:
@@ -132,7 +143,7 @@ class TrustedApprovers:
 
 def _draft(plan: IsolationPlan, approver: str, *, at: datetime, ttl: timedelta, cluster: str | None,
            operation: Operation, nodes: Iterable[str] | None, comment: str, channel: ApprovalChannel,
-           flow_run_id: str | None = None) -> Approval:
+           flow_run_id: str | None = None, second_factor: Literal["totp"] | None = None) -> Approval:
     name = approver.strip()
     if not name:
         raise ApprovalError("an approval needs the approver's name (--approver NAME)")
@@ -152,7 +163,7 @@ def _draft(plan: IsolationPlan, approver: str, *, at: datetime, ttl: timedelta, 
         return Approval(
             plan_hash=plan.content_hash(), operation=operation, incident_id=plan.incident_id,
             cluster=where, nodes=chosen, approver=name, comment=comment, channel=channel,
-            flow_run_id=flow_run_id, approved_at=at, expires_at=at + ttl,
+            flow_run_id=flow_run_id, approved_at=at, expires_at=at + ttl, second_factor=second_factor,
         )
     except ValidationError as exc:
         raise ApprovalError(f"invalid approval: {validation_problems(exc)}") from exc
@@ -175,11 +186,14 @@ def approve_plan(plan: IsolationPlan, approver: str, *, key: Ed25519PrivateKey, 
 
 def ui_approval(plan: IsolationPlan, approver: str, *, flow_run_id: str, at: datetime, ttl: timedelta,
                 cluster: str | None = None, operation: Operation = Operation.ISOLATE,
-                nodes: Iterable[str] | None = None, comment: str = "") -> Approval:
+                nodes: Iterable[str] | None = None, comment: str = "",
+                second_factor: Literal["totp"] | None = None) -> Approval:
     """A ``prefect-ui`` approval: ``approver`` resumed flow run ``flow_run_id``. ``ttl`` comes from
-    the operator's runbook (the flow passes ``policy.approval.ttl``)."""
+    the operator's runbook (the flow passes ``policy.approval.ttl``); ``second_factor`` is
+    ``"totp"`` once the flow accepted the approver's current code (``denpex.workflow.approval_answer``)."""
     return _draft(plan, approver, at=at, ttl=ttl, cluster=cluster, operation=operation, nodes=nodes,
-                  comment=comment, channel=ApprovalChannel.PREFECT_UI, flow_run_id=flow_run_id)
+                  comment=comment, channel=ApprovalChannel.PREFECT_UI, flow_run_id=flow_run_id,
+                  second_factor=second_factor)
 
 
 def sign_approval(approval: Approval, key: Ed25519PrivateKey) -> Approval:
@@ -238,9 +252,8 @@ def _authenticity(approval: Approval, rule: ApprovalRule, trusted: TrustedApprov
         elif not trusted.verifies(approval):
             problems.append(f"the signature does not verify with {who!r}'s trusted key (forged, edited "
                             "after signing, or signed with another key)")
-    elif not allowed:
-        problems.append("the runbook names no approvers for this tenant and cluster, so a prefect-ui "
-                        "approval cannot be accepted")
+    else:
+        problems += _ui_proof(approval, rule, allowed)
     if allowed and who not in allowed:
         problems.append(f"{who!r} is not an allowed approver here ({', '.join(sorted(allowed))})")
     elif not allowed and tenant is not None and who in _scoped_names(rule):
@@ -248,6 +261,19 @@ def _authenticity(approval: Approval, rule: ApprovalRule, trusted: TrustedApprov
         # nobody listed for this tenant, any trusted key would otherwise do, theirs included.
         problems.append(f"{who!r} approves only where the runbook scopes them, not for tenant {tenant!r} on "
                         f"cluster {approval.cluster!r}")
+    return problems
+
+
+def _ui_proof(approval: Approval, rule: ApprovalRule, allowed: frozenset[str]) -> list[str]:
+    """What a prefect-ui record needs besides its approver's name: a runbook list that names
+    somebody, and the second factor the runbook asks for."""
+    problems = []
+    if not allowed:
+        problems.append("the runbook names no approvers for this tenant and cluster, so a prefect-ui "
+                        "approval cannot be accepted")
+    if rule.second_factor is SecondFactor.TOTP and approval.second_factor != "totp":
+        problems.append(f"the runbook requires {approval.approver}'s TOTP code for a prefect-ui approval "
+                        "(approval.second_factor: totp), and this approval was accepted without one")
     return problems
 
 

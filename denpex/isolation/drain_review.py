@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.isolation.audit import AuditKind, AuditRecord, Outcome
 from denpex.isolation.plan import Operation
+from denpex.markdown_text import inline
 
 __all__ = ["StandingIsolation", "standing_isolations", "overdue_isolations", "overdue_markdown"]
 
@@ -66,8 +67,9 @@ def overdue_markdown(overdue: list[StandingIsolation], *, now: datetime, review_
     if not overdue:
         return f"# Isolations due for review\n\nNo isolation is older than {review_age}.\n"
     rows = ["| node | action | incident | approver | since | age |", "|---|---|---|---|---|---|"]
-    rows += [f"| {s.node} | {s.action or '-'} | {s.incident_id} | {s.approver or '-'} | "
-             f"{s.since.isoformat()} | {s.age(now)} |" for s in overdue]
+    # Every cell read from the audit log is escaped: its fields came from plans and approvals.
+    rows += [f"| {inline(s.node)} | {inline(s.action or '-')} | {inline(s.incident_id)} | "
+             f"{inline(s.approver or '-')} | {s.since.isoformat()} | {s.age(now)} |" for s in overdue]
     return "\n".join(["# Isolations due for review", "",
                       f"**{len(overdue)} isolation(s) older than {review_age}**: review them "
                       "(`denpex isolate PLAN --execute --rollback` returns a node to service).", "", *rows]) + "\n"

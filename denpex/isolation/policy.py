@@ -23,6 +23,7 @@ __all__ = [
     "EvidenceRule",
     "SafetyLimits",
     "ApprovalChannel",
+    "SecondFactor",
     "ApproverScope",
     "ApprovalRule",
     "EvictionRule",
@@ -163,6 +164,15 @@ class ApprovalChannel(StrEnum):
     authentication is, so the runbook decides whether it is accepted at all."""
 
 
+class SecondFactor(StrEnum):
+    """What proves the person behind a ``prefect-ui`` approval, beyond reaching the Prefect API."""
+
+    TOTP = "totp"
+    """The approver's current one-time code (RFC 6238), enrolled with ``denpex approver enroll``."""
+    NONE = "none"
+    """Nothing beyond the Prefect API's own authentication (anyone who reaches it may type a name)."""
+
+
 class ApproverScope(_Frozen):
     """Approvers for one tenant and cluster (``"*"`` matches any)."""
 
@@ -186,6 +196,9 @@ class ApprovalRule(_Frozen):
         = frozenset(ApprovalChannel)
     """Channels accepted. ``prefect-ui`` approvals also need a name in ``approvers`` (or ``scoped``)
     for the tenant and cluster; drop the channel where the Prefect API has no authentication."""
+    second_factor: SecondFactor = SecondFactor.TOTP
+    """What a ``prefect-ui`` approval must also carry. The default, ``totp``, asks the form for the
+    approver's current code; ``none`` trusts the Prefect API's authentication alone."""
     ttl: timedelta = timedelta(hours=1)
     max_plan_age: timedelta = timedelta(hours=6)
     """A plan whose evidence is older than this (by the wall clock) is not executed."""

@@ -10,28 +10,35 @@ signature does. The rules:
 - a code is accepted once per approver: the newest accepted time step is kept in the state
   directory's SQLite file (shared by every worker, updated in one write transaction), and a code
   of that step or an older one is refused;
-- a code proves only the approver it was enrolled for: another approver's code fails.
+- a code proves only the approver it was enrolled for: another approver's code fails;
+- guessing is bounded: after ``MAX_WRONG_CODES`` wrong codes for one approver within
+  ``LOCKOUT_S``, every code for that approver is refused until the window has passed (a lockout
+  is recorded in the same SQLite file; the operator sees it in the refusal's reason).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 import pyotp
 
-__all__ = ["CodeVerdict", "CodeCheck", "TotpStore", "TOTP_ISSUER"]
+__all__ = ["CodeVerdict", "CodeCheck", "TotpStore", "TOTP_ISSUER", "MAX_WRONG_CODES", "LOCKOUT_S"]
 
 TOTP_ISSUER = "Denpex"
 _STEP_S = 30
 _DRIFT_STEPS = 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 _CODE = re.compile(r"\d{6}")
+MAX_WRONG_CODES = 5
+LOCKOUT_S = 15 * 60
 
 
 class CodeVerdict(StrEnum):
@@ -40,6 +47,8 @@ class CodeVerdict(StrEnum):
     MALFORMED = "malformed"
     WRONG = "wrong"
     REUSED = "reused"
+    LOCKED = "locked"
+    """Too many wrong codes for this approver lately: every code is refused for a while."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +105,29 @@ class TotpStore:
             return CodeCheck(CodeVerdict.MALFORMED, "the code must be the 6 digits the authenticator shows")
         now = time.time() if at is None else at
         totp = pyotp.TOTP(self._secret(approver))
-        step = _matching_step(totp, given, now)
-        if step is None:
-            return CodeCheck(CodeVerdict.WRONG, f"the code is not {approver}'s current code (wrong, expired, or "
-                                                "another approver's)")
-        if not self._claim(approver, step):
-            return CodeCheck(CodeVerdict.REUSED, f"{approver}'s code was already used; wait for the next code")
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")  # one decision at a time per state directory: no race to a lockout
+            db.execute("DELETE FROM wrong WHERE at <= ?", (now - LOCKOUT_S,))
+            wrong = db.execute("SELECT COUNT(*) FROM wrong WHERE approver = ? AND at > ?",
+                               (approver, now - LOCKOUT_S)).fetchone()[0]
+            if wrong >= MAX_WRONG_CODES:
+                db.execute("COMMIT")
+                return CodeCheck(CodeVerdict.LOCKED, f"{wrong} wrong codes for {approver} in the last "
+                                                     f"{LOCKOUT_S // 60} minutes: {approver}'s codes are refused "
+                                                     "until that window has passed")
+            step = _matching_step(totp, given, now)
+            if step is None:
+                db.execute("INSERT INTO wrong (approver, at) VALUES (?, ?)", (approver, now))
+                db.execute("COMMIT")
+                return CodeCheck(CodeVerdict.WRONG, f"the code is not {approver}'s current code (wrong, expired, or "
+                                                    "another approver's)")
+            row = db.execute("SELECT step FROM used WHERE approver = ?", (approver,)).fetchone()
+            if row is not None and row[0] >= step:
+                db.execute("COMMIT")
+                return CodeCheck(CodeVerdict.REUSED, f"{approver}'s code was already used; wait for the next code")
+            db.execute("INSERT INTO used (approver, step) VALUES (?, ?) ON CONFLICT(approver) DO UPDATE SET "
+                       "step = excluded.step", (approver, step))
+            db.execute("COMMIT")
         return CodeCheck(CodeVerdict.ACCEPTED, f"{approver}'s current TOTP code")
 
     def _secret(self, approver: str) -> str:
@@ -111,23 +137,22 @@ class TotpStore:
         except FileNotFoundError as exc:
             raise ValueError(f"{approver!r} is not enrolled; run `denpex approver enroll {approver}`") from exc
 
-    def _claim(self, approver: str, step: int) -> bool:
-        """Record ``step`` as used unless it (or a later one) was: one transaction, many workers."""
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """The used-steps and wrong-codes file (mode 0600), in autocommit mode for explicit
+        transactions: shared by every worker of this state directory."""
         self.db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.db_path.exists():
             os.close(os.open(self.db_path, os.O_CREAT | os.O_WRONLY, 0o600))
         db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
         try:
             db.execute("CREATE TABLE IF NOT EXISTS used (approver TEXT PRIMARY KEY, step INTEGER NOT NULL)")
-            db.execute("BEGIN IMMEDIATE")
-            row = db.execute("SELECT step FROM used WHERE approver = ?", (approver,)).fetchone()
-            if row is not None and row[0] >= step:
+            db.execute("CREATE TABLE IF NOT EXISTS wrong (approver TEXT NOT NULL, at REAL NOT NULL)")
+            yield db
+        except BaseException:
+            if db.in_transaction:
                 db.execute("ROLLBACK")
-                return False
-            db.execute("INSERT INTO used (approver, step) VALUES (?, ?) ON CONFLICT(approver) DO UPDATE SET "
-                       "step = excluded.step", (approver, step))
-            db.execute("COMMIT")
-            return True
+            raise
         finally:
             db.close()
 

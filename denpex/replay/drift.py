@@ -16,6 +16,7 @@ from denpex.analysis.models import CandidateKind, Verdict
 from denpex.evidence.errors import EvidenceError
 from denpex.hardware import HardwareError
 from denpex.investigate import investigate
+from denpex.markdown_text import inline
 from denpex.replay.catalog import IncidentCatalog, RecordedIncident
 
 __all__ = ["DriftKind", "ReplayOutcome", "ReplayReport", "replay_incident", "replay_catalog",
@@ -117,5 +118,5 @@ def _culprits(culprits: dict[int, CandidateKind]) -> str:
 
 
 def _cell(text: str) -> str:
-    """Keep a table cell on one line and its pipes literal."""
-    return text.replace("|", "\\|").replace("\n", " ")[:300]
+    """A table cell: one line, its pipes and any markup literal (details quote evidence)."""
+    return inline(text, limit=300)

@@ -11,6 +11,7 @@ seen). It is posted to Prefect's HTTP API, so the core never imports Prefect::
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
 import urllib.request
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-__all__ = ["ALERT_EVENT", "AlertEvent", "AlertEventError", "emit_alert"]
+__all__ = ["ALERT_EVENT", "AlertEvent", "AlertEventError", "api_headers", "emit_alert"]
 
 ALERT_EVENT = "denpex.alert.nccl-timeout"
 _NAMESPACE = uuid.UUID("6f1d2d0e-4a4b-4f3b-9a55-0d3e5d1e7a10")
@@ -60,11 +61,21 @@ class AlertEvent(BaseModel):
         }
 
 
-def emit_alert(api_url: str, alert: AlertEvent, *, occurred: datetime, timeout_s: float = 10.0) -> None:
-    """``POST {api_url}/events`` with the one event."""
+def api_headers(auth_string: str | None) -> dict[str, str]:
+    """The headers a self-hosted Prefect API behind basic authentication wants
+    (``PREFECT_SERVER_API_AUTH_STRING`` on the server, ``user:password``), as Prefect's own client
+    sends them for ``PREFECT_API_AUTH_STRING``; none without one."""
+    if not auth_string:
+        return {}
+    return {"Authorization": "Basic " + base64.b64encode(auth_string.encode()).decode()}
+
+
+def emit_alert(api_url: str, alert: AlertEvent, *, occurred: datetime, timeout_s: float = 10.0,
+               auth_string: str | None = None) -> None:
+    """``POST {api_url}/events`` with the one event (basic authentication with ``auth_string``)."""
     body = json.dumps([alert.event_body(occurred)]).encode()
     request = urllib.request.Request(f"{api_url.rstrip('/')}/events", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **api_headers(auth_string)})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (our API URL)
             if response.status >= 300:

@@ -8,23 +8,35 @@ The paused run shows the plan and a form (``flows/``: a Prefect ``RunInput`` bui
     ... plan_hash of another plan        -> REFUSED, "the answer approves plan 1a2b..., not 3c4d..."
     ... nodes not in the plan            -> REFUSED, "gpu-node-009 is not in the plan ..."
     ApprovalAnswer(decision=reject, ...) -> REJECTED, with the approver's comment as the reason
+    ... code missing, wrong or reused    -> REFUSED, "alice's code was already used; ..."
+    ApprovalAnswer(decision=reject, approver="alice", no code)
+                                         -> REJECTED, "rejected by an unverified answer naming 'alice' ..."
 
 The approval is the one model of ARCHITECTURE.md "Approvals" (``denpex.isolation.approval``,
 channel ``prefect-ui``, the flow run's id), built with ``ui_approval``. Who may approve is read
 from the operator's runbook (``approvers_for(tenant, cluster)``), never from the form, and
 ``execute_approved`` checks it all again before acting.
+
+Whoever reaches the Prefect API can resume the run and pick any approver's name, so where the
+runbook asks for it (``approval.second_factor: totp``, the default) the answer carries the
+approver's current TOTP code (``denpex.isolation.second_factor``). A code is spent by any answer
+that carries it, refused or not: the run's stored input shows it to whoever reads the API, and it
+must not approve another run. A rejection always stands (it touches nothing), but it is recorded
+in an approver's name only when it proves that approver as an approval would.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.isolation.approval import Approval, ui_approval
 from denpex.isolation.plan import IsolationPlan, Operation
-from denpex.isolation.policy import ApprovalChannel, IsolationPolicy
+from denpex.isolation.policy import ApprovalChannel, IsolationPolicy, SecondFactor
+from denpex.isolation.second_factor import TotpStore
 
 __all__ = ["Decision", "ApprovalAnswer", "AnswerVerdict", "ReviewedAnswer", "review_answer"]
 
@@ -46,8 +58,10 @@ class ApprovalAnswer(BaseModel):
     decision: Decision = Field(description="approve or reject the plan shown beside this form")
     plan_hash: str = Field(description="the hash of the plan shown (pre-filled; leave it)")
     nodes: list[str] = Field(description="the nodes approved: all of the plan's, or fewer")
-    approver: str = Field(default="", description="your name, as the runbook lists approvers")
-    comment: str = Field(default="", description="why; written to the audit log")
+    approver: str = Field(default="", max_length=200, description="your name, as the runbook lists approvers")
+    comment: str = Field(default="", max_length=2000, description="why; written to the audit log")
+    code: str = Field(default="", max_length=32,
+                      description="the approver's current 6-digit code from their authenticator app (TOTP)")
 
 
 class AnswerVerdict(StrEnum):
@@ -73,22 +87,57 @@ class ReviewedAnswer(BaseModel):
 
 
 def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: IsolationPolicy, operation: Operation,
-                  flow_run_id: str, at: datetime) -> ReviewedAnswer:
-    """Check ``answer`` against ``plan`` and the operator's ``policy``; every problem in one reason."""
+                  flow_run_id: str, at: datetime, codes: TotpStore) -> ReviewedAnswer:
+    """Check ``answer`` against ``plan`` and the operator's ``policy``; every problem in one reason.
+    ``codes`` holds the approvers' TOTP secrets and spent codes (the state directory's)."""
     approver = answer.approver.strip()
+    # The code is spent on every answer that carries one, whatever else the answer says: a code
+    # left in a refused answer's stored run input must not approve another run.
+    proof, code_problem = _second_factor(answer, policy, approver, codes, at)
     if answer.decision is Decision.REJECT:
-        why = answer.comment.strip() or "no reason given"
-        return ReviewedAnswer(verdict=AnswerVerdict.REJECTED, approver=approver,
-                              reason=f"rejected by {approver or 'an unnamed person'}: {why}")
-    problems = _problems(answer, plan, policy, approver)
+        return _rejection(answer, plan, policy, approver, code_problem)
+    problems = _problems(answer, plan, policy, approver) + ([code_problem] if code_problem else [])
     if problems:
         return ReviewedAnswer(verdict=AnswerVerdict.REFUSED, approver=approver,
                               reason="approval refused, nothing was done: " + "; ".join(problems))
     nodes = tuple(dict.fromkeys(answer.nodes))
     approval = ui_approval(plan, approver, flow_run_id=flow_run_id, at=at, ttl=policy.approval.ttl,
-                           cluster=plan.cluster, operation=operation, nodes=nodes, comment=answer.comment)
+                           cluster=plan.cluster, operation=operation, nodes=nodes, comment=answer.comment,
+                           second_factor=proof)
+    checked = " (TOTP code checked)" if proof else ""
     return ReviewedAnswer(verdict=AnswerVerdict.APPROVED, approver=approver, approval=approval,
-                          reason=f"approved by {approver} for {', '.join(nodes)}")
+                          reason=f"approved by {approver} for {', '.join(nodes)}{checked}")
+
+
+def _rejection(answer: ApprovalAnswer, plan: IsolationPlan, policy: IsolationPolicy, approver: str,
+               code_problem: str) -> ReviewedAnswer:
+    """A rejection touches nothing, so it always stands; but it is put in a person's name only
+    when it proves that person as an approval would (the runbook's list, the code)."""
+    why = answer.comment.strip() or "no reason given"
+    doubts = _approver_problems(plan, policy, approver) + ([code_problem] if code_problem else [])
+    if doubts:
+        named = repr(approver) if approver else "nobody"
+        return ReviewedAnswer(verdict=AnswerVerdict.REJECTED, approver="",
+                              reason=f"rejected by an unverified answer naming {named} ({'; '.join(doubts)}): {why}")
+    return ReviewedAnswer(verdict=AnswerVerdict.REJECTED, approver=approver, reason=f"rejected by {approver}: {why}")
+
+
+def _second_factor(answer: ApprovalAnswer, policy: IsolationPolicy, approver: str, codes: TotpStore,
+                   at: datetime) -> tuple[Literal["totp"] | None, str]:
+    """The proof the answer carries (``"totp"`` or None) and, when it falls short, why.
+
+    A code typed where the runbook does not ask for one is checked all the same: a wrong code
+    is never silently ignored.
+    """
+    given = answer.code.strip()
+    required = policy.approval.second_factor is SecondFactor.TOTP
+    if not given:
+        if required:
+            return None, (f"the runbook requires {approver}'s current TOTP code (approval.second_factor: totp); "
+                          "type the 6 digits the authenticator app shows in the form's code field")
+        return None, ""
+    check = codes.check(approver, given, at=at.timestamp())
+    return ("totp", "") if check.accepted else (None, check.reason)
 
 
 def _problems(answer: ApprovalAnswer, plan: IsolationPlan, policy: IsolationPolicy, approver: str) -> list[str]:
@@ -104,14 +153,18 @@ def _problems(answer: ApprovalAnswer, plan: IsolationPlan, policy: IsolationPoli
                         f"({', '.join(planned) or 'no node'})")
     if not answer.nodes:
         problems.append("no node was approved")
-    if not approver:
-        problems.append("the approver's name is missing")
-    rule = policy.approval
-    if ApprovalChannel.PREFECT_UI not in rule.channels:
+    if ApprovalChannel.PREFECT_UI not in policy.approval.channels:
         problems.append("the runbook does not accept approvals through the Prefect UI (approval.channels)")
-    allowed = rule.approvers_for(plan.tenant, plan.cluster)
-    if approver and approver not in allowed:
-        names = ", ".join(sorted(allowed)) or "nobody is listed"
-        problems.append(f"{approver!r} may not approve for tenant {plan.tenant or '?'} on cluster "
-                        f"{plan.cluster or '?'} through the Prefect UI ({names}; runbook approval.approvers/scoped)")
-    return problems
+    return problems + _approver_problems(plan, policy, approver)
+
+
+def _approver_problems(plan: IsolationPlan, policy: IsolationPolicy, approver: str) -> list[str]:
+    """Why ``approver`` may not answer for the plan's tenant and cluster (none: they may)."""
+    if not approver:
+        return ["the approver's name is missing"]
+    allowed = policy.approval.approvers_for(plan.tenant, plan.cluster)
+    if approver in allowed:
+        return []
+    names = ", ".join(sorted(allowed)) or "nobody is listed"
+    return [f"{approver!r} may not approve for tenant {plan.tenant or '?'} on cluster {plan.cluster or '?'} "
+            f"through the Prefect UI ({names}; runbook approval.approvers/scoped)"]

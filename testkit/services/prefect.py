@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from denpex.workflow.alert_event import api_headers
 from testkit.services.net import free_port, log_tail, wait_http
 
 __all__ = ["PrefectServer", "prefect_server", "prefect_env", "flow_run", "wait_for_flow_run",
@@ -65,7 +66,7 @@ class PrefectServer:
     """
 
     def __init__(self, workdir: Path, *, database_url: str | None = None, ui: bool = True,
-                 startup_timeout: float = 120.0) -> None:
+                 startup_timeout: float = 120.0, auth_string: str | None = None) -> None:
         self.home = workdir / "prefect-home"
         self.log = workdir / "prefect-server.log"
         self.port = free_port()
@@ -73,6 +74,8 @@ class PrefectServer:
         self.database_url = database_url or f"sqlite+aiosqlite:///{self.home / 'prefect.db'}"
         self.ui = ui
         self.startup_timeout = startup_timeout
+        self.auth_string = auth_string
+        """``user:password``: the API answers 401 without it (``PREFECT_SERVER_API_AUTH_STRING``)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -81,7 +84,13 @@ class PrefectServer:
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a process (flow, worker, serve) that talks to this server."""
-        return prefect_env(self.home, api_url=self.api_url, **extra)
+        auth = {"PREFECT_API_AUTH_STRING": self.auth_string} if self.auth_string else {}
+        return prefect_env(self.home, api_url=self.api_url, **auth, **extra)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a plain HTTP client sends to this server's API."""
+        return api_headers(self.auth_string)
 
     def start(self) -> None:
         # `python -m prefect`, not the venv's console script: a clone's venv that borrows this
@@ -91,6 +100,8 @@ class PrefectServer:
                           PREFECT_API_DATABASE_CONNECTION_URL=self.database_url)
         if not self.ui:
             env["PREFECT_UI_ENABLED"] = "false"
+        if self.auth_string:
+            env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth_string
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -114,10 +125,11 @@ class PrefectServer:
 
 
 @contextmanager
-def prefect_server(workdir: Path, *, database_url: str | None = None, ui: bool = True,
+def prefect_server(workdir: Path, *, database_url: str | None = None, ui: bool = True, auth_string: str | None = None,
                    startup_timeout: float = 120.0) -> Iterator[PrefectServer]:
     """A :class:`PrefectServer` started for the block and stopped after it."""
-    server = PrefectServer(workdir, database_url=database_url, ui=ui, startup_timeout=startup_timeout)
+    server = PrefectServer(workdir, database_url=database_url, ui=ui, startup_timeout=startup_timeout,
+                           auth_string=auth_string)
     server.start()
     try:
         yield server
@@ -126,7 +138,8 @@ def prefect_server(workdir: Path, *, database_url: str | None = None, ui: bool =
 
 
 def wait_for_deployments(api_url: str, names: Collection[str], process: subprocess.Popen[bytes], log: Path,
-                         timeout: float = 180.0, *, automations: Collection[str] = ()) -> None:
+                         timeout: float = 180.0, *, automations: Collection[str] = (),
+                         headers: dict[str, str] | None = None) -> None:
     """Wait until the server at ``api_url`` lists every deployment in ``names`` and every
     automation (a deployment's trigger) in ``automations``: an event sent before its trigger
     exists starts nothing. ``process`` serves them (its output in ``log``); its exit fails the wait.
@@ -136,9 +149,10 @@ def wait_for_deployments(api_url: str, names: Collection[str], process: subproce
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{_command(process)} exited {process.returncode}:\n{log_tail(log)}")
-        found = httpx.post(f"{api_url}/deployments/filter", timeout=10,
+        found = httpx.post(f"{api_url}/deployments/filter", timeout=10, headers=headers,
                            json={"deployments": {"name": {"any_": sorted(wanted)}}}).json()
-        registered = httpx.post(f"{api_url}/automations/filter", json={}, timeout=10).json() if triggers else []
+        registered = httpx.post(f"{api_url}/automations/filter", json={}, timeout=10,
+                                headers=headers).json() if triggers else []
         if wanted <= {d["name"] for d in found} and triggers <= {a["name"] for a in registered}:
             return
         time.sleep(0.5)
@@ -148,7 +162,7 @@ def wait_for_deployments(api_url: str, names: Collection[str], process: subproce
 
 def flow_run(server: PrefectServer, flow_run_id: str) -> dict[str, Any]:
     """The flow run as the REST API returns it."""
-    response = httpx.get(f"{server.api_url}/flow_runs/{flow_run_id}", timeout=10)
+    response = httpx.get(f"{server.api_url}/flow_runs/{flow_run_id}", timeout=10, headers=server.headers)
     response.raise_for_status()
     return dict(response.json())
 

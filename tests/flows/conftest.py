@@ -16,7 +16,7 @@ import pytest
 import yaml
 from moto.server import ThreadedMotoServer
 
-from flow_driver import FlowRig
+from flow_driver import FlowRig, enroll_approvers
 from testkit.services.prefect import wait_for_deployments
 from testkit.services.slurm import SlurmLab
 
@@ -28,7 +28,8 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "
 def write_runbooks(folder: Path) -> None:
     """The shipped hang-triage runbook with test timings and named approvers (the shipped one lists
     nobody, so no Prefect UI approval passes until an operator names people), and a variant that
-    times out fast.
+    times out fast. The shipped second factor stays: each approval carries a TOTP code
+    (``flow_driver.enroll_approvers`` and ``resume(..., state_dir=)``).
 
     The bundled dumps were recorded on 2026-11-29, so the plan's evidence is older than the
     shipped six-hour ``max_plan_age``: the test runbook allows replaying a recorded incident.
@@ -40,7 +41,7 @@ def write_runbooks(folder: Path) -> None:
                         "approval_poll": "PT1S", "remediation_retries": 2}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "hang-triage.yaml").write_text(yaml.safe_dump(body))
-    quick = dict(body, name="hang-triage-quick", workflow=dict(body["workflow"], approval_timeout="PT5S"))
+    quick = dict(body, name="hang-triage-quick", workflow=dict(body["workflow"], approval_timeout="PT12S"))
     (folder / "hang-triage-quick.yaml").write_text(yaml.safe_dump(quick))
 
 
@@ -98,6 +99,7 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
     runbooks = work / "runbooks"
     state.mkdir()
     write_runbooks(runbooks)
+    enroll_approvers(state)
     register_blocks(slurm_lab)
     env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
            "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,

@@ -14,6 +14,7 @@ from uuid import UUID
 from denpex.isolation.audit import AuditLog, verify_audit_log
 from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, load_plan
+from denpex.isolation.second_factor import TotpStore
 from denpex.workflow.alert_event import AlertEvent, emit_alert
 from testkit.services.slurm import SlurmLab
 
@@ -107,9 +108,41 @@ def saved_plan(state_dir: Path, incident_id: str) -> IsolationPlan:
     return load_plan(state_dir / "plans" / f"{incident_id}.json")
 
 
-def resume(run_id: UUID, answer: dict[str, Any]) -> None:
+APPROVERS = ("alice", "bob", "carol")
+"""The test runbooks' approvers (``write_runbooks``), each enrolled with a real TOTP secret."""
+_STEP_S = 30
+_codes_given: dict[tuple[Path, str], int] = {}
+
+
+def enroll_approvers(state_dir: Path, names: tuple[str, ...] = APPROVERS) -> None:
+    """Enrol ``names`` in the state directory, as `denpex approver enroll NAME` does."""
+    store = TotpStore(state_dir)
+    for name in names:
+        if not store.enrolled(name):
+            store.enroll(name)
+
+
+def totp_code(state_dir: Path, approver: str) -> str:
+    """The code ``approver``'s authenticator shows now. A code is accepted once, so when this
+    process already handed out this 30 s step's code, wait for the next step."""
+    key = (state_dir, approver)
+    now = time.time()
+    step = int(now) // _STEP_S
+    if _codes_given.get(key, -1) >= step:
+        time.sleep((step + 1) * _STEP_S - now + 0.5)
+        now = time.time()
+        step = int(now) // _STEP_S
+    _codes_given[key] = step
+    return TotpStore(state_dir).current_code(approver, at=now)
+
+
+def resume(run_id: UUID, answer: dict[str, Any], *, state_dir: Path | None = None) -> None:
+    """Answer the paused run. With ``state_dir``, an answer without a ``code`` gets the
+    approver's current one (a person typing it from their authenticator)."""
     from prefect.flow_runs import resume_flow_run
 
+    if state_dir is not None and answer.get("decision") in {"approve", "reject"} and "code" not in answer:
+        answer = {**answer, "code": totp_code(state_dir, str(answer.get("approver", "")).strip())}
     resume_flow_run(run_id, run_input=answer)
 
 

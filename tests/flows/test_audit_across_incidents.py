@@ -83,7 +83,7 @@ def cutter(flow_rig: FlowRig) -> Iterator[Cutter]:
 def _answer(run_id: UUID, rig: FlowRig, incident: str, **answer: Any) -> None:
     plan = saved_plan(rig.state_dir, incident)
     resume(run_id, {"plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions], "comment": "",
-                    **answer})
+                    **answer}, state_dir=rig.state_dir)
 
 
 def _triage(rig: FlowRig, incident: str, **answer: Any) -> dict[str, Any]:

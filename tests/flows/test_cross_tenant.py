@@ -25,7 +25,8 @@ from denpex.ingest.errors import RegistryError
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import Registry
 from denpex.isolation.plan import save_plan
-from flow_driver import ALERT_TIME, CULPRIT_NODE, find_run, manifest_with_gpus, resume, saved_plan, wait_for, xid79_log
+from flow_driver import (ALERT_TIME, CULPRIT_NODE, enroll_approvers, find_run, manifest_with_gpus, resume, saved_plan,
+                         wait_for, xid79_log)
 from testkit.fakes.k8s_api import FakeApiServer, make_node
 
 # Sized to what it starts: the harness server (shared by the session) and one in-process flow run.
@@ -46,6 +47,7 @@ def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     body["approval"]["scoped"] = [{"tenant": "a", "names": ["alice"]}, {"tenant": "b", "names": ["bob"]}]
     (runbooks / "hang-triage.yaml").write_text(yaml.safe_dump(body))
     monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path / "state"))
+    enroll_approvers(tmp_path / "state", ("alice", "bob"))
     monkeypatch.setenv("DENPEX_RUNBOOKS_DIR", str(runbooks))
     from blocks import DenpexRunbook
 
@@ -96,7 +98,8 @@ def _run_as_attacker(state: Path, **parameters: Any) -> dict[str, Any]:
     if wait_for(run_id, {"PAUSED", "COMPLETED", "FAILED"}) == "PAUSED":
         plan = saved_plan(state, parameters["incident_id"])
         resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(),
-                        "nodes": [a.node for a in plan.actions], "approver": "bob", "comment": "mine"})
+                        "nodes": [a.node for a in plan.actions], "approver": "bob", "comment": "mine"},
+               state_dir=state)
     worker.join(timeout=240)
     if "error" in out:
         raise out["error"]

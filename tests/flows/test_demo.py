@@ -52,6 +52,10 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     assert Path(last.removeprefix("report: ")).is_relative_to(clone / "out" / "demo")
     assert report["verdict"] == "localized" and report["outcome"] == "executed", report["reason"]
     assert report["plan"]["actions"] == [{"node": "gpu-node-003", "action": "drain"}]
+    # The approval carried demo-operator's TOTP code, through an API behind basic authentication.
+    assert report["approval"]["approver"] == "demo-operator" and report["approval"]["second_factor"] == "totp"
+    assert "enrolled demo-operator; add this to an authenticator app: otpauth://totp/" in out
+    assert "the UI's login asks for the API's auth string: demo:" in out
     [node] = report["execution"]["nodes"]
     assert node["node"] == "gpu-node-003" and "DRAIN" in node["state_after"]
     assert "[demo] slurm: gpu-node-003 State=IDLE+DRAIN" in out

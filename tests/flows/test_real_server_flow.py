@@ -26,6 +26,7 @@ from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
     alert,
+    enroll_approvers,
     find_run,
     fire,
     keyed_audit_log,
@@ -33,6 +34,7 @@ from flow_driver import (
     report_of,
     resume,
     saved_plan,
+    totp_code,
     wait_for,
     xid79_log,
 )
@@ -69,6 +71,7 @@ def pg_rig(postgres_prefect: PostgresPrefect, s3_endpoint: str, slurm_lab: Slurm
     state, runbooks, log = work / "state", work / "runbooks", work / "serve.log"
     state.mkdir()
     write_runbooks(runbooks)
+    enroll_approvers(state)
     server, database_url = postgres_prefect.server, postgres_prefect.database_url
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         register_blocks(slurm_lab)
@@ -92,12 +95,20 @@ def pg_rig(postgres_prefect: PostgresPrefect, s3_endpoint: str, slurm_lab: Slurm
 
 
 def paused_incident(rig: ServerRig, incident: str) -> Any:
-    evidence = upload(rig.flows.s3_endpoint, incident, SCENARIO,
-                      extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
-    fire(rig.server.api_url, alert(incident, evidence))
-    run_id = find_run(incident)
-    assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
+    [run_id] = paused_incidents(rig, incident)
     return run_id
+
+
+def paused_incidents(rig: ServerRig, *incidents: str) -> list[Any]:
+    """Fire an alert per incident, then wait for every run to pause (they triage side by side)."""
+    for incident in incidents:
+        evidence = upload(rig.flows.s3_endpoint, incident, SCENARIO,
+                          extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
+        fire(rig.server.api_url, alert(incident, evidence))
+    run_ids = [find_run(incident) for incident in incidents]
+    for run_id in run_ids:
+        assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
+    return run_ids
 
 
 def assert_drained_and_audited(rig: ServerRig, lab: SlurmLab, incident: str, run_id: Any, approver: str) -> None:
@@ -115,7 +126,7 @@ def test_approve_path_on_a_postgres_backed_server(pg_rig: ServerRig, lab: SlurmL
     plan = saved_plan(pg_rig.flows.state_dir, incident)
     assert drained_nodes(lab) == set()
     resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
-                    "approver": "alice", "comment": "Xid 79 confirmed"})
+                    "approver": "alice", "comment": "Xid 79 confirmed"}, state_dir=pg_rig.flows.state_dir)
     assert wait_for(run_id, {"COMPLETED"}) == "COMPLETED"
     assert_drained_and_audited(pg_rig, lab, incident, run_id, "alice")
     assert psql(pg_rig.database_url, f"select state_type from flow_run where id = '{run_id}'") == "COMPLETED"
@@ -126,8 +137,8 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
     from playwright.sync_api import expect, sync_playwright
 
     assert CHROMIUM.exists(), f"{CHROMIUM} is missing: scripts/install_system_deps.sh installs Debian's chromium"
-    incident = "ui-approve"
-    run_id = paused_incident(pg_rig, incident)
+    incident, replay = "ui-approve", "ui-reused-code"
+    run_id, replay_run_id = paused_incidents(pg_rig, incident, replay)
     run_name = flow_run(pg_rig.server, str(run_id))["name"]
     ui = pg_rig.server.url
     with sync_playwright() as playwright:
@@ -166,7 +177,13 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             field("Decision").locator(".p-select-button__control").click()
             page.keyboard.press("ArrowDown")
             page.get_by_role("option", name="approve", exact=True).click()
-            field("Approver").locator("textarea").fill("carol")
+            # The approver is a choice among the runbook's approvers; the code is carol's, as her
+            # authenticator app shows it now.
+            field("Approver").locator(".p-select-button__control").click()
+            page.keyboard.press("ArrowDown")
+            page.get_by_role("option", name="carol", exact=True).click()
+            code = totp_code(pg_rig.flows.state_dir, "carol")
+            field("Code").locator("textarea").fill(code)
             field("Comment").locator("textarea").fill("approved in the browser")
             form_shot = tmp_path / "approval-form.png"
             page.screenshot(path=str(form_shot))
@@ -181,4 +198,16 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
         finally:
             browser.close()
     assert_drained_and_audited(pg_rig, lab, incident, run_id, "carol")
+    assert report_of(pg_rig.flows.state_dir, incident, run_id)["approval"]["second_factor"] == "totp"
     assert os.path.getsize(paused_shot) > 10_000 and os.path.getsize(form_shot) > 10_000
+
+    # Whoever saw carol's code (over her shoulder, in the run's stored input) cannot use it again.
+    plan = saved_plan(pg_rig.flows.state_dir, replay)
+    resume(replay_run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
+                           "approver": "carol", "code": code, "comment": "replayed"})
+    assert wait_for(replay_run_id, {"COMPLETED"}) == "COMPLETED"
+    refused = report_of(pg_rig.flows.state_dir, replay, replay_run_id)
+    assert refused["outcome"] == "refused" and "carol's code was already used" in refused["reason"]
+    assert refused["execution"] is None
+    assert not [r for r in keyed_audit_log(pg_rig.flows.state_dir).records()
+                if r.incident_id == replay and r.kind is not AuditKind.DECISION]

@@ -121,7 +121,7 @@ def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
     assert all(_trigger(evidence, r) == "recovered" for r in (0, 1, 3)), "a blocked rank's second dump"
 
     resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": ["gpu-node-003"],
-                    "approver": "alice", "comment": "drain it"})
+                    "approver": "alice", "comment": "drain it"}, state_dir=flow_rig.state_dir)
     wait_for(run_id, {"COMPLETED"})
     report = report_of(flow_rig.state_dir, incident, run_id)
     assert report["outcome"] == "withdrawn", report["reason"]

@@ -141,6 +141,20 @@ def test_cross_cluster_key(lab: Lab) -> None:
             "cluster 'c1'")
 
 
+def test_a_node_agents_key_uploads_only_its_own_hosts_ranks(lab: Lab) -> None:
+    """lab.node_key is bound to gpu-node-002 (rank 1 in identity()): a compromised node cannot
+    replace another node's dump and pin the hang on it."""
+    incident = new_incident()
+    agent = client(lab, lab.node_key)
+    refused(agent.upload(identity(2, incident), dump_bytes(2), "rank_2.pkl"), 403, "bound to host 'gpu-node-002'")
+    assert objects(lab, incident) == []
+    assert agent.upload(identity(1, incident), dump_bytes(1), "rank_1.pkl").status_code == 201
+    unnamed = {k: v for k, v in identity(0, incident).items() if k != "host"}
+    assert agent.upload(unnamed, dump_bytes(0), "rank_0.pkl").status_code == 201
+    manifest = lab.s3.manifest(f"{lab.prefix}/acme/c1/job-1/{incident}", 2)
+    assert manifest["ranks"]["0"]["host"] == "gpu-node-002"  # an unnamed host is the key's
+
+
 def test_incident_of_another_tenant_is_not_visible(lab: Lab) -> None:
     incident = new_incident()
     assert client(lab, lab.key).upload(identity(0, incident), dump_bytes(0), "rank_0.pkl").status_code == 201

@@ -45,16 +45,17 @@ def _xid_line() -> bytes:
             "pid=15998, name=python, GPU has fallen off the bus.\n").encode()
 
 
-def _upload_incident(lab: Lab, telemetry_client: IngestClient) -> str:
-    """Every rank's dump with the job's key; rank 2's telemetry with ``telemetry_client``'s key."""
+def _upload_incident(lab: Lab, telemetry_client: IngestClient, telemetry_rank: int = 2) -> str:
+    """Every rank's dump with the job's key, but ``telemetry_rank``'s with ``telemetry_client``'s key
+    and rank 2's Xid line (gpu-node-003) beside it."""
     manifest = json.loads((FIXTURE / "manifest.json").read_text())
     incident = "inc-" + uuid.uuid4().hex[:8]
     job_client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
     for rank in range(4):
         ident = {**manifest["ranks"][str(rank)], "job_id": "job-t", "incident_id": incident, "rank": rank,
                  "world_size": 4, "gpu_pci_bus_id": GPU, "process_groups": manifest["process_groups"]}
-        client = telemetry_client if rank == 2 else job_client
-        telemetry = [_xid_line()] if rank == 2 else []
+        client = telemetry_client if rank == telemetry_rank else job_client
+        telemetry = [_xid_line()] if rank == telemetry_rank else []
         response = client.upload(ident, (FIXTURE / f"rank_{rank}.pkl").read_bytes(), f"rank_{rank}.pkl", telemetry)
         assert response.status_code == 201, response.text
     lab.s3.manifest(f"{lab.prefix}/acme/c1/job-t/{incident}", 4)  # hosts and GPUs place the Xid
@@ -94,9 +95,10 @@ def test_node_agent_key_telemetry_supports_the_drain(lab: Lab, tmp_path: Path, m
 
 
 def test_a_node_agent_cannot_vouch_for_another_host(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gpu-node-002's agent reporting an Xid on gpu-node-003 is shown, never trusted."""
+    """gpu-node-002's agent reporting an Xid on gpu-node-003 (beside its own rank's dump: it may
+    upload no other host's) is shown, never trusted."""
     other = IngestClient(lab.url, key_id=lab.node_key.key_id, secret=lab.node_key.secret, tenant="acme", cluster="c1")
-    incident = _upload_incident(lab, other)
+    incident = _upload_incident(lab, other, telemetry_rank=1)
     found = _plan(lab, incident, tmp_path, monkeypatch)
     assert found.report.candidates[0].hardware == []
     assert found.report.plan is not None and found.report.plan.recommend_isolation is False

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from denpex.cli import app
 from denpex.isolation.approval import (
+    Approval,
     check_approval,
     load_approval,
     load_trusted_approvers,
@@ -22,7 +23,8 @@ from denpex.isolation.approval import (
 from denpex.isolation.errors import ApprovalError
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
 from denpex.isolation.planner import plan_isolation
-from denpex.isolation.policy import ApprovalChannel, ApprovalRule, ApproverScope, IsolationPolicy, Scheduler
+from denpex.isolation.policy import (ApprovalChannel, ApprovalRule, ApproverScope, IsolationPolicy, Scheduler,
+                                    SecondFactor)
 from isolation.triage_cases import NOW, cluster, killed_process, signal
 from isolation.trust import KEYS, signed, trusted
 
@@ -98,7 +100,7 @@ def test_an_approval_edited_after_signing_is_refused() -> None:
 
 def test_a_prefect_ui_approval_needs_the_channel_and_a_listed_approver_for_tenant_and_cluster() -> None:
     plan = make_plan(tenant="acme")
-    ui = ui_approval(plan, "carol", flow_run_id="run-1", at=NOW, ttl=timedelta(hours=1))
+    ui = ui_approval(plan, "carol", flow_run_id="run-1", at=NOW, ttl=timedelta(hours=1), second_factor="totp")
     with pytest.raises(ApprovalError, match="names no approvers for this tenant and cluster"):
         check(plan, ui, tenant="acme")
     scoped = ApprovalRule(scoped=(ApproverScope(tenant="acme", cluster="lab", names=frozenset({"carol"})),))
@@ -111,6 +113,24 @@ def test_a_prefect_ui_approval_needs_the_channel_and_a_listed_approver_for_tenan
     closed = ApprovalRule(scoped=scoped.scoped, channels=frozenset({ApprovalChannel.CLI_SIGNED}))
     with pytest.raises(ApprovalError, match="does not accept prefect-ui approvals"):
         check(plan, ui, rule=closed, tenant="acme")
+
+
+def test_a_prefect_ui_approval_needs_the_second_factor_the_operators_runbook_asks_for() -> None:
+    plan = make_plan(tenant="acme")
+    bare = ui_approval(plan, "carol", flow_run_id="run-1", at=NOW, ttl=timedelta(hours=1))
+    scoped = ApprovalRule(scoped=(ApproverScope(tenant="acme", cluster="lab", names=frozenset({"carol"})),))
+    with pytest.raises(ApprovalError, match="requires carol's TOTP code"):
+        check(plan, bare, rule=scoped, tenant="acme")
+    lenient = scoped.model_copy(update={"second_factor": SecondFactor.NONE})
+    assert check(plan, bare, rule=lenient, tenant="acme") == bare
+
+
+def test_a_signed_approval_names_no_second_factor_and_its_signed_bytes_are_as_before() -> None:
+    plan = make_plan()
+    approval = signed(plan, at=NOW)
+    assert b"second_factor" not in approval.signed_bytes()  # signatures made before the field verify
+    with pytest.raises(ValueError, match="names no second_factor"):
+        Approval.model_validate({**approval.model_dump(), "second_factor": "totp"})
 
 
 def test_listed_approvers_restrict_signed_approvals_too() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyotp
 import pytest
 
-from denpex.isolation.second_factor import CodeVerdict, TotpStore
+from denpex.isolation.second_factor import LOCKOUT_S, MAX_WRONG_CODES, CodeVerdict, TotpStore
 
 NOW = 1_764_547_215.0  # 15 s into a 30 s step
 
@@ -73,3 +73,34 @@ def test_enroll_command_prints_the_uri_and_a_qr_code(tmp_path: Path) -> None:
     secret = pyotp.parse_uri(uri).secret
     assert secret == (tmp_path / "approvers" / "totp" / "demo-operator").read_text().strip()
     assert "\u2588" in out.stdout or "\u2580" in out.stdout  # the terminal QR code
+
+
+def _wrong(store: TotpStore, approver: str, at: float) -> str:
+    """A 6-digit code that none of the drift window's steps gives ``approver``."""
+    valid = {store.current_code(approver, at=at + d * 30) for d in (-1, 0, 1)}
+    return next(c for c in (f"{n:06d}" for n in range(1_000_000)) if c not in valid)
+
+
+def test_guessing_locks_the_approver_out_for_the_window(tmp_path: Path) -> None:
+    store = TotpStore(tmp_path)
+    store.enroll("alice")
+    store.enroll("bob")
+    at = 1_800_000_000.0
+    for i in range(MAX_WRONG_CODES):
+        assert store.check("alice", _wrong(store, "alice", at + i), at=at + i).verdict is CodeVerdict.WRONG
+    # Now even alice's right code is refused, and says why; bob is not affected.
+    locked = store.check("alice", store.current_code("alice", at=at + 10), at=at + 10)
+    assert locked.verdict is CodeVerdict.LOCKED and "5 wrong codes for alice" in locked.reason
+    assert store.check("bob", store.current_code("bob", at=at + 10), at=at + 10).accepted
+    # Once the window has passed since the wrong codes, alice's current code works again.
+    later = at + LOCKOUT_S + MAX_WRONG_CODES + 1
+    assert store.check("alice", store.current_code("alice", at=later), at=later).accepted
+
+
+def test_malformed_codes_are_not_counted_as_guesses(tmp_path: Path) -> None:
+    store = TotpStore(tmp_path)
+    store.enroll("alice")
+    at = 1_800_000_000.0
+    for _ in range(MAX_WRONG_CODES * 2):
+        assert store.check("alice", "12345", at=at).verdict is CodeVerdict.MALFORMED
+    assert store.check("alice", store.current_code("alice", at=at), at=at).accepted

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 
 from plugins.services import PostgresPrefect
 from testkit.services.postgres import PG_BIN, psql
-from testkit.services.prefect import PrefectServer
+from testkit.services.prefect import PrefectServer, prefect_server
 
 # Sized to what it starts: `prefect server start` on SQLite and on PostgreSQL.
 pytestmark = [pytest.mark.timeout(300)]
@@ -77,3 +78,33 @@ def test_flow_runs_against_prefect_server_on_postgresql(postgres_prefect: Postgr
     stored = psql(url, f"select count(*) from flow_run where id = '{run['id']}'")
     assert int(stored) == 1, "the run is stored in PostgreSQL, not in a SQLite file"
     assert not (server.home / "prefect.db").exists()
+
+
+def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(tmp_path: Path) -> None:
+    """Production puts the Prefect API behind basic authentication (PREFECT_SERVER_API_AUTH_STRING):
+    the ingest service's alert event gets through only with the auth string, and a refused one is
+    a clear, retryable error (the alert is answered 503 and Alertmanager sends it again)."""
+    from datetime import UTC, datetime
+
+    from denpex.ingest.errors import StoreUnavailableError
+    from denpex.ingest.flow_trigger import PrefectEventTrigger
+    from denpex.workflow.alert_event import AlertEvent
+
+    event = AlertEvent(tenant="acme", cluster="lab", job_id="j", incident_id="inc-auth",
+                       alert_time=datetime.now(UTC), evidence="s3://evidence/inc-auth", alert_id="am-auth")
+    with prefect_server(tmp_path, ui=False, auth_string="ops:s3cret") as server:
+        assert httpx.post(f"{server.api_url}/flow_runs/filter", json={}, timeout=10).status_code == 401
+        with pytest.raises(StoreUnavailableError, match="HTTP 401"):
+            PrefectEventTrigger(server.api_url).start(event)
+        with pytest.raises(StoreUnavailableError, match="HTTP 401"):
+            PrefectEventTrigger(server.api_url, auth_string="ops:wrong").start(event)
+        PrefectEventTrigger(server.api_url, auth_string="ops:s3cret").start(event)
+        seen: list[str] = []
+        deadline = time.monotonic() + 30  # the server stores events a moment after taking them
+        while not seen and time.monotonic() < deadline:
+            filtered = httpx.post(f"{server.api_url}/events/filter", headers=server.headers, timeout=10,
+                                  json={"filter": {"event": {"name": ["denpex.alert.nccl-timeout"]}}})
+            filtered.raise_for_status()
+            seen = [e["payload"]["incident_id"] for e in filtered.json()["events"]]
+            time.sleep(0.5)
+        assert seen == ["inc-auth"]

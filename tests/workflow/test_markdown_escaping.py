@@ -57,7 +57,8 @@ def test_the_report_keeps_evidence_text_literal(hostile: str) -> None:
     assert any(line.endswith(inline(hostile)) for line in outside)
     [blocked] = [line for line in outside if line.startswith("- blocked: ")]
     unescaped = re.sub(r"\\.", "", blocked.removeprefix("- blocked: "))
-    assert not set(unescaped) & set("`*_[]()<>#|"), unescaped
+    # Inside a line, '#' and '-' start nothing (headings and lists start lines), so they stay readable.
+    assert not set(unescaped) & set("`*_[]()<>|"), unescaped
     assert not any(line.startswith("#") for line in outside[1:])
 
 
