@@ -146,7 +146,8 @@ def approval_form(plan: IsolationPlan, description: str, *, policy: IsolationPol
         fields[key] = (known.annotation, FieldInfo.merge_field_infos(known, default=value))
     names = sorted(policy.approval.approvers_for(plan.tenant, plan.cluster))
     if names:
-        choice = Enum("Approver", {name: name for name in names}, type=str)  # type: ignore[misc]
+        # Member keys of our own: a runbook's names are values, whatever they look like ("_x", "name").
+        choice = Enum("Approver", {f"a{i}": name for i, name in enumerate(names)}, type=str)  # type: ignore[misc]
         fields["approver"] = (choice, Field(description="who approves: one of the runbook's approvers for this "
                                                         "tenant and cluster"))
     form = create_model("ApprovalInput", __base__=ApprovalInput, **fields)

@@ -1,0 +1,43 @@
+"""The approval form's schema: what the Prefect server checks an answer against before resuming."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from denpex.isolation.plan import IsolationPlan, utc_now
+from denpex.isolation.planner import plan_isolation
+from denpex.isolation.policy import ApprovalRule, ApproverScope, IsolationPolicy, Scheduler
+from flows.approval import approval_form
+from lab.rig import xid79_on
+
+
+def _plan(policy: IsolationPolicy, tenant: str = "acme") -> IsolationPlan:
+    result = xid79_on(["gpu-node-002"])
+    return plan_isolation(result, None, policy, None, Scheduler.SLURM, "inc-1", result.as_of or utc_now(),
+                          cluster="lab", tenant=tenant)
+
+
+def test_the_approver_is_a_choice_among_the_runbooks_approvers_for_the_tenant_and_cluster() -> None:
+    policy = IsolationPolicy(approval=ApprovalRule(
+        approvers=frozenset({"_odd", "name"}),
+        scoped=(ApproverScope(tenant="acme", names=frozenset({"alice"})),
+                ApproverScope(tenant="globex", names=frozenset({"mallory"})))))
+    plan = _plan(policy)
+    form = approval_form(plan, "the plan", policy=policy)
+    schema = form.model_json_schema()
+    assert schema["$defs"]["Approver"]["enum"] == ["_odd", "alice", "name"]  # names as values, any spelling
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {"decision", "approver"}
+    props = schema["properties"]
+    assert props["plan_hash"]["default"] == plan.content_hash() and props["nodes"]["default"] == ["gpu-node-002"]
+    assert "authenticator" in props["code"]["description"] and props["code"]["maxLength"] == 32
+    assert form._description == "the plan"
+    assert form(decision="approve", approver="alice", code="123456").model_dump(mode="json")["approver"] == "alice"
+    with pytest.raises(ValidationError):
+        form(decision="approve", approver="mallory")  # another tenant's approver
+
+
+def test_a_runbook_naming_nobody_leaves_a_free_name_that_the_review_refuses() -> None:
+    policy = IsolationPolicy(approval=ApprovalRule())
+    form = approval_form(_plan(policy), "the plan", policy=policy)
+    assert form.model_json_schema()["properties"]["approver"]["type"] == "string"
