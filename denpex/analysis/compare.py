@@ -216,7 +216,16 @@ def _oldest(ops: list[_RankOp]) -> int | None:
     return min(times) if times else None
 
 
-def _heads(summaries: dict[int, RankSummary]) -> dict[int, int]:
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """A rank's oldest in-flight op: its process-wide ``record_id``, and its p2p batch if any."""
+
+    record_id: int
+    batch: tuple[str, int] | None = None
+    """(group, p2p_seq_id) when the op is a member of a ``batch_isend_irecv`` batch."""
+
+
+def _heads(summaries: dict[int, RankSummary]) -> dict[int, _Head]:
     """Each rank's oldest in-flight op (by its process-wide ``record_id``): what it is blocked in.
 
     NCCL enqueues asynchronously, so a rank stuck in one op may already have enqueued later ops
@@ -224,15 +233,22 @@ def _heads(summaries: dict[int, RankSummary]) -> dict[int, int]:
     """
     heads = {}
     for rank, summary in summaries.items():
-        ids = [op.record_id for g in summary.groups.values() for op in g.pending if op.record_id is not None]
-        if ids:
-            heads[rank] = min(ids)
+        ops = [(op.record_id, name, op) for name, g in summary.groups.items() for op in g.pending
+               if op.record_id is not None]
+        if ops:
+            record_id, name, op = min(ops, key=lambda item: item[0])
+            heads[rank] = _Head(record_id, (name, op.p2p_seq_id) if op.in_batch else None)
     return heads
 
 
-def _queued_behind(rank: int, op: PendingOp, heads: dict[int, int]) -> bool:
+def _queued_behind(rank: int, op: PendingOp, heads: dict[int, _Head], group: str) -> bool:
+    """Whether ``op`` waits behind the rank's own older op. Members of one p2p batch are issued
+    as one group call (``ncclGroupStart``/``End``), not in order: none is queued behind another,
+    and each member's peer is one the batch waits on."""
     head = heads.get(rank)
-    return head is not None and op.record_id is not None and op.record_id > head
+    if head is None or op.record_id is None or op.record_id <= head.record_id:
+        return False
+    return not (op.in_batch and head.batch == (group, op.p2p_seq_id))
 
 
 def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, RankSummary]
@@ -314,7 +330,7 @@ def progress_from_status(name: str, rank: int, summaries: dict[int, RankSummary]
 
 def _collective_blockage(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
                          missing: set[int], unknown: tuple[int, ...], clock: _Clock,
-                         heads: dict[int, int], deferred: list[_Found]) -> _Found | None:
+                         heads: dict[int, _Head], deferred: list[_Found]) -> _Found | None:
     """The group's stuck collective and who it waits on.
 
     An op that every member holding it enqueued behind an earlier op of its own that has not
@@ -342,7 +358,7 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
             return None
     behind = tuple(r for r, p in sorted(progress.items()) if p.last_enqueued < seq)
     absent = tuple(r for r in members if r in missing)
-    ready = {r: o for r, o in waiting_ops.items() if not _queued_behind(r, o, heads)}
+    ready = {r: o for r, o in waiting_ops.items() if not _queued_behind(r, o, heads, name)}
     found = _blockage_at(name, seq, waiting_ops, ready, behind, absent, unknown, clock)
     if found is not None and not ready and found[0].kind is not BlockageKind.MISMATCH:
         # Judged young or old on every holder's op: none is ready, but they are all it has.
@@ -595,7 +611,7 @@ def _is_overdue(op: PendingOp, as_of_ns: int) -> bool:
 
 def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple[int, ...],
                    missing: set[int], summaries: dict[int, RankSummary],
-                   heads: dict[int, int], as_of_ns: int | None) -> list[_Found]:
+                   heads: dict[int, _Head], as_of_ns: int | None) -> list[_Found]:
     """Each rank's oldest in-flight send/recv (or batch) against its peer's in-flight ops."""
     found: list[_Found] = []
     pairs_seen: set[tuple[int, int]] = set()
@@ -609,11 +625,11 @@ def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple
             if peer is None or peer == rank:
                 continue
             match = None if peer in missing else _peer_match(op, summaries.get(peer), name)
-            if match is not None and not _queued_behind(peer, match, heads):
+            if match is not None and not _queued_behind(peer, match, heads, name):
                 # Both ends posted. That is a hang only once the transfer outlived its timeout
                 # (a link or GPU fault on either side); the pair is reported once.
                 pair = (min(rank, peer), max(rank, peer))
-                if pair in pairs_seen or _queued_behind(rank, op, heads):
+                if pair in pairs_seen or _queued_behind(rank, op, heads, name):
                     continue
                 ends = {rank: op, peer: match} if rank < peer else {peer: match, rank: op}
                 overdue = _overdue(name, op.p2p_seq_id, op.signature.describe(), ends, as_of_ns, ())
@@ -622,7 +638,7 @@ def _p2p_blockages(name: str, progress: dict[int, GroupProgress], members: tuple
                     found.append((replace(overdue, is_p2p=True, detail=_overdue_pair_detail(
                         rank, op, peer, match, overdue)), []))
                 continue
-            if _queued_behind(rank, op, heads):
+            if _queued_behind(rank, op, heads, name):
                 # The rank is blocked in an earlier op (NCCL runs a rank's work in order on its
                 # streams); that op's blockage says what it waits on. An edge from this later op
                 # would let a victim of one fault point at another fault's chain and hide the

@@ -25,6 +25,7 @@ from denpex.analysis.models import SkippedFile, TriageResult, Verdict
 from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.twins import newer, same_moment
+from denpex.analysis.unknown_age import in_flight_of_unknown_age, unknown_age_note
 from denpex.analysis.verdict import Decision, decide
 from denpex.analysis.wording import ranks_phrase
 from denpex.evidence.discovery import DumpRef, discover_dumps, is_candidate_name, rank_from_file_name
@@ -200,6 +201,11 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
                                               manifest, as_of is not None)
     restarted = _restarted_groups(fresh)
     decision = _distrust_restarts(decide(comparison, fresh, missing, membership, manifest), restarted)
+    age_notes: list[str] = []
+    if decision.verdict is Verdict.NO_HANG:
+        unaged = in_flight_of_unknown_age(fresh, _dump_times(fresh, manifest), as_of_given=as_of is not None)
+        if unaged:
+            decision, age_notes = Decision(Verdict.INCOMPLETE, decision.candidates), [unknown_age_note(unaged)]
     return TriageResult(
         verdict=decision.verdict,
         world_size=world_size,
@@ -212,7 +218,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
         notes=(attempt_notes + _clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
                + _outran_notes({r: w for r, w in outran.items() if r not in stale}) + comparison.notes + _membership_notes(membership)
-               + _unusable_entry_notes(summaries) + _restart_notes(restarted, decision.verdict)),
+               + _unusable_entry_notes(summaries) + _restart_notes(restarted, decision.verdict) + age_notes),
     )
 
 

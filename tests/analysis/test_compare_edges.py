@@ -185,9 +185,11 @@ P2P_CASES = {
     "matched-pair-one-kernel-started": (_pipeline(_p2p("nccl:send 0->1", t=OVERDUE, state="started"),
                                                   _p2p("nccl:recv 1<-0", t=OVERDUE), tp_waits=True),
                                         V.LOCALIZED, {1: K.STALLED}),
-    # Young matched ops are a transfer in progress, not a hang.
+    # Matched ops as new as the newest evidence, with no dump time and no --as-of: how long they
+    # have waited is unknown (the default incident time is their own time), so not no_hang
+    # (issue 17, family 3); with a known age they are a transfer in progress (below).
     "matched-pair-young": (_pipeline(_p2p("nccl:send 0->1", t=T0), _p2p("nccl:recv 1<-0", t=T0),
-                                     tp_waits=False), V.NO_HANG, {}),
+                                     tp_waits=False), V.INCOMPLETE, {}),
     "recv-never-posted": (_pipeline(_p2p("nccl:send 0->1", t=OVERDUE), None, tp_waits=True),
                           V.LOCALIZED, {1: K.NOT_ENTERED}),
 }
@@ -200,6 +202,17 @@ def test_p2p_pairs(tmp_path: Path, case: str, fmt: str) -> None:
     result = triage(tmp_path, per_rank, fmt, process_groups=P2P_GROUPS)
     assert result.verdict is verdict, result.model_dump_json(indent=1)
     assert {c.rank: c.kind for c in result.candidates} == culprits
+
+
+def test_young_matched_ops_of_a_known_age_are_a_transfer_in_progress(tmp_path: Path) -> None:
+    per_rank = _pipeline(_p2p("nccl:send 0->1", t=T0), _p2p("nccl:recv 1<-0", t=T0), tp_waits=False)
+    write(tmp_path, {r: dump(e) for r, e in per_rank.items()},
+          manifest={"world_size": 4, "process_groups": PAIRS | P2P_GROUPS})
+    unknown = triage_path(tmp_path)
+    assert unknown.verdict is V.INCOMPLETE and not unknown.candidates
+    assert any("nothing records how long they have waited" in n for n in unknown.notes), unknown.notes
+    known = triage_path(tmp_path, as_of=datetime.fromtimestamp((T0 + 2 * 10**9) / 1e9, UTC))
+    assert known.verdict is V.NO_HANG and not known.candidates
 
 
 def test_a_clock_far_ahead_is_pointed_out(tmp_path: Path) -> None:
