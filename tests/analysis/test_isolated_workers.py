@@ -25,7 +25,10 @@ def test_workers_give_the_in_process_result_and_are_reused() -> None:
         first = _worker_pids(workers)
         assert os.getpid() not in first
         assert workers.summarize(REFS[:2]) == summarize_batch(REFS[:2])
-        assert _worker_pids(workers) == first  # no new process per batch
+        # No new process per batch: the first batch's workers are kept. Under load the pool may
+        # have started only one of its two for the first batch and start the other now.
+        second = _worker_pids(workers)
+        assert first <= second and len(second) <= 2, (first, second)
     finally:
         workers.close()
 
