@@ -9,9 +9,10 @@ bounds hold whatever the senders do:
   spent, not one tenant's rate (ARCHITECTURE.md keeps 429 for a tenant's or cluster's limit).
   One source (the key id a signed request names, or a bearer token's tenant and cluster) holds
   at most ``max_in_flight_per_source`` of them, so a stranger who learned one key id cannot
-  take the whole pool; bodies behind a bearer token (authenticated before the body) are not
-  counted against the signed requests' pool, so forged signed requests cannot starve
-  Alertmanager.
+  take the whole pool (it can deny that one key: its slots are taken before any signature is
+  checked); bodies behind a bearer token (authenticated before the body) have a pool of their
+  own, and unverified bodies may reserve at most three quarters of the spool's disk, so forged
+  signed requests cannot starve Alertmanager.
 - **the spool's disk** (``max_disk_bytes``): a body reserves its ``Content-Length`` before it
   is read (one that does not fit is refused at once, 503), and every byte written beyond a
   reservation (a chunked body, the dump part copied out of the body) must fit too.
@@ -90,6 +91,7 @@ class SpoolSlot:
     """One request's share of the spool: its reservation and its files (removed with the slot)."""
 
     spool: BodySpool
+    authenticated: bool = False
     reserved: int = 0
     used: int = 0
     files: list[Path] = field(default_factory=list)
@@ -116,8 +118,10 @@ class BodySpool:
         limits.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._in_flight_authenticated = 0
         self._by_source: dict[str, int] = {}
         self._reserved = 0
+        self._reserved_unverified = 0
         _remove_orphans(limits.directory)
 
     @property
@@ -135,12 +139,14 @@ class BodySpool:
             if held >= self.limits.max_in_flight_per_source:
                 raise SpoolBusyError(f"this sender has {held} bodies arriving, its bound; nothing was stored, "
                                      "retry later")
-            if not authenticated and self._in_flight >= self.limits.max_in_flight:
-                raise SpoolBusyError(f"the service is receiving {self._in_flight} bodies, its bound; "
+            # Each pool has the bound of its own: unverified bodies cannot take the authenticated ones'.
+            pool = self._in_flight_authenticated if authenticated else self._in_flight
+            if pool >= self.limits.max_in_flight:
+                raise SpoolBusyError(f"the service is receiving {pool} bodies, its bound; "
                                      "nothing was stored, retry later")
             self._by_source[source] = held + 1
-            self._in_flight += 0 if authenticated else 1
-        slot = SpoolSlot(self)
+            self._count(authenticated, +1)
+        slot = SpoolSlot(self, authenticated=authenticated)
         try:
             if declared:
                 self.reserve(slot, declared)
@@ -150,20 +156,37 @@ class BodySpool:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
             with self._lock:
-                self._in_flight -= 0 if authenticated else 1
+                self._count(authenticated, -1)
                 self._reserved -= slot.reserved
+                if not authenticated:
+                    self._reserved_unverified -= slot.reserved
                 left = self._by_source.pop(source) - 1
                 if left:
                     self._by_source[source] = left
 
+    def _count(self, authenticated: bool, delta: int) -> None:
+        if authenticated:
+            self._in_flight_authenticated += delta
+        else:
+            self._in_flight += delta
+
     def reserve(self, slot: SpoolSlot, nbytes: int) -> None:
-        """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when the disk bound would pass."""
+        """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when the disk bound would pass.
+        Bodies whose sender is not proven yet may reserve at most three quarters of it, so that
+        a declared ``Content-Length`` (free to send) cannot keep authenticated alerts out."""
         with self._lock:
             if self._reserved + nbytes > self.limits.max_disk_bytes:
                 raise SpoolBusyError(f"the upload spool is full ({self._reserved:,} of "
                                      f"{self.limits.max_disk_bytes:,} bytes); nothing was stored, retry later")
+            share = self.limits.max_disk_bytes * 3 // 4
+            if not slot.authenticated and self._reserved_unverified + nbytes > share:
+                raise SpoolBusyError(f"the upload spool is full for bodies not yet verified "
+                                     f"({self._reserved_unverified:,} of {share:,} bytes); nothing was stored, "
+                                     "retry later")
             self._reserved += nbytes
             slot.reserved += nbytes
+            if not slot.authenticated:
+                self._reserved_unverified += nbytes
 
 
 async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int, deadline_s: float) -> SpooledFile:
@@ -182,7 +205,7 @@ async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int,
         return min(end, started + limits.grace_s + size / limits.min_rate_bytes_s)
 
     try:
-        async with asyncio.timeout(due()) as timer:
+        async with asyncio.timeout_at(due()) as timer:  # due() is a loop time, not a delay
             async for chunk in chunks:
                 size += len(chunk)
                 if size > cap:

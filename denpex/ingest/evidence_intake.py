@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import json
 import sqlite3
 import threading
 import time
@@ -121,6 +122,7 @@ class EvidenceIntake:
         with self._locks.of(key):
             self._check_job(key, identity)
             earlier = self.book.uploads(key, identity.rank)
+            _check_rank_host(caller, identity, earlier)
             known = self.book.telemetry(key)
             base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
             items = _new_telemetry(telemetry, caller, known)
@@ -306,3 +308,15 @@ def _bound_to_host(caller: Caller, identity: UploadIdentity) -> UploadIdentity:
         raise ForbiddenError(f"this key is bound to host {caller.host!r}; it uploads that host's ranks only, "
                              f"not a rank on {identity.host!r}")
     return identity
+
+
+def _check_rank_host(caller: Caller, identity: UploadIdentity, earlier: list[StoredUpload]) -> None:
+    """A host-bound key names its own host, so the rank number is what it could still lie about:
+    it may not replace a rank that an earlier upload placed on another host (403)."""
+    if caller.host is None:
+        return
+    for upload in earlier:
+        host = json.loads(upload.identity).get("host")
+        if host is not None and host != caller.host:
+            raise ForbiddenError(f"rank {identity.rank} of this incident was uploaded from host {host!r}; a key "
+                                 f"bound to host {caller.host!r} may not replace it")

@@ -153,6 +153,11 @@ def test_a_node_agents_key_uploads_only_its_own_hosts_ranks(lab: Lab) -> None:
     assert agent.upload(unnamed, dump_bytes(0), "rank_0.pkl").status_code == 201
     manifest = lab.s3.manifest(f"{lab.prefix}/acme/c1/job-1/{incident}", 2)
     assert manifest["ranks"]["0"]["host"] == "gpu-node-002"  # an unnamed host is the key's
+    # Naming its own host (or none) does not let it replace a rank another host uploaded.
+    assert client(lab, lab.key).upload(identity(2, incident), dump_bytes(2), "rank_2.pkl").status_code == 201
+    unnamed_two = {k: v for k, v in identity(2, incident).items() if k != "host"}
+    for forged in (unnamed_two, {**identity(2, incident), "host": "gpu-node-002"}):
+        refused(agent.upload(forged, dump_bytes(3), "rank_2.pkl"), 403, "uploaded from host 'gpu-node-003'")
 
 
 def test_incident_of_another_tenant_is_not_visible(lab: Lab) -> None:

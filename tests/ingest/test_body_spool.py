@@ -103,3 +103,30 @@ def test_orphans_of_a_dead_process_are_removed_at_start(tmp_path: Path) -> None:
     (folder / "999999999-ab.body").write_bytes(b"left by a crash")
     BodySpool(SpoolLimits(folder))
     assert list(folder.iterdir()) == []
+
+
+def test_a_body_that_sends_no_byte_is_cut_off_after_the_grace(tmp_path: Path) -> None:
+    """Headers, then silence: the slot is given back once the grace is over (the first deadline
+    is a loop time, not a delay measured from the loop's own clock)."""
+    import time
+
+    async def silent() -> AsyncIterator[bytes]:
+        await asyncio.sleep(30)
+        yield b"x"
+
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", grace_s=0.3))
+    started = time.monotonic()
+    with spool.admit(None, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than"):
+        asyncio.run(spool_body(silent(), slot, cap=1000, deadline_s=60))
+    assert time.monotonic() - started < 5
+
+
+def test_unverified_bodies_leave_a_share_of_the_disk_to_authenticated_ones(tmp_path: Path) -> None:
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=100, max_in_flight_per_source=8))
+    with spool.admit(40, source="key:a"), spool.admit(35, source="key:b"):
+        with pytest.raises(SpoolBusyError, match="spool is full for bodies not yet verified"):
+            with spool.admit(1, source="key:c"):
+                pass
+        with spool.admit(25, source="bearer:acme/lab", authenticated=True):
+            pass
+    assert spool.reserved_bytes == 0
