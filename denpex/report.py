@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from denpex.analysis.models import Candidate, StuckCollective, TriageResult, Verdict
+from denpex.analysis.models import Candidate, Membership, StuckCollective, TriageResult, Verdict
 from denpex.analysis.wording import ranks_phrase
 from denpex.hardware.describe import describe_hardware
 
@@ -110,7 +110,10 @@ def _host_lines(report: TriageReport) -> list[str]:
 def _candidate_lines(c: Candidate) -> list[str]:
     host = f" on {c.host}" if c.host else ""
     where = f", group {c.process_group!r} #{c.collective_seq_id}" if c.process_group is not None else ""
-    lines = [f"  * rank {c.rank}{host}: {c.kind.value}{where}, confidence {c.confidence:.2f}"]
+    # A guessed membership is said on the candidate's own line: its kind holds only if the guess does.
+    guess = (", membership of the group is a guess (no manifest)"
+             if c.membership is Membership.INFERRED else "")
+    lines = [f"  * rank {c.rank}{host}: {c.kind.value}{where}, confidence {c.confidence:.2f}{guess}"]
     lines += [f"      - {reason}" for reason in c.reasons]
     lines += [f"      hardware: {describe_hardware(event)}" for event in c.hardware]
     return lines

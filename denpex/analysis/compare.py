@@ -360,6 +360,14 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
     absent = tuple(r for r in members if r in missing)
     ready = {r: o for r, o in waiting_ops.items() if not _queued_behind(r, o, heads, name)}
     found = _blockage_at(name, seq, waiting_ops, ready, behind, absent, unknown, clock)
+    retired = tuple(r for r, p in sorted(progress.items()) if p.last_completed >= seq)
+    if found is not None and retired and not failed and found[0].kind is BlockageKind.OVERDUE and found[0].tie:
+        # Peers retired it and the retire race was not proven (denpex.analysis.retire_race): Gloo
+        # retires an op that timed out too, so neither "none finished" nor a culprit is known.
+        found = (replace(found[0], undecided=True, detail=(
+            f"{ranks_phrase(retired)} retired it, which Gloo does when the op completes and also when "
+            "it times out; the evidence does not show which (the holders entered it late, or the "
+            "evidence reaches its timeout)")), found[1])
     if found is not None and not ready and found[0].kind is not BlockageKind.MISMATCH:
         # Judged young or old on every holder's op: none is ready, but they are all it has.
         deferred.append((replace(found[0], waiting=tuple(waiting_ops)) if not found[0].waiting else found[0],

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "Verdict",
     "CandidateKind",
+    "Membership",
     "HardwareBearing",
     "CandidateHardware",
     "Candidate",
@@ -46,6 +47,17 @@ class CandidateKind(StrEnum):
     """No dump from the rank, or a dump older than the incident."""
     MISMATCH = "mismatch"
     """The rank called a different op, size or dtype at the same sequence id than the majority."""
+
+
+class Membership(StrEnum):
+    """How the candidate's membership of the group it is named in is known (``candidates[].membership``)."""
+
+    KNOWN = "known"
+    """From the manifest, NCCL's ``pg_config``, the default group, or the rank's own entries in the group."""
+    INFERRED = "inferred"
+    """A guess: no manifest, and the rank is named only because it could be one of the group's
+    unseen members (idle, built some subgroup, or left no dump). Its kind then says what the
+    rank would be if it were a member; it is a low-confidence suspect, never a proven culprit."""
 
 
 class HardwareBearing(StrEnum):
@@ -86,6 +98,7 @@ class Candidate(BaseModel):
     host: str | None = None
     reasons: list[str] = Field(default_factory=list)
     hardware: list[CandidateHardware] = Field(default_factory=list)
+    membership: Membership = Membership.KNOWN
 
 
 class StuckCollective(BaseModel):

@@ -32,11 +32,13 @@ __all__ = [
     "OpKind",
     "OpSignature",
     "PendingOp",
+    "EarlierIncarnation",
     "GroupProgress",
     "RankSummary",
     "MAX_PENDING_PER_GROUP",
     "MAX_SIGNATURE_TENSORS",
     "MAX_TENSOR_DIMS",
+    "ROOTED_OPS",
     "summarize_dump",
 ]
 
@@ -46,6 +48,7 @@ __all__ = [
 # a missing one finish. Completing one proves nothing about the other members.
 _ROOTED_OPS = frozenset(f"{backend}:{op}" for backend in ("gloo", "nccl") for op in (
     "broadcast", "_broadcast_oop", "reduce", "_reduce_oop", "gather", "scatter"))
+ROOTED_OPS = _ROOTED_OPS
 
 # NCCL keeps enqueuing asynchronously while a rank waits, so in-flight ops can number in the
 # hundreds; the oldest ones decide the hang, the rest only need counting.
@@ -124,6 +127,25 @@ class PendingOp(BaseModel):
     record_id: int | None = None
 
 
+class EarlierIncarnation(BaseModel):
+    """An incarnation of a group that its process destroyed before building the group again.
+
+    c10d: ``destroy_process_group`` leaves the Flight Recorder ring alone, and the group built
+    again takes a new ``pg_id`` (a per-process counter that only goes up) while Python gives it
+    the same name, and its sequence ids restart at 1. The ring therefore holds both; their seq
+    ids are unrelated, so only the newest incarnation is compared across ranks.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    pg_id: int | None
+    last_enqueued: int
+    last_completed: int
+    entry_count: int
+    # Ops still in flight when it was destroyed: the destroy aborted them, they never complete.
+    abandoned: int = 0
+
+
 class GroupProgress(BaseModel):
     """One rank's progress in one process group, keyed across ranks by the group name."""
 
@@ -144,9 +166,12 @@ class GroupProgress(BaseModel):
     # Gloo may mark it retired, and this is the only trace of what the rank was blocked in.
     last_op: PendingOp | None = None
     entry_count: int = 0
-    # The group's newest or in-flight entries carry another pg_id than its first: the process
-    # destroyed the group and built it again (an in-process restart), and the ring kept both.
+    # The ring holds more than one incarnation of the group: the process destroyed it and built it
+    # again (an in-process restart), and the ring kept both. Only the newest is summarised here.
     pg_id_changed: bool = False
+    earlier_incarnations: list[EarlierIncarnation] = Field(default_factory=list)
+    # When the newest incarnation's first entry was created (set only when there were earlier ones).
+    incarnation_started_ns: int | None = None
 
     def oldest_pending_collective(self) -> PendingOp | None:
         ops = [op for op in self.pending if op.kind is OpKind.COLLECTIVE]
@@ -228,7 +253,7 @@ class _GroupScan:
     """Mutable per-group accumulator; ``_Scan.finish`` freezes it into a GroupProgress."""
 
     __slots__ = ("name", "desc", "pg_id", "enq", "comp", "comp_all", "p2p_enq", "pending", "dropped", "count",
-                 "last_entry")
+                 "last_entry", "earlier", "started_ns")
 
     def __init__(self, name: str, desc: str | None, pg_id: int | None) -> None:
         self.name, self.desc, self.pg_id = name, desc, pg_id
@@ -237,6 +262,19 @@ class _GroupScan:
         self.dropped = 0
         self.count = 0
         self.last_entry: dict[str, Any] | None = None
+        self.earlier: list[EarlierIncarnation] = []
+        self.started_ns: int | None = None
+
+    def next_incarnation(self, pg_id: int, e: dict[str, Any]) -> _GroupScan:
+        """The group built again under ``pg_id``, starting at entry ``e``: this one is kept as an
+        earlier incarnation, and counting starts over (its seq ids restart at 1)."""
+        following = _GroupScan(self.name, self.desc, pg_id)
+        following.earlier = [*self.earlier, EarlierIncarnation(
+            pg_id=self.pg_id, last_enqueued=self.enq, last_completed=self.comp, entry_count=self.count,
+            abandoned=sum(1 for p in self.pending if not _finished_by_later(p, self.comp)))]
+        created = e.get("time_created_ns")
+        following.started_ns = created if type(created) is int and 0 < created < _INT64 else None
+        return following
 
 
 class _Scan:
@@ -278,8 +316,12 @@ class _Scan:
                 self.reject("collective_seq_id is not a non-negative int64")
                 continue
             group = groups.get(pg[0])
+            pg_id = e.get("pg_id")
             if group is None:
-                group = groups[pg[0]] = self._new_group(pg, e.get("pg_id"))
+                group = groups[pg[0]] = self._new_group(pg, pg_id)
+            elif pg_id != group.pg_id and type(pg_id) is int and group.pg_id is not None:
+                # Another incarnation of the group (an in-process restart): count it afresh.
+                group = groups[pg[0]] = group.next_incarnation(pg_id, e)
             accepted += 1
             group.count += 1
             record_id = e.get("record_id")
@@ -365,19 +407,12 @@ class _Scan:
                 pending_dropped=g.dropped,
                 last_op=_pending_op(g.last_entry, signatures) if g.last_entry is not None else None,
                 entry_count=g.count,
-                pg_id_changed=_pg_id_changed(g),
+                pg_id_changed=bool(g.earlier),
+                earlier_incarnations=g.earlier,
+                incarnation_started_ns=g.started_ns,
             )
             for name, g in self.groups.items()
         }
-
-
-def _pg_id_changed(group: _GroupScan) -> bool:
-    """Whether the newest or in-flight entries name another pg_id than the first one: read off
-    those few, not off every entry in the hot loop."""
-    def other(e: dict[str, Any]) -> bool:
-        pg_id = e.get("pg_id")
-        return (pg_id if type(pg_id) is int else None) != group.pg_id
-    return any(other(e) for e in group.pending) or (group.last_entry is not None and other(group.last_entry))
 
 
 def _oldest_time(entries: list[Any]) -> int | None:

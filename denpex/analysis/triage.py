@@ -19,9 +19,12 @@ from denpex.analysis.attempts import earlier_attempts
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES
 from denpex.analysis.workers import Progress, summarize_all
 from denpex.analysis.collector_records import manifest_from_records
+from denpex.analysis.incarnations import settle_incarnations
 from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
+from denpex.analysis.membership_guess import mark_guessed_members
 from denpex.analysis.models import SkippedFile, TriageResult, Verdict
+from denpex.analysis.retire_race import race_notes, settle_retire_races
 from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.twins import newer, same_moment
@@ -177,6 +180,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     """Compare already-built summaries (the merge step of a fanned-out triage)."""
     options = options or TriageOptions()
     skipped = list(skipped or [])
+    summaries, incarnation_notes = settle_incarnations(summaries)
     membership = resolve_membership(summaries, manifest, world_size)
     summaries = _drop_mislabeled(summaries, membership, skipped)
     membership = resolve_membership(summaries, manifest, world_size)
@@ -199,8 +203,8 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         stale.update(involved)
         comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns,
                                               manifest, as_of is not None)
-    restarted = _restarted_groups(fresh)
-    decision = _distrust_restarts(decide(comparison, fresh, missing, membership, manifest), restarted)
+    decision = mark_guessed_members(decide(comparison, fresh, missing, membership, manifest),
+                                    comparison.blockages)
     age_notes: list[str] = []
     if decision.verdict is Verdict.NO_HANG:
         unaged = in_flight_of_unknown_age(fresh, _dump_times(fresh, manifest), as_of_given=as_of is not None)
@@ -218,39 +222,8 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
         notes=(attempt_notes + _clock_notes(as_of, summaries, {r: w for r, w in stale.items() if r not in outran})
                + _outran_notes({r: w for r, w in outran.items() if r not in stale}) + comparison.notes + _membership_notes(membership)
-               + _unusable_entry_notes(summaries) + _restart_notes(restarted, decision.verdict) + age_notes),
+               + _unusable_entry_notes(summaries) + incarnation_notes + age_notes),
     )
-
-
-def _restarted_groups(summaries: dict[int, RankSummary]) -> dict[str, list[int]]:
-    """Groups whose ring, on some rank, holds two incarnations (another pg_id in its newest or
-    in-flight entries than in its first): the process destroyed and built the group again."""
-    found: dict[str, list[int]] = {}
-    for rank, summary in sorted(summaries.items()):
-        for name, group in summary.groups.items():
-            if group.pg_id_changed:
-                found.setdefault(name, []).append(rank)
-    return found
-
-
-def _distrust_restarts(decision: Decision, restarted: dict[str, list[int]]) -> Decision:
-    """Two incarnations' sequence ids are read as one group's progress (they are not told apart
-    yet): an old op can hide a new one, so neither a localized culprit nor no_hang is trusted."""
-    if restarted and decision.verdict is Verdict.LOCALIZED:
-        return Decision(Verdict.AMBIGUOUS, decision.candidates)
-    if restarted and decision.verdict is Verdict.NO_HANG:
-        return Decision(Verdict.INCOMPLETE, decision.candidates)
-    return decision
-
-
-def _restart_notes(restarted: dict[str, list[int]], verdict: Verdict) -> list[str]:
-    if not restarted:
-        return []
-    groups = ", ".join(f"{name!r} on {ranks_phrase(ranks)}" for name, ranks in sorted(restarted.items()))
-    return [f"the rings hold two incarnations of process group {groups}: it was destroyed and built "
-            "again in the same process (an in-process restart), and the two incarnations' sequence "
-            f"ids are read together, so the verdict is at most {verdict.value}; triage dumps taken "
-            "after the restart alone"]
 
 
 def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], membership: GroupMembership,
@@ -258,8 +231,11 @@ def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], members
              ) -> tuple[Comparison, dict[int, RankSummary], dict[int, str]]:
     """Compare the ranks whose dumps are usable; the others count as missing."""
     fresh = {r: s for r, s in summaries.items() if r not in missing}
-    comparison = compare_groups(fresh, set(missing), membership, as_of_ns, _dump_times(fresh, manifest),
+    dump_times = _dump_times(fresh, manifest)
+    fresh, races = settle_retire_races(fresh, set(missing), membership, as_of_ns, dump_times)
+    comparison = compare_groups(fresh, set(missing), membership, as_of_ns, dump_times,
                                 as_of_given=as_of_given)
+    comparison.notes[:0] = race_notes(races)
     return comparison, fresh, missing
 
 

@@ -16,7 +16,7 @@ import argparse
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,9 @@ class CaseContext:
     dist: Any
     subgroup: Any
     work: Path
+    # The case's own subgroups (:data:`EXTRA_GROUPS`), by their member ranks; None where the rank
+    # is not a member (c10d hands non-members ``GroupMember.NON_GROUP_MEMBER``).
+    groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
 
     def world_all_reduce(self) -> None:
         self.dist.all_reduce(self.torch.ones(16))
@@ -118,6 +121,38 @@ def _stale_then_world(ctx: CaseContext) -> None:
         ctx.world_all_reduce()
 
 
+def _pair_steps_then_dump(ctx: CaseContext) -> None:
+    """Healthy: a few all_reduces in each of the rank's own case subgroups, in one global order
+    (no rank waits on a group its peers reach later), then a dump at once, right after the last
+    op returned: as an on-demand dump of a running job catches it, Gloo's retire race included."""
+    for _ in range(3):
+        for ranks, group in ctx.groups.items():
+            if ctx.rank in ranks:
+                ctx.dist.all_reduce(ctx.torch.ones(16), group=group)
+    ctx.old_dump()
+
+
+# Elements of the pair [2, 3]'s last all_reduce in ``pairs_on_demand``: big enough (128 MB) that
+# the dump, taken right after the call, finds it still in flight on both members.
+IN_FLIGHT_ELEMENTS = 32 * 1024 * 1024
+
+
+def _pairs_on_demand(ctx: CaseContext) -> None:
+    """Healthy: each pair runs all_reduces in its own group; ranks 0, 1 dump right after theirs
+    returned, ranks 2, 3 right after calling their last one (a large one, async) and before it
+    returned, as an on-demand dump of a running job catches them; then it completes."""
+    mine = next(g for ranks, g in ctx.groups.items() if ctx.rank in ranks)
+    for _ in range(2):
+        ctx.dist.all_reduce(ctx.torch.ones(16), group=mine)
+    if ctx.rank in (0, 1):
+        ctx.dist.all_reduce(ctx.torch.ones(16), group=mine)
+        ctx.old_dump()
+        return
+    work = ctx.dist.all_reduce(ctx.torch.ones(IN_FLIGHT_ELEMENTS), group=mine, async_op=True)
+    ctx.old_dump()
+    work.wait()
+
+
 def _roles(default: Callable[[CaseContext], None],
            **by_rank: Callable[[CaseContext], None]) -> Callable[[CaseContext], None]:
     def play(ctx: CaseContext) -> None:
@@ -146,7 +181,34 @@ PROGRAMS: dict[str, Callable[[CaseContext], None]] = {
     "subgroup_skipped": _roles(_world, r0=_sub_all_reduce),
     "world_wrapped": _roles(_world, r0=_pair_steps_then_world, r1=_pair_steps),
     "slow_rank": _roles(_world, r3=_idle),
+    "pairs_on_demand": _pairs_on_demand,
+    "overlap_retire_race": _pair_steps_then_dump,
+    "restart_withheld": _roles(_world, r1=_idle),
 }
+
+# Subgroups a case builds after the pair [0, 1] ("1"); every rank calls new_group for each, in
+# this order, so FR names them "2", "3", ... on every rank.
+EXTRA_GROUPS: dict[str, tuple[tuple[int, ...], ...]] = {
+    "pairs_on_demand": ((2, 3),),
+    "overlap_retire_race": ((1, 2), (2, 3)),
+}
+
+# Old seq ids that outrun the new incarnation's stuck op (#4: two healthy steps, the barrier, then
+# the withheld all_reduce).
+RESTART_OLD_STEPS = 8
+
+
+def _first_incarnation(rank: int, world_size: int, work: Path, timeout: timedelta) -> None:
+    """An in-process restart: run the default group up to #RESTART_OLD_STEPS, destroy it and
+    build it again in the same process (a new store, as an elastic agent's next round would)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(RESTART_OLD_STEPS):
+        dist.all_reduce(torch.ones(16))
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.FileStore(str(work / "store-2"), world_size),
+                            rank=rank, world_size=world_size, timeout=timeout)
 
 
 def run_rank(rank: int, world_size: int, work: Path, case: str, timeout: timedelta) -> None:
@@ -155,9 +217,14 @@ def run_rank(rank: int, world_size: int, work: Path, case: str, timeout: timedel
 
     dist.init_process_group("gloo", store=dist.FileStore(str(work / "store"), world_size),
                             rank=rank, world_size=world_size, timeout=timeout)
+    if case == "restart_withheld":
+        _first_incarnation(rank, world_size, work, timeout)
     # new_group() defaults to a 30-minute timeout, not init_process_group's: pass it.
     subgroup = dist.new_group(list(SUBGROUP), timeout=timeout, group_desc="pair")
-    ctx = CaseContext(rank, world_size, torch, dist, subgroup, work)
+    groups: dict[tuple[int, ...], Any] = {SUBGROUP: subgroup} if case in EXTRA_GROUPS else {}
+    for ranks in EXTRA_GROUPS.get(case, ()):
+        groups[ranks] = dist.new_group(list(ranks), timeout=timeout, group_desc="pair")
+    ctx = CaseContext(rank, world_size, torch, dist, subgroup, work, groups)
     dumper = HangDumper(work / "collected", rank=rank, collective_timeout=timeout,
                         host=host_of(rank), local_rank=0, formats=(DumpFormat.PICKLE, DumpFormat.JSON),
                         poll_interval=timedelta(seconds=0.25))

@@ -58,6 +58,11 @@ class GlooCase:
     verdict: Verdict
     culprits: dict[int, CandidateKind]
     stale: tuple[int, ...] = ()
+    # Ranks the triage names that are not culprits: low-confidence suspects named only through a
+    # guessed membership (issue 17, family 4). A healthy job can have them.
+    suspects: dict[int, CandidateKind] = field(default_factory=dict)
+    # The named ranks (culprits or suspects) whose candidate says ``"membership": "inferred"``.
+    inferred: tuple[int, ...] = ()
     # Seconds after every rank reached the case before the launcher asks for dumps (None: the
     # ranks' own stall trigger at 0.75 x timeout).
     request_after_s: float | None = None
@@ -75,7 +80,10 @@ class GlooCase:
         return {"case": self.name, "family": self.family, "description": self.description,
                 "verdict": self.verdict.value,
                 "culprits": {str(r): k.value for r, k in sorted(self.culprits.items())},
-                "stale_ranks": list(self.stale)}
+                "stale_ranks": list(self.stale),
+                **({"suspects": {str(r): k.value for r, k in sorted(self.suspects.items())}}
+                   if self.suspects else {}),
+                **({"inferred": list(self.inferred)} if self.inferred else {})}
 
 
 CASES: dict[str, GlooCase] = {c.name: c for c in (
@@ -107,8 +115,9 @@ CASES: dict[str, GlooCase] = {c.name: c for c in (
              "and waits in the world all_reduce with ranks 2, 3. Without a manifest the pair looks "
              "like a one-member group and rank 1 is not idle; Gloo's pg_config shows that rank 1 "
              "built a subgroup and ranks 2, 3 did not, so rank 1 is the pair's other member. Ranks 0 "
-             "and 1 wait on each other: either could be out of program order",
-             Verdict.INCOMPLETE, {0: ST, 1: ST}),
+             "and 1 wait on each other: either could be out of program order. Rank 1's membership of "
+             "the pair is that guess (issue 17 family 4)",
+             Verdict.INCOMPLETE, {0: ST, 1: ST}, inferred=(1,)),
     GlooCase("world_wrapped", 5, "ranks 0 and 1 run 70 all_reduces in the pair, which wraps their "
              "64-entry rings past every world entry; then ranks 0, 2, 3 wait in the world all_reduce "
              "and rank 1 never calls it. Rank 1's dump holds no world entry; its pg_status for the "
@@ -117,6 +126,21 @@ CASES: dict[str, GlooCase] = {c.name: c for c in (
     GlooCase("slow_rank", 6, "rank 3 has not called the world all_reduce yet when everyone is asked "
              "to dump, one second in: as likely slow as hung", Verdict.LOCALIZED, {3: NE},
              request_after_s=1.0),
+    # Issue 17's families 4-6 (family 17 here: issue 9 numbered 1-6).
+    GlooCase("pairs_on_demand", 17, "issue 17 family 4: healthy; ranks 0, 1 run all_reduces in the "
+             "pair [0, 1] and ranks 2, 3 in the pair [2, 3]; everyone is dumped on demand right after "
+             "its last call, which ranks 2, 3 still have in flight (no dump time, no manifest). Only "
+             "ranks 2, 3 mention their pair, so its other members look unknown; Gloo's pg_config "
+             "shows that ranks 0, 1 built a subgroup, which is not this one", Verdict.INCOMPLETE, {},
+             suspects={0: NE, 1: NE}, inferred=(0, 1), request_after_s=2.0, old_dumps=(0, 1, 2, 3)),
+    GlooCase("overlap_retire_race", 17, "issue 17 family 5: healthy; overlapping pairs [0, 1], "
+             "[1, 2], [2, 3] run all_reduces in one order and each rank dumps right after its last "
+             "op returned: a member's last op reads retired=False while its peer retired it",
+             Verdict.NO_HANG, {}, request_after_s=1.0, old_dumps=(0, 1, 2, 3)),
+    GlooCase("restart_withheld", 17, "issue 17 family 6: the default group runs 8 all_reduces, is "
+             "destroyed and built again in the same processes; in the new incarnation ranks 0, 2, 3 "
+             "wait in all_reduce #4 and rank 1 never calls it. The ring holds both incarnations, "
+             "and the old one's seq ids pass the new stuck op's", Verdict.LOCALIZED, {1: NE}),
 )}
 
 

@@ -280,18 +280,32 @@ def _two_incarnations(old_ops: int, new_ops: int, pending: bool) -> list[dict[st
     return old + new + ([_gloo("0", new_ops + 1, old_ops + new_ops, 1, pending=True)] if pending else [])
 
 
-def test_a_hang_after_an_in_process_restart_is_not_called_no_hang(tmp_path: Path) -> None:
-    """Review case: the old group's completed #1-8 make the new in-flight #6 look finished. Until
-    the incarnations are told apart, the verdict says the evidence cannot be trusted."""
+def test_a_hang_after_an_in_process_restart_is_found_in_the_newest_incarnation(tmp_path: Path) -> None:
+    """Review case: the old group's completed #1-8 made the new in-flight #6 look finished. The ring
+    is split at the pg_id change (issue 17, family 6): the newest incarnation is compared, and rank
+    3, which completed the new #1-5 and never entered #6, is named; the older one is a note."""
+    stuck, idle = _two_incarnations(8, 5, pending=True), _two_incarnations(8, 5, pending=False)
+    result = triage(tmp_path, {0: stuck, 1: stuck, 2: stuck, 3: idle}, W4,
+                    as_of=datetime.fromtimestamp(T0 / 1e9 + 700, UTC))
+    assert result.verdict is V.LOCALIZED, result.model_dump_json(indent=1)
+    assert kinds(result) == {3: K.NOT_ENTERED}
+    assert [(s.process_group, s.collective_seq_id) for s in result.stuck] == [("0", 6)]
+    assert any("process group '0' was destroyed and built again" in n and "pg_id 0, up to #8" in n
+               for n in result.notes)
+
+
+def test_a_young_op_after_an_in_process_restart_is_progress(tmp_path: Path) -> None:
+    """The same rings at the new #6's own time: the newest incarnation's op is young, not hung."""
     stuck, idle = _two_incarnations(8, 5, pending=True), _two_incarnations(8, 5, pending=False)
     result = triage(tmp_path, {0: stuck, 1: stuck, 2: stuck, 3: idle}, W4)
-    assert result.verdict is V.INCOMPLETE, result.model_dump_json(indent=1)
-    assert any("two incarnations of process group '0'" in n for n in result.notes)
+    assert result.verdict is V.NO_HANG, result.model_dump_json(indent=1)
+    assert any("#6 is partly entered" in n for n in result.notes)
 
 
 def test_an_old_incarnations_op_does_not_localize_healthy_ranks(tmp_path: Path) -> None:
     """Review case (torch 2.13 shape): rank 0's old #6 was retired by the restart; ranks 0 and 1 wait
-    in the new #4, rank 2 never entered it. The old #6 hides the new #4: never localized."""
+    in the new #4, rank 2 never entered it. The old #6 once hid the new #4; with the incarnations
+    told apart (issue 17, family 6) only the newest is compared: rank 2, and no healthy rank."""
     def g(seq: int, rec: int, pg_id: int, pending: bool = False) -> dict[str, Any]:
         return nccl("0", seq, rec, pending=pending, op="gloo:all_reduce", pg_id=pg_id)
 
@@ -300,7 +314,8 @@ def test_an_old_incarnations_op_does_not_localize_healthy_ranks(tmp_path: Path) 
     per_rank = {0: old + new + [g(4, 14, 1, pending=True)], 1: old[:5] + new + [g(4, 14, 1, pending=True)],
                 2: old[:5] + new}
     result = triage(tmp_path, per_rank, {"0": {"desc": "default_pg", "ranks": [0, 1, 2]}})
-    assert result.verdict is not V.LOCALIZED, result.model_dump_json(indent=1)
+    assert result.verdict is V.LOCALIZED, result.model_dump_json(indent=1)
+    assert kinds(result) == {2: K.NOT_ENTERED}
 
 
 @pytest.mark.parametrize("value", ["--3", "\u00b2", "9" * 5000, "+5", " 5", "5.0", 2**70, True, None, [5]])

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from denpex.analysis.models import Membership
 from denpex.analysis.triage import triage_path
 from denpex.evidence.safe_pickle import safe_loads
 from testkit.generators.gloo_cases import CASES, EXPECTED_NAME, WORK_DIR, run_cases
@@ -25,12 +26,16 @@ def outcome(folder: Path) -> dict[str, Any]:
     result = triage_path(folder)
     return {"verdict": result.verdict.value,
             "culprits": {str(c.rank): c.kind.value for c in result.candidates},
-            "stale_ranks": result.stale_ranks}
+            "stale_ranks": result.stale_ranks,
+            "inferred": [c.rank for c in result.candidates if c.membership is Membership.INFERRED]}
 
 
 def expected(folder: Path) -> dict[str, Any]:
+    """What the triage must say: the culprits and the suspects named (``suspects`` are named only
+    through a guessed membership, ``inferred`` lists every rank named that way)."""
     truth = json.loads((folder / EXPECTED_NAME).read_text())
-    return {k: truth[k] for k in ("verdict", "culprits", "stale_ranks")}
+    return {"verdict": truth["verdict"], "culprits": {**truth["culprits"], **truth.get("suspects", {})},
+            "stale_ranks": truth["stale_ranks"], "inferred": truth.get("inferred", [])}
 
 
 def last_entry(folder: Path, rank: int) -> dict[str, Any]:
