@@ -15,6 +15,10 @@ The cases, and where each one's truth comes from (the same truth the tests compa
 - ``gloo_cases/<name>``: the committed real Gloo families of issue 9 (``tests/fixtures/gloo_cases/``,
   no manifest), triaged in place as ``tests/gloo_real/test_gloo_cases.py`` does; truth
   ``expected.json``.
+  Issue 17's real Gloo reproductions are among them: ``pairs_on_demand`` (family 4: a healthy
+  job whose truth names no culprit; the triage may name the other pair's ranks only as
+  ``membership: inferred`` suspects, which count as named wrongly, and the notes say so),
+  ``overlap_retire_race`` (family 5) and ``restart_withheld`` (family 6).
 - ``gloo_collected/<name>``: the folders HangDumper wrote (dumps plus ``collector/`` records, no
   manifest); they carry no truth file, so the truth is what ``check_collected`` in
   ``tests/gloo_real/test_gloo_cases.py`` asserts (``subgroup_unknown``: localized, rank 1
@@ -51,7 +55,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the test kit (testkit/) is imported from the repo root
 
-from denpex.analysis.models import TriageResult  # noqa: E402
+from denpex.analysis.models import Membership, TriageResult  # noqa: E402
 from denpex.analysis.triage import TriageOptions, triage_path  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -109,7 +113,11 @@ def _culprits(raw: dict[str, str]) -> dict[int, str]:
 
 def _read_truth(folder: Path) -> Truth:
     data = json.loads((folder / "expected.json").read_text())
-    return Truth(verdict=str(data["verdict"]), culprits=_culprits(data["culprits"]))
+    # ``suspects`` (issue 17, family 4): ranks the triage names only through a guessed membership;
+    # they are not culprits, so naming them counts as wrong here, and the notes say how many.
+    suspects = data.get("suspects") or {}
+    note = f"{len(suspects)} expected inferred-membership suspects (not culprits)" if suspects else ""
+    return Truth(verdict=str(data["verdict"]), culprits=_culprits(data["culprits"]), note=note)
 
 
 # -- the cases -------------------------------------------------------------------------------------
@@ -221,6 +229,9 @@ def score(case: str, truth: Truth, result: TriageResult) -> Row:
     row.kind_differs = {r: f"{named[r]} (expected {truth.culprits[r]})"
                         for r in row.right if named[r] != truth.culprits[r]}
     notes = [truth.note] if truth.note else []
+    guessed = sorted(c.rank for c in result.candidates if c.membership is Membership.INFERRED)
+    if guessed:
+        notes.append(f"membership inferred for {_ranks(guessed)}")
     if truth.accepted_extra and row.wrong:
         row.wrong_accepted = [r for r in row.wrong if r in truth.accepted_extra]
         notes.append(f"{len(row.wrong_accepted)} of {len(row.wrong)} wrong are ep peers")
