@@ -361,9 +361,12 @@ def _collective_blockage(name: str, progress: dict[int, GroupProgress], members:
     ready = {r: o for r, o in waiting_ops.items() if not _queued_behind(r, o, heads, name)}
     found = _blockage_at(name, seq, waiting_ops, ready, behind, absent, unknown, clock)
     retired = tuple(r for r, p in sorted(progress.items()) if p.last_completed >= seq)
-    if found is not None and retired and not failed and found[0].kind is BlockageKind.OVERDUE and found[0].tie:
-        # Peers retired it and the retire race was not proven (denpex.analysis.retire_race): Gloo
-        # retires an op that timed out too, so neither "none finished" nor a culprit is known.
+    if (found is not None and retired and not failed and found[0].kind is BlockageKind.OVERDUE and found[0].tie
+            and all(o.signature.op.startswith("gloo:") for o in waiting_ops.values())):
+        # Gloo peers retired it and the retire race was not proven (denpex.analysis.retire_race):
+        # Gloo retires an op that timed out too, so neither "none finished" nor a culprit is known.
+        # NCCL records a real completion (its watchdog dumps timed-out work before retiring it),
+        # and a member's GPU can stop after its peers got their data: that stays a lead.
         found = (replace(found[0], undecided=True, detail=(
             f"{ranks_phrase(retired)} retired it, which Gloo does when the op completes and also when "
             "it times out; the evidence does not show which (the holders entered it late, or the "

@@ -11,7 +11,9 @@ But Gloo also retires an op that *failed*: in ``tests/fixtures/gloo/withheld_one
 dp all_reduce #3 timed out waiting for rank 2 and reads ``retired: True, state: scheduled`` with
 no completion time, exactly like a completed one (Gloo records neither ``state`` nor
 ``time_discovered_*``; ``pg_status`` counts it completed too). So the retire alone proves
-nothing. What does: a Gloo collective fails only at its timeout (``timeout_ms`` after the call;
+nothing. (Gloo only: NCCL reads each entry's state off its CUDA events when it dumps, and its
+watchdog dumps timed-out work before retiring it, so a member's op NCCL did not complete while
+its peers did is a GPU that stopped after they got their data, not a race.) What does: a Gloo collective fails only at its timeout (``timeout_ms`` after the call;
 a peer's death makes it fail sooner, and that peer leaves no fresh dump), so the peer's retire
 was a completion when
 
@@ -92,8 +94,9 @@ def _race(rank: int, name: str, members: tuple[int, ...], summaries: dict[int, R
     summary = summaries.get(rank)
     group = summary.groups.get(name) if summary is not None else None
     op = group.oldest_pending_collective() if group is not None else None
-    if op is None or op.signature.op in ROOTED_OPS or op.time_created_ns is None:
-        return None
+    if (op is None or not op.signature.op.startswith("gloo:") or op.signature.op in ROOTED_OPS
+            or op.time_created_ns is None):
+        return None  # the race is Gloo's: NCCL's state is read off its events at dump time
     retired_by = []
     for peer in members:
         if peer == rank:
