@@ -13,7 +13,11 @@ instead). Written::
     OUT_DIR/.work/<case>/collected/         what HangDumper wrote: dumps plus collector/ records
     OUT_DIR/.work/<case>/rank_<r>.log       each rank's log
 
-Process groups: ``"0"`` the world ``[0, 1, 2, 3]``, ``"1"`` the pair ``[0, 1]``.
+Process groups: ``"0"`` the world ``[0, 1, 2, 3]``, ``"1"`` the pair ``[0, 1]``; issue 17's cases
+add their own (``gloo_case_worker.EXTRA_GROUPS``): ``pairs_on_demand`` ``"2"`` = ``[2, 3]``,
+``overlap_retire_race`` ``"2"`` = ``[1, 2]`` and ``"3"`` = ``[2, 3]``. Their folders hold the dumps
+each rank took itself right after its last call (``old_dumps``), as an on-demand dump catches a
+running job; ``restart_withheld`` rebuilds the default group in the same processes first.
 """
 
 from __future__ import annotations
