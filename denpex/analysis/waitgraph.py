@@ -57,7 +57,7 @@ def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
                 blocking = waited_on.get(rank, [])
                 if refined:
                     # The directed waits that picked the rank out of its cycle explain it best.
-                    blocking = sorted(blocking, key=lambda b: (b.tie, b.kind != BlockageKind.STOPPED))
+                    blocking = sorted(blocking, key=lambda b: (b.tie, b.kind not in _DIRECTING))
                 culprits.append(Culprit(rank, tuple(blocking), len(ranks)))
     return sorted(culprits, key=lambda c: c.rank)
 
@@ -83,6 +83,8 @@ def _sources(component: list[_Node], members: set[_Node], graph: dict[_Node, lis
 
 
 _Node = int | tuple[str, int]
+# Directed waits found inside an all-in op: they pick a member out of it.
+_DIRECTING = frozenset({BlockageKind.STOPPED, BlockageKind.LAGGING})
 
 
 def _build(blockages: Sequence[Blockage]) -> dict[_Node, list[_Node]]:
