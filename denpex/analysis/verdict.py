@@ -83,16 +83,22 @@ def verdict_of(culprits: list[Culprit], candidates: list[Candidate]) -> Verdict:
 
 
 def _rests_on_undecided(culprit: Culprit) -> bool:
-    """Whether an undecided wait names the rank and no decided, directed wait proves it.
+    """Whether an undecided wait leaves the rank's part open.
 
-    A wrapped member that may or may not have entered an op (undecided) leaves that op's
-    culprits open; but a rank that a decided wait proves behind (it never entered an op its
-    peers wait in, or stopped first in one they all entered) explains a stuck group by itself,
-    whatever else is open around it.
+    Members whose rings wrapped past a group (a ``behind`` wait left undecided) each never
+    entered its op, or entered it and their rings wrapped since; either way the waits go on
+    through them and are followed, so that doubt does not touch a rank that a decided, directed
+    wait proves (it never entered an op its peers wait in, or its CPU stopped first in one they
+    all entered while they went on). Where the undecided wait is a guess at who the members are
+    (unknown membership) or which call was right (a tied mismatch), it stays open.
     """
-    undecided = any(b.undecided for b in culprit.blocking)
-    return undecided and not any(not b.undecided and not b.tie and b.kind is not BlockageKind.STOPPED
-                                 for b in culprit.blocking)
+    undecided = [b for b in culprit.blocking if b.undecided]
+    if not undecided:
+        return False
+    if any(b.kind is not BlockageKind.BEHIND for b in undecided):
+        return True
+    return not any(not b.undecided and not b.tie and b.kind is not BlockageKind.STOPPED
+                   for b in culprit.blocking)
 
 
 # A member whose CPU enqueued nothing after an all-in op may have lost its GPU, or merely
