@@ -213,6 +213,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         missing_ranks=sorted(r for r in range(world_size) if r not in summaries),
         stale_ranks=sorted(stale),
         candidates=decision.candidates,
+        groups=decision.groups,
         stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
         skipped_files=skipped,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,
@@ -236,11 +237,16 @@ def _restarted_groups(summaries: dict[int, RankSummary]) -> dict[str, list[int]]
 def _distrust_restarts(decision: Decision, restarted: dict[str, list[int]]) -> Decision:
     """Two incarnations' sequence ids are read as one group's progress (they are not told apart
     yet): an old op can hide a new one, so neither a localized culprit nor no_hang is trusted."""
-    if restarted and decision.verdict is Verdict.LOCALIZED:
-        return Decision(Verdict.AMBIGUOUS, decision.candidates)
-    if restarted and decision.verdict is Verdict.NO_HANG:
-        return Decision(Verdict.INCOMPLETE, decision.candidates)
-    return decision
+    if not restarted:
+        return decision
+    # The doubt is about every group's sequence ids, so no group's own verdict stands either.
+    groups = [g.model_copy(update={"verdict": Verdict.AMBIGUOUS}) if g.verdict is Verdict.LOCALIZED else g
+              for g in decision.groups]
+    if decision.verdict is Verdict.LOCALIZED:
+        return Decision(Verdict.AMBIGUOUS, decision.candidates, groups)
+    if decision.verdict is Verdict.NO_HANG:
+        return Decision(Verdict.INCOMPLETE, decision.candidates, groups)
+    return Decision(decision.verdict, decision.candidates, groups)
 
 
 def _restart_notes(restarted: dict[str, list[int]], verdict: Verdict) -> list[str]:

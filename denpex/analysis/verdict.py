@@ -12,14 +12,14 @@ Rules (documented so that operators can predict them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from denpex.analysis.compare import Blockage, BlockageKind, Comparison, progress_from_status
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
-from denpex.analysis.models import Candidate, CandidateKind, Verdict
+from denpex.analysis.models import Candidate, CandidateKind, GroupVerdict, Verdict
 from denpex.analysis.summary import RankSummary
-from denpex.analysis.waitgraph import Culprit, find_culprits
+from denpex.analysis.waitgraph import Culprit, analyze
 from denpex.evidence.manifest import JobManifest
 
 __all__ = ["Decision", "SEPARATING_EVIDENCE", "decide", "verdict_of"]
@@ -41,6 +41,8 @@ _BASE_CONFIDENCE = {
 class Decision:
     verdict: Verdict
     candidates: list[Candidate]
+    # One verdict per stuck op (``TriageResult.groups``): the culprits its waits end on.
+    groups: list[GroupVerdict] = field(default_factory=list)
 
 
 def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: dict[int, str],
@@ -56,13 +58,33 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
                                "rank's silence is the only lead"])
             for r, why in sorted(missing.items())
         ])
-    culprits = find_culprits(comparison.blockages)
+    culprits, reached = analyze(comparison.blockages)
     candidates = [_candidate(c, summaries, missing, membership, host(c.rank)) for c in culprits]
     _share_blame_with_silent_ranks(candidates, culprits, missing)
     stopped = [b for c in culprits for b in c.blocking if b.kind is BlockageKind.STOPPED and c.rank in b.targets]
     _mention_alternatives_to_stopped(candidates, stopped)
     verdict = verdict_of(culprits, candidates)
-    return Decision(verdict, candidates)
+    return Decision(verdict, candidates, _group_verdicts(comparison.blockages, reached, culprits, candidates))
+
+
+def _group_verdicts(blockages: list[Blockage], reached: list[frozenset[int]], culprits: list[Culprit],
+                    candidates: list[Candidate]) -> list[GroupVerdict]:
+    """Each stuck op's own verdict, from the culprits its waits end on (the same rules as the
+    incident's): a proven culprit in one group is not held back by a lead in another."""
+    at: dict[tuple[str, int, bool], set[int]] = {}
+    for blockage, below in zip(blockages, reached, strict=True):
+        at.setdefault((blockage.group, blockage.seq, blockage.is_p2p), set()).update(below)
+    index = {c.rank: i for i, c in enumerate(culprits)}
+    groups = []
+    for (group, seq, is_p2p), ranks in at.items():
+        picked = sorted(index[r] for r in ranks if r in index)
+        if not picked:
+            continue
+        verdict = verdict_of([culprits[i] for i in picked], [candidates[i] for i in picked])
+        groups.append(GroupVerdict(process_group=group, collective_seq_id=None if is_p2p else seq,
+                                   p2p_seq_id=seq if is_p2p else None, verdict=verdict,
+                                   candidates=[culprits[i].rank for i in picked]))
+    return groups
 
 
 def verdict_of(culprits: list[Culprit], candidates: list[Candidate]) -> Verdict:

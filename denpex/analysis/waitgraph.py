@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from denpex.analysis.compare import Blockage, BlockageKind
 
-__all__ = ["Culprit", "find_culprits"]
+__all__ = ["Culprit", "analyze", "find_culprits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +36,34 @@ class Culprit:
 
 def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
     """Ranks in terminal components of the wait-for graph, sorted by rank."""
+    return analyze(blockages)[0]
+
+
+def analyze(blockages: Sequence[Blockage]) -> tuple[list[Culprit], list[frozenset[int]]]:
+    """The culprits (as ``find_culprits``) and, per blockage, the culprit ranks its waits end on.
+
+    Tarjan emits a component only after every component it reaches, so one pass in that order
+    gives each component the culprits below it (linear in the graph, plus the sets' sizes).
+    """
     graph = _build(blockages)
     components = _strongly_connected(graph)
+    culprits = _culprits(graph, components, blockages)
+    named = {c.rank for c in culprits}
+    component_of = {node: i for i, component in enumerate(components) for node in component}
+    below: list[frozenset[int]] = []
+    for i, component in enumerate(components):
+        found = {n for n in component if isinstance(n, int) and n in named}
+        for node in component:
+            for succ in graph[node]:
+                j = component_of[succ]
+                if j != i:
+                    found |= below[j]
+        below.append(frozenset(found))
+    return culprits, [below[component_of[("b", i)]] for i in range(len(blockages))]
+
+
+def _culprits(graph: dict[_Node, list[_Node]], components: list[list[_Node]],
+              blockages: Sequence[Blockage]) -> list[Culprit]:
     # Rank -> the blockages that wait on it, built once: scanning every blockage per culprit is
     # quadratic when a dead host's ranks are the targets of a world-sized group.
     waited_on: dict[int, list[Blockage]] = {}

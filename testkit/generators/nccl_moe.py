@@ -226,6 +226,12 @@ MOE_SCENARIOS: dict[str, MoEScenario] = {s.name: s for s in (
                 "backward tp _all_gather_base of microbatch 0, layer 1 (tp [20, 21], separated) and "
                 "rank 6's in the forward one of microbatch 1, layer 0 (tp [6, 7], not separated).",
                 _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp0")), unseparated=(7,)),
+    # Issue 17, family 7: a stopped-CPU lead (ambiguous) beside a proven culprit in another group.
+    MoEScenario("moe32_stopped_lead_and_tp_pair", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 6's GPU stops "
+                "in the dispatch all_to_all of microbatch 1, layer 0 (ep [0, 2, 4, 6]: a stopped-CPU "
+                "lead) and rank 21's in the backward tp _all_gather_base of microbatch 0, layer 1 "
+                "(tp [20, 21], separated).",
+                _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.dispatch"))),
 )}
 
 
