@@ -3,11 +3,14 @@
 Rules (documented so that operators can predict them):
 - no blockage and every rank reported          -> ``no_hang``, no candidates;
 - no blockage but some ranks left no dump      -> ``incomplete``; the silent ranks are the only lead;
-- a CPU that stopped in an op all entered      -> ``ambiguous``: that rank first, the op's other
-                                                  members after it (it may only have synchronised);
+- a CPU that stopped in an op all entered      -> ``ambiguous``: that rank alone is named; the op's
+                                                  other members are named in its reasons (it may
+                                                  only have synchronised), never as candidates;
 - a culprit without usable evidence            -> ``incomplete`` (it may be the cause, or not);
 - culprits that the evidence cannot separate   -> ``ambiguous``;
 - otherwise                                    -> ``localized``.
+
+The same rules give each stuck op its own verdict (``groups``), from the culprits its waits end on.
 """
 
 from __future__ import annotations
