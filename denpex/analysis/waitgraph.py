@@ -52,14 +52,24 @@ def analyze(blockages: Sequence[Blockage]) -> tuple[list[Culprit], list[frozense
     component_of = {node: i for i, component in enumerate(components) for node in component}
     below: list[frozenset[int]] = []
     for i, component in enumerate(components):
-        found = {n for n in component if isinstance(n, int) and n in named}
-        for node in component:
-            for succ in graph[node]:
-                j = component_of[succ]
-                if j != i:
-                    found |= below[j]
-        below.append(frozenset(found))
+        own = frozenset(n for n in component if isinstance(n, int) and n in named)
+        parts = {id(below[j]): below[j] for node in component for succ in graph[node]
+                 if (j := component_of[succ]) != i}
+        below.append(_union(own, list(parts.values())))
     return culprits, [below[component_of[("b", i)]] for i in range(len(blockages))]
+
+
+def _union(own: frozenset[int], parts: list[frozenset[int]]) -> frozenset[int]:
+    """The union, sharing the largest set when it already holds the others: a rank of a large job
+    usually waits in the world group and in a small group whose laggards the world group waits on
+    too, and copying the world's set once per rank would make this quadratic."""
+    if not parts:
+        return own
+    largest = max(parts, key=len)
+    rest = [p for p in parts if p is not largest]
+    if own <= largest and all(p <= largest for p in rest):
+        return largest
+    return own.union(largest, *rest)
 
 
 def _culprits(graph: dict[_Node, list[_Node]], components: list[list[_Node]],
