@@ -27,10 +27,12 @@ The cases, and where each one's truth comes from (the same truth the tests compa
   (``testkit.generators.nccl_fixtures``), generated into a temporary folder and triaged with one
   worker, as ``tests/analysis/test_nccl_scenarios.py`` does; truth ``BuiltScenario.expected``.
 - ``moe/<name> [pickle|json, manifest|no-manifest]``: the Megatron MoE reproductions
-  (``testkit.generators.nccl_moe``); truth ``BuiltMoE.expected`` (the failed ranks, stalled,
-  verdict ambiguous). ``tests/analysis/test_moe_tangles.py`` also accepts, after those leads, the
-  members of each failed rank's ep group: they count here as named wrongly, and the notes column
-  says how many of them are such ep peers.
+  (``testkit.generators.nccl_moe``); truth ``BuiltMoE.expected``: the failed ranks, stalled, with
+  the verdict ambiguous for a GPU lost in an ep all_to_all (a stopped-CPU lead) and localized
+  for one lost in a tp collective whose rank is behind its ep peers; a tp partner that nothing
+  separates from the failed rank is in the truth too (verdict ambiguous). Until issue 17 the
+  members of each failed rank's ep group were named after the leads: any still named count as
+  named wrongly, and the notes column says how many are such ep peers.
 
 A "named" rank is one of the report's candidates (``TriageResult.candidates``), as in the tests.
 Per case: expected and given verdict, ranks named right (in the truth's culprits), named wrongly
@@ -74,7 +76,7 @@ class Truth:
     culprits: dict[int, str]
     note: str = ""
     accepted_extra: frozenset[int] = frozenset()
-    """Ranks not in the culprits that the case's test accepts as named (MoE ep peers)."""
+    """Ranks not in the culprits that are counted apart when named (MoE ep peers of a failed rank)."""
 
 
 @dataclass
@@ -98,7 +100,7 @@ class Row:
     kind_differs: dict[int, str] = field(default_factory=dict)
     """Ranks named right but with another kind: ``"given (expected ...)"``."""
     wrong_accepted: list[int] = field(default_factory=list)
-    """Of ``wrong``, those the case's test accepts (MoE ep peers of a failed rank)."""
+    """Of ``wrong``, the MoE ep peers of a failed rank."""
     notes: str = ""
     error: str | None = None
 
@@ -288,7 +290,7 @@ def table(rows: list[Row]) -> str:
             f"cases: {t['cases']}, right verdict: {t['verdict_right']}/{t['cases']}"
             + (f", could not be run: {t['errors']}" if t["errors"] else ""),
             f"ranks named right: {t['named_right']}, named wrongly: {t['named_wrongly']} "
-            f"(of them {t['named_wrongly_ep_peers']} MoE ep peers, which test_moe_tangles accepts), "
+            f"(of them {t['named_wrongly_ep_peers']} MoE ep peers), "
             f"missed: {t['missed']}, named right with another kind: {t['kind_differs']}"]
     return "\n".join(out)
 

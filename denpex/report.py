@@ -73,6 +73,7 @@ def render_text(report: TriageReport) -> str:
             lines.append(f"  ... and {hidden} more stuck op{'s' if hidden != 1 else ''} whose ranks wait on the victims above "
                          "(all of them: --format json)")
         lines.append("")
+    lines += _group_lines(report)
     if report.candidates:
         lines.append("Candidates (culprits, not the victims that waited on them):")
         lines += [line for c in report.candidates for line in _candidate_lines(c)]
@@ -80,6 +81,26 @@ def render_text(report: TriageReport) -> str:
     lines += _evidence_lines(report)
     lines += _plan_lines(report)
     return "\n".join(lines).rstrip() + "\n"
+
+
+MAX_GROUPS_SHOWN = 12
+
+
+def _group_lines(report: TriageReport) -> list[str]:
+    """One verdict per stuck group: a proven culprit in one group stands beside a guess in another."""
+    if not report.groups:
+        return []
+    descs = {s.process_group: s.group_desc for s in report.stuck if s.group_desc}
+    lines = ["Verdict per stuck group:"]
+    for group in report.groups[:MAX_GROUPS_SHOWN]:
+        desc = descs.get(group.process_group)
+        where = f"group {group.process_group!r}" + (f" ({desc})" if desc else "")
+        what = (f"collective #{group.collective_seq_id}" if group.collective_seq_id is not None
+                else f"p2p_seq_id {group.p2p_seq_id}")
+        lines.append(f"  - {where} {what}: {group.verdict.value}: {ranks_phrase(group.candidates)}")
+    if len(report.groups) > MAX_GROUPS_SHOWN:
+        lines.append(f"  ... and {len(report.groups) - MAX_GROUPS_SHOWN} more (all of them: --format json)")
+    return lines + [""]
 
 
 def _headline(report: TriageReport) -> str:

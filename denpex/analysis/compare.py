@@ -36,6 +36,7 @@ class BlockageKind:
     OVERDUE = "overdue"        # everyone is in it, and it outlived its timeout
     UNKNOWN_MEMBERS = "unknown_members"  # every known member is in it: the others are unknown
     STOPPED = "stopped"        # everyone is in it; these members' CPUs stopped there, the others' went on
+    LAGGING = "lagging"        # everyone is in it; this member is behind its peers in another group too
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
     clock = _Clock(as_of_ns, as_of_given, dumped_at_ns)
     when = "at the incident time" if as_of_given else "when the ranks dumped"
     heads = _heads(summaries)
+    lag_cache: dict[str, list[int]] = {}
     deferred: list[tuple[str, _Found]] = []
     for name in sorted(membership.members):
         members = membership.members[name]
@@ -110,7 +112,8 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
             # A mismatch among the known members stands whatever the membership.
             found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
         if found[0] is not None and found[0][0].tie and found[0][0].kind is BlockageKind.OVERDUE:
-            found.append(_stopped_at(found[0][0], progress, summaries))
+            found.append(_stopped_at(found[0][0], progress, summaries)
+                         or _lagging_at(found[0][0], summaries, membership, lag_cache))
         found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
         if from_status and any(f is not None for f in found):
             their = "its" if len(from_status) == 1 else "their"
@@ -488,6 +491,110 @@ def _stopped_at(tie: Blockage, progress: dict[int, GroupProgress],
                            f"enqueue later ops, while rank {stopped[0]} enqueued nothing after it: "
                            f"its CPU stopped there (a lost GPU or a hung process), or its process "
                            "synchronised right after the op, e.g. .item(), and the fault is elsewhere"), []
+
+
+# A tie with more members is left to ``_stopped_at``; the comparison below is quadratic in them.
+_LAGGING_MAX_MEMBERS = 16
+
+
+def _lagging_at(tie: Blockage, summaries: dict[int, RankSummary], membership: GroupMembership,
+                cache: dict[str, list[int]]) -> _Found | None:
+    """Direction inside an all-in op from the members' progress in the other groups they are in.
+
+    Every member entered collective ``#seq`` and none finished; the op alone cannot say whose GPU
+    or link holds it (a tensor-parallel pair both in its ``_all_gather_base``). NCCL enqueues
+    asynchronously, so each member's CPU goes on enqueuing its next ops, in any group, until it
+    stops (a lost GPU blocks its next driver call, a hung process) or synchronises. One member
+    is singled out when, in other groups:
+
+    - it is *behind its peers*: at least two other members of another group enqueued a
+      collective there that it never enqueued (the ep ``all_to_all`` its expert-parallel peers
+      wait in), so its own CPU stopped short of where theirs went (one peer ahead would be a
+      one-against-one program difference, as ``_stopped_at`` refuses too); and
+    - every other member of the tie went past it: each enqueued a collective, in a group it
+      shares with this member (not the tied group), that this member never enqueued, and none is
+      behind it anywhere they share. Their CPUs got beyond where this one stopped, so they wait
+      in ``#seq`` on it, not it on them.
+
+    Where both members stopped at the same place (each behind its expert peers, neither past the
+    other), nothing separates them and the tie stays. NCCL only (Gloo's collectives are
+    synchronous), progress read from the rings only (a group a wrapped ring does not show is
+    unknown there).
+    """
+    members = tie.waiting
+    if tie.unknown or not 2 <= len(members) <= _LAGGING_MAX_MEMBERS:
+        return None
+    if any(summaries[r].backend != "nccl" for r in members if r in summaries) or any(
+            r not in summaries for r in members):
+        return None
+    found: list[tuple[int, str, str]] = []
+    for rank in members:
+        behind = _behind_peers(rank, tie.group, summaries, membership, cache)
+        if behind is None:
+            continue
+        passed = [_went_past(other, rank, tie.group, summaries) for other in members if other != rank]
+        if all(p is not None for p in passed):
+            found.append((rank, behind, "; ".join(p for p in passed if p is not None)))
+    if len(found) != 1:
+        return None
+    rank, behind, passed_text = found[0]
+    others = tuple(r for r in members if r != rank)
+    return Blockage(tie.group, tie.seq, BlockageKind.LAGGING, tie.op, others, (rank,),
+                    unknown=tie.unknown, age_unknown=tie.age_unknown,
+                    detail=f"every member entered it and none finished; rank {rank} is also behind "
+                           f"its peers in {behind}, while {passed_text}: its CPU stopped first, and "
+                           f"{ranks_phrase(others)} wait{'s' if len(others) == 1 else ''} in it on "
+                           "rank " + str(rank)), []
+
+
+def _known_last_enqueued(summary: RankSummary, name: str) -> int | None:
+    """The rank's newest collective in ``name``, or None where its wrapped ring may have lost it."""
+    group = summary.groups.get(name)
+    if group is not None and group.entry_count:
+        return group.last_enqueued
+    return None if summary.ring_wrapped else -1
+
+
+def _behind_peers(rank: int, tied: str, summaries: dict[int, RankSummary], membership: GroupMembership,
+                  cache: dict[str, list[int]]) -> str | None:
+    """A group other than ``tied`` where at least two other members enqueued a collective that
+    ``rank`` never enqueued, described; None when there is none."""
+    from bisect import bisect_right
+
+    summary = summaries[rank]
+    for name in sorted(summary.groups):
+        if name == tied or not membership.has_member(name, rank):
+            continue
+        mine = _known_last_enqueued(summary, name)
+        if mine is None:
+            continue
+        if name not in cache:
+            cache[name] = sorted(v for r in membership.members.get(name, ()) if r in summaries
+                                 and (v := _known_last_enqueued(summaries[r], name)) is not None)
+        levels = cache[name]
+        ahead = len(levels) - bisect_right(levels, mine)
+        if ahead >= 2:
+            return (f"process group {name!r} ({ahead} of its members enqueued collective "
+                    f"#{mine + 1} or later there; it never did)")
+    return None
+
+
+def _went_past(other: int, rank: int, tied: str, summaries: dict[int, RankSummary]) -> str | None:
+    """Where ``other`` enqueued a collective ``rank`` never did, in a group both are in (other
+    than ``tied``), described; None when it did nowhere, or when ``rank`` is ahead somewhere."""
+    theirs, mine = summaries[other], summaries[rank]
+    where = None
+    for name in sorted(set(theirs.groups) & set(mine.groups)):
+        if name == tied:
+            continue
+        a, b = _known_last_enqueued(theirs, name), _known_last_enqueued(mine, name)
+        if a is None or b is None:
+            continue
+        if b > a:
+            return None  # ahead of it somewhere: the two orders disagree, nothing is proven
+        if a > b and where is None:
+            where = f"rank {other} enqueued collective #{a} in process group {name!r}, where rank {rank} stopped at #{b}"
+    return where
 
 
 def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: dict[int, RankSummary],

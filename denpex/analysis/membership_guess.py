@@ -54,7 +54,12 @@ def mark_guessed_members(decision: Decision, blockages: list[Blockage]) -> Decis
                         "calls new_group for every group, members or not, so building a subgroup (or "
                         "being idle) does not put a rank in this one; the kind says what it would be if "
                         "it were a member. Pass a manifest with process_groups"]}))
+    inferred = {c.rank for c in marked if c.membership is Membership.INFERRED}
     verdict = decision.verdict
-    if verdict is Verdict.LOCALIZED and any(c.membership is Membership.INFERRED for c in marked):
+    if verdict is Verdict.LOCALIZED and inferred:
         verdict = Verdict.INCOMPLETE
-    return Decision(verdict, marked)
+    # A stuck group's own verdict is capped the same way: the isolation gates act per group.
+    group_verdicts = [g.model_copy(update={"verdict": Verdict.INCOMPLETE})
+              if g.verdict is Verdict.LOCALIZED and inferred & set(g.candidates) else g
+              for g in decision.groups]
+    return Decision(verdict, marked, group_verdicts)

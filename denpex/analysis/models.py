@@ -8,7 +8,9 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 __all__ = [
     "Verdict",
@@ -18,6 +20,7 @@ __all__ = [
     "CandidateHardware",
     "Candidate",
     "StuckCollective",
+    "GroupVerdict",
     "SkippedFile",
     "TriageResult",
 ]
@@ -119,6 +122,29 @@ class StuckCollective(BaseModel):
     enqueued_at: datetime | None = None
 
 
+class GroupVerdict(BaseModel):
+    """One stuck op's own verdict (``groups[]``): the culprits its waits end on, judged by the
+    same rules as the incident. The isolation gates act per group: a proven culprit in one group
+    is not held back by an ambiguous lead in another. Exactly one of the two ids is set."""
+
+    model_config = ConfigDict(frozen=True)
+
+    process_group: str
+    collective_seq_id: int | None = None
+    p2p_seq_id: int | None = None
+    verdict: Verdict
+    candidates: list[int]
+
+    @model_serializer(mode="wrap")
+    def _one_id(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The contract carries ``collective_seq_id`` or ``p2p_seq_id``, never a null other one.
+        data: dict[str, Any] = handler(self)
+        for key in ("collective_seq_id", "p2p_seq_id"):
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
+
+
 class SkippedFile(BaseModel):
     """A file that was not used as evidence, and why."""
 
@@ -144,5 +170,7 @@ class TriageResult(BaseModel):
     skipped_files: list[SkippedFile] = Field(default_factory=list)
     as_of: datetime | None = None
     notes: list[str] = Field(default_factory=list)
+    # One verdict per stuck op; ``verdict`` above stays the whole incident's summary.
+    groups: list[GroupVerdict] = Field(default_factory=list)
     # Hardware events in the hang's window on hosts that run no candidate (denpex.hardware).
     other_hardware: list[CandidateHardware] = Field(default_factory=list)

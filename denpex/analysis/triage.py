@@ -209,7 +209,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     if decision.verdict is Verdict.NO_HANG:
         unaged = in_flight_of_unknown_age(fresh, _dump_times(fresh, manifest), as_of_given=as_of is not None)
         if unaged:
-            decision, age_notes = Decision(Verdict.INCOMPLETE, decision.candidates), [unknown_age_note(unaged)]
+            decision, age_notes = Decision(Verdict.INCOMPLETE, decision.candidates, decision.groups), [unknown_age_note(unaged)]
     return TriageResult(
         verdict=decision.verdict,
         world_size=world_size,
@@ -217,6 +217,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
         missing_ranks=sorted(r for r in range(world_size) if r not in summaries),
         stale_ranks=sorted(stale),
         candidates=decision.candidates,
+        groups=decision.groups,
         stuck=[b.as_stuck(membership.descs.get(b.group)) for b in comparison.blockages],
         skipped_files=skipped,
         as_of=datetime.fromtimestamp(as_of_ns / 1e9, UTC) if as_of_ns else None,

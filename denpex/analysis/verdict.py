@@ -3,27 +3,34 @@
 Rules (documented so that operators can predict them):
 - no blockage and every rank reported          -> ``no_hang``, no candidates;
 - no blockage but some ranks left no dump      -> ``incomplete``; the silent ranks are the only lead;
-- a CPU that stopped in an op all entered      -> ``ambiguous``: that rank first, the op's other
-                                                  members after it (it may only have synchronised);
+- a CPU that stopped in an op all entered      -> ``ambiguous``: that rank alone is named; the op's
+                                                  other members are named in its reasons (it may
+                                                  only have synchronised), never as candidates;
 - a culprit without usable evidence            -> ``incomplete`` (it may be the cause, or not);
 - culprits that the evidence cannot separate   -> ``ambiguous``;
 - otherwise                                    -> ``localized``.
+
+The same rules give each stuck op its own verdict (``groups``), from the culprits its waits end on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from denpex.analysis.compare import Blockage, BlockageKind, Comparison, progress_from_status
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
-from denpex.analysis.models import Candidate, CandidateKind, Verdict
+from denpex.analysis.models import Candidate, CandidateKind, GroupVerdict, Verdict
 from denpex.analysis.summary import RankSummary
-from denpex.analysis.waitgraph import Culprit, find_culprits
+from denpex.analysis.waitgraph import Culprit, analyze
 from denpex.evidence.manifest import JobManifest
 
-__all__ = ["Decision", "decide"]
+__all__ = ["Decision", "SEPARATING_EVIDENCE", "decide", "verdict_of"]
+
+# What would tell the members of an all-in op apart when the dumps cannot (reasons and notes).
+SEPARATING_EVIDENCE = ("What would separate them: a hardware signal (Xid, NVLink, PCIe) on one member's "
+                       "GPU, NCCL timing (TORCH_NCCL_ENABLE_TIMING=1: a kernel that started on one "
+                       "member and not on the other), or one member behind its peers in another group")
 
 _BASE_CONFIDENCE = {
     CandidateKind.NOT_ENTERED: 0.9,
@@ -37,6 +44,8 @@ _BASE_CONFIDENCE = {
 class Decision:
     verdict: Verdict
     candidates: list[Candidate]
+    # One verdict per stuck op (``TriageResult.groups``): the culprits its waits end on.
+    groups: list[GroupVerdict] = field(default_factory=list)
 
 
 def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: dict[int, str],
@@ -52,23 +61,69 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
                                "rank's silence is the only lead"])
             for r, why in sorted(missing.items())
         ])
-    culprits = find_culprits(comparison.blockages)
+    culprits, reached = analyze(comparison.blockages)
     candidates = [_candidate(c, summaries, missing, membership, host(c.rank)) for c in culprits]
     _share_blame_with_silent_ranks(candidates, culprits, missing)
     stopped = [b for c in culprits for b in c.blocking if b.kind is BlockageKind.STOPPED and c.rank in b.targets]
-    candidates += _alternatives_to_stopped(stopped, {c.rank for c in candidates}, host)
-    if stopped:
+    _mention_alternatives_to_stopped(candidates, stopped)
+    verdict = verdict_of(culprits, candidates)
+    return Decision(verdict, candidates, _group_verdicts(comparison.blockages, reached, culprits, candidates))
+
+
+def _group_verdicts(blockages: list[Blockage], reached: list[frozenset[int]], culprits: list[Culprit],
+                    candidates: list[Candidate]) -> list[GroupVerdict]:
+    """Each stuck op's own verdict, from the culprits its waits end on (the same rules as the
+    incident's): a proven culprit in one group is not held back by a lead in another."""
+    at: dict[tuple[str, int, bool], set[int]] = {}
+    for blockage, below in zip(blockages, reached, strict=True):
+        at.setdefault((blockage.group, blockage.seq, blockage.is_p2p), set()).update(below)
+    index = {c.rank: i for i, c in enumerate(culprits)}
+    groups = []
+    for (group, seq, is_p2p), ranks in at.items():
+        picked = sorted(index[r] for r in ranks if r in index)
+        if not picked:
+            continue
+        verdict = verdict_of([culprits[i] for i in picked], [candidates[i] for i in picked])
+        groups.append(GroupVerdict(process_group=group, collective_seq_id=None if is_p2p else seq,
+                                   p2p_seq_id=seq if is_p2p else None, verdict=verdict,
+                                   candidates=[culprits[i].rank for i in picked]))
+    return groups
+
+
+def verdict_of(culprits: list[Culprit], candidates: list[Candidate]) -> Verdict:
+    """The verdict that a set of culprits (and their candidates, in the same order) supports.
+
+    The whole incident's verdict, and each stuck group's from the culprits its waits end on.
+    """
+    if any(b.kind is BlockageKind.STOPPED and c.rank in b.targets for c in culprits for b in c.blocking):
         # A CPU that stopped in an op is also what a rank that synchronised after it looks like
         # while a link or another GPU holds the op: a lead to check, never a culprit to act on.
-        verdict = Verdict.AMBIGUOUS
-    elif any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates) or any(
-            b.undecided for c in culprits for b in c.blocking):
-        verdict = Verdict.INCOMPLETE
-    elif any(c.component_size > 1 for c in culprits):
-        verdict = Verdict.AMBIGUOUS
-    else:
-        verdict = Verdict.LOCALIZED
-    return Decision(verdict, candidates)
+        return Verdict.AMBIGUOUS
+    if any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates) or any(
+            _rests_on_undecided(c) for c in culprits):
+        return Verdict.INCOMPLETE
+    if any(c.component_size > 1 for c in culprits):
+        return Verdict.AMBIGUOUS
+    return Verdict.LOCALIZED
+
+
+def _rests_on_undecided(culprit: Culprit) -> bool:
+    """Whether an undecided wait leaves the rank's part open.
+
+    Members whose rings wrapped past a group (a ``behind`` wait left undecided) each never
+    entered its op, or entered it and their rings wrapped since; either way the waits go on
+    through them and are followed, so that doubt does not touch a rank that a decided, directed
+    wait proves (it never entered an op its peers wait in, or its CPU stopped first in one they
+    all entered while they went on). Where the undecided wait is a guess at who the members are
+    (unknown membership) or which call was right (a tied mismatch), it stays open.
+    """
+    undecided = [b for b in culprit.blocking if b.undecided]
+    if not undecided:
+        return False
+    if any(b.kind is not BlockageKind.BEHIND for b in undecided):
+        return True
+    return not any(not b.undecided and not b.tie and b.kind is not BlockageKind.STOPPED
+                   for b in culprit.blocking)
 
 
 # A member whose CPU enqueued nothing after an all-in op may have lost its GPU, or merely
@@ -76,27 +131,24 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
 _STOPPED_FACTOR = 0.5
 
 
-def _alternatives_to_stopped(stopped: list[Blockage], named: set[int],
-                             host: Callable[[int], str | None]) -> list[Candidate]:
-    """The other members of an op one member's CPU stopped in: their GPUs or links may hold it."""
-    alternatives: dict[int, Candidate] = {}
+def _mention_alternatives_to_stopped(candidates: list[Candidate], stopped: list[Blockage]) -> None:
+    """Say, on the lead, which members' GPUs or links may hold the op if it merely synchronised.
+
+    They are not candidates: each entered the op and went on, so nothing shows any of them
+    behind, and a candidate is a rank proven to explain a stuck group, never one that waits.
+    """
+    by_rank = {c.rank: c for c in candidates}
     for blockage in stopped:
-        lead = ranks_phrase(blockage.targets)
-        for rank in blockage.waiting:
-            if rank in named or rank in alternatives:
+        for rank in blockage.targets:
+            lead = by_rank.get(rank)
+            if lead is None:
                 continue
-            confidence = _BASE_CONFIDENCE[CandidateKind.STALLED] * _STOPPED_FACTOR / (len(blockage.waiting) + 1)
-            if blockage.age_unknown:
-                confidence /= 2
-            alternatives[rank] = Candidate(
-                rank=rank, kind=CandidateKind.STALLED, process_group=blockage.group,
-                collective_seq_id=blockage.seq, confidence=max(round(confidence, 3), 0.05), host=host(rank),
-                reasons=[f"rank {rank} is blocked in collective #{blockage.seq} {blockage.op} in process "
-                         f"group {blockage.group!r}, which every member entered and none finished; with "
-                         f"NCCL timing off nothing records whose GPU ran it, so if {lead} merely "
-                         "synchronised after the op (e.g. .item()), this rank's GPU or a link to it may "
-                         "be what holds it"])
-    return list(alternatives.values())
+            lead.reasons.append(
+                f"if rank {rank} merely synchronised after collective #{blockage.seq}, the GPU of "
+                f"{ranks_phrase(blockage.waiting)} or a link to it holds the op instead; they are not "
+                "named, since each entered it and went on. A hardware signal on rank "
+                f"{rank}'s GPU, or NCCL timing (TORCH_NCCL_ENABLE_TIMING=1: a kernel that started on "
+                "the others and not on it), would settle it")
 
 
 def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dict[int, str],
@@ -108,7 +160,9 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
         reasons.append(f"... and {len(culprit.blocking) - 3} more stuck ops wait on it")
     reasons.append(_why_kind(culprit, kind, summaries, missing))
     if culprit.component_size > 1:
-        reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart")
+        tied = any(b.tie for b in culprit.blocking)
+        reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart"
+                       + (f". {SEPARATING_EVIDENCE}" if tied else ""))
     confidence = _BASE_CONFIDENCE[kind] / culprit.component_size
     if first is not None and first.kind == BlockageKind.STOPPED:
         confidence *= _STOPPED_FACTOR
@@ -206,6 +260,10 @@ def _why_stalled(culprit: Culprit, summaries: dict[int, RankSummary]) -> str:
                 "synchronised right after the op, e.g. .item(), while the fault is elsewhere; the "
                 "dumps cannot tell these apart")
     where = _in_flight(summaries[rank]) or "an op that never finished"
+    if first is not None and first.kind == BlockageKind.LAGGING:
+        # Separated from its tied peers by where the CPUs stopped (compare._lagging_at).
+        return (f"rank {rank} is itself blocked in collective #{first.seq} {first.op} in process group "
+                f"{first.group!r}, which every member entered and none finished; {first.detail}")
     if culprit.component_size > 1 and all(b.tie for b in culprit.blocking):
         return (f"rank {rank} is itself blocked in {where}, an op every member entered and none "
                 "finished; the dumps cannot say whose GPU or link stopped it")

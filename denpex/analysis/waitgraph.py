@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from denpex.analysis.compare import Blockage, BlockageKind
 
-__all__ = ["Culprit", "find_culprits"]
+__all__ = ["Culprit", "analyze", "find_culprits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +36,44 @@ class Culprit:
 
 def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
     """Ranks in terminal components of the wait-for graph, sorted by rank."""
+    return analyze(blockages)[0]
+
+
+def analyze(blockages: Sequence[Blockage]) -> tuple[list[Culprit], list[frozenset[int]]]:
+    """The culprits (as ``find_culprits``) and, per blockage, the culprit ranks its waits end on.
+
+    Tarjan emits a component only after every component it reaches, so one pass in that order
+    gives each component the culprits below it (linear in the graph, plus the sets' sizes).
+    """
     graph = _build(blockages)
     components = _strongly_connected(graph)
+    culprits = _culprits(graph, components, blockages)
+    named = {c.rank for c in culprits}
+    component_of = {node: i for i, component in enumerate(components) for node in component}
+    below: list[frozenset[int]] = []
+    for i, component in enumerate(components):
+        own = frozenset(n for n in component if isinstance(n, int) and n in named)
+        parts = {id(below[j]): below[j] for node in component for succ in graph[node]
+                 if (j := component_of[succ]) != i}
+        below.append(_union(own, list(parts.values())))
+    return culprits, [below[component_of[("b", i)]] for i in range(len(blockages))]
+
+
+def _union(own: frozenset[int], parts: list[frozenset[int]]) -> frozenset[int]:
+    """The union, sharing the largest set when it already holds the others: a rank of a large job
+    usually waits in the world group and in a small group whose laggards the world group waits on
+    too, and copying the world's set once per rank would make this quadratic."""
+    if not parts:
+        return own
+    largest = max(parts, key=len)
+    rest = [p for p in parts if p is not largest]
+    if own <= largest and all(p <= largest for p in rest):
+        return largest
+    return own.union(largest, *rest)
+
+
+def _culprits(graph: dict[_Node, list[_Node]], components: list[list[_Node]],
+              blockages: Sequence[Blockage]) -> list[Culprit]:
     # Rank -> the blockages that wait on it, built once: scanning every blockage per culprit is
     # quadratic when a dead host's ranks are the targets of a world-sized group.
     waited_on: dict[int, list[Blockage]] = {}
@@ -57,7 +93,7 @@ def find_culprits(blockages: Sequence[Blockage]) -> list[Culprit]:
                 blocking = waited_on.get(rank, [])
                 if refined:
                     # The directed waits that picked the rank out of its cycle explain it best.
-                    blocking = sorted(blocking, key=lambda b: (b.tie, b.kind != BlockageKind.STOPPED))
+                    blocking = sorted(blocking, key=lambda b: (b.tie, b.kind not in _DIRECTING))
                 culprits.append(Culprit(rank, tuple(blocking), len(ranks)))
     return sorted(culprits, key=lambda c: c.rank)
 
@@ -83,6 +119,8 @@ def _sources(component: list[_Node], members: set[_Node], graph: dict[_Node, lis
 
 
 _Node = int | tuple[str, int]
+# Directed waits found inside an all-in op: they pick a member out of it.
+_DIRECTING = frozenset({BlockageKind.STOPPED, BlockageKind.LAGGING})
 
 
 def _build(blockages: Sequence[Blockage]) -> dict[_Node, list[_Node]]:

@@ -169,7 +169,8 @@ def evidence_gate(
             gate=Gate.VERDICT,
             message="verdict is no_hang: no process group is stuck, so there is nothing to isolate",
         )])
-    if result.verdict is Verdict.AMBIGUOUS:
+    candidates, guesses = _by_group_verdict(result)
+    if result.verdict is Verdict.AMBIGUOUS and not candidates:
         named = ranks_phrase([c.rank for c in result.candidates]) if result.candidates else "no rank"
         return EvidenceDecision(blocked=[BlockedNode(
             gate=Gate.VERDICT,
@@ -191,8 +192,8 @@ def evidence_gate(
         )])
 
     by_node: dict[str, tuple[list[int], list[str]]] = {}
-    blocked: list[BlockedNode] = []
-    for candidate in result.candidates:
+    blocked: list[BlockedNode] = list(guesses)
+    for candidate in candidates:
         host = _host_of(candidate, manifest)
         if host is None:
             blocked.append(BlockedNode(
@@ -215,6 +216,39 @@ def evidence_gate(
         for node, (ranks, lines) in sorted(by_node.items())
     ]
     return EvidenceDecision(proposals=proposals, blocked=blocked)
+
+
+def _by_group_verdict(result: TriageResult) -> tuple[list[Candidate], list[BlockedNode]]:
+    """The candidates that may be acted on, group by group, and a block per ambiguous group.
+
+    One verdict per stuck group (``result.groups``): a rank named by a group whose own verdict
+    is ``localized`` or ``incomplete`` may be acted on (the hardware gate still applies) while
+    another group is ``ambiguous``; a rank named only by ambiguous groups is a guess. Without
+    per-group verdicts (an older result) the incident's verdict decides for every candidate.
+    """
+    if not result.groups:
+        ambiguous = result.verdict is Verdict.AMBIGUOUS
+        return ([] if ambiguous else list(result.candidates)), []
+    actionable = {r for g in result.groups if g.verdict in (Verdict.LOCALIZED, Verdict.INCOMPLETE)
+                  for r in g.candidates}
+    grouped = {r for g in result.groups for r in g.candidates}
+    kept = [c for c in result.candidates if c.rank in actionable or c.rank not in grouped]
+    blocked = []
+    for group in result.groups:
+        if group.verdict is not Verdict.AMBIGUOUS or actionable.issuperset(group.candidates):
+            continue
+        at = (f"collective #{group.collective_seq_id}" if group.collective_seq_id is not None
+              else f"p2p_seq_id {group.p2p_seq_id}")
+        named = ranks_phrase([r for r in group.candidates if r not in actionable])
+        blocked.append(BlockedNode(
+            gate=Gate.VERDICT,
+            message=f"process group {group.process_group!r} {at} is ambiguous: {named} could be "
+                    "behind it but the evidence cannot say which; no node is isolated on a guess"))
+    # One line per set of ranks: many stuck groups usually wait on the same ambiguous pair.
+    unique: dict[str, BlockedNode] = {}
+    for block in blocked:
+        unique.setdefault(block.message.split(" is ambiguous: ", 1)[1], block)
+    return kept, list(unique.values())
 
 
 def node_gate(

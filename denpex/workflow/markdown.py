@@ -11,7 +11,7 @@ from denpex.isolation.plan import IsolationPlan
 from denpex.markdown_text import code_block, inline
 from denpex.report import TriageReport, render_text
 
-__all__ = ["report_markdown", "candidate_rows", "decision_markdown"]
+__all__ = ["report_markdown", "candidate_rows", "decision_markdown", "group_lines"]
 
 
 def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, plan: IsolationPlan | None,
@@ -27,12 +27,35 @@ def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, pla
         lines.append("**No isolation proposed.**")
     for why in report.plan.blocked:
         lines.append(f"- blocked: {inline(why)}")
+    lines += group_lines(report)
     # The text report quotes evidence strings (hosts, group descriptions, reasons) as they came:
     # a fence they cannot close keeps them literal.
     lines += ["", code_block(render_text(report).rstrip())]
     if chart:
         lines += ["", chart]
     return "\n".join(lines) + "\n"
+
+
+MAX_GROUPS_SHOWN = 12
+
+
+def group_lines(report: TriageReport) -> list[str]:
+    """One verdict per stuck group, as markdown; group names and descriptions come from the
+    dumps, so they are escaped."""
+    if not report.groups:
+        return []
+    descs = {s.process_group: s.group_desc for s in report.stuck if s.group_desc}
+    lines = ["", "**Verdict per stuck group:**", ""]
+    for group in report.groups[:MAX_GROUPS_SHOWN]:
+        desc = descs.get(group.process_group)
+        name = inline(group.process_group, limit=200) + (f" ({inline(desc, limit=200)})" if desc else "")
+        at = (f"collective #{group.collective_seq_id}" if group.collective_seq_id is not None
+              else f"p2p\\_seq\\_id {group.p2p_seq_id}")
+        ranks = ", ".join(str(r) for r in group.candidates[:16]) + (" …" if len(group.candidates) > 16 else "")
+        lines.append(f"- group {name}, {at}: **{group.verdict.value}**, ranks {ranks}")
+    if len(report.groups) > MAX_GROUPS_SHOWN:
+        lines.append(f"- … and {len(report.groups) - MAX_GROUPS_SHOWN} more")
+    return lines
 
 
 def candidate_rows(report: TriageReport, plan: IsolationPlan | None) -> list[dict[str, Any]]:

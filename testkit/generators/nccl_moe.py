@@ -30,7 +30,9 @@ Write them for a manual look (``denpex triage OUT/<name>/pickle``)::
 
     python -m testkit.generators.nccl_moe OUT [--scenario NAME ...] [--no-manifest]
 
-The fault: a rank's GPU stops while the rank issues an expert-parallel ``all_to_all``. The CPU
+The fault: a rank's GPU stops while the rank issues an expert-parallel ``all_to_all`` (or, for
+issue 17's family 1, a tensor-parallel ``_all_gather_base``, which both members of the tp pair then
+hold: both entered it, neither finishes). The CPU
 enqueued it (the entry is in the ring), the GPU never runs it, and the CPU then stalls in its next
 driver call, so the rank enqueues nothing more. The FR dump is written from host memory by the
 watchdog thread, so the rank still dumps.
@@ -148,7 +150,7 @@ def build_moe_topology(layout: MoELayout) -> Topology:
 
 @dataclass(frozen=True, slots=True)
 class MoEFault:
-    """Rank ``rank``'s GPU stops in the call tagged ``tag`` (an ep ``all_to_all``)."""
+    """Rank ``rank``'s GPU stops in the call tagged ``tag`` (an ep ``all_to_all`` or a tp op)."""
 
     rank: int
     tag: str
@@ -163,12 +165,17 @@ class MoEScenario:
     layout: MoELayout
     faults: tuple[MoEFault, ...]
     ring_size: int = 20
+    verdict: Verdict = Verdict.AMBIGUOUS
+    unseparated: tuple[int, ...] = ()
+    """Healthy ranks a correct triage names too: the tied partner of a failed rank that nothing
+    in the dumps separates from it (both members of a tp pair stopped at the same place)."""
 
     def expected(self) -> Expected:
         # Timing off: a CPU that stopped in the all_to_all is also what a sync right after it
-        # looks like, so the failed ranks lead an ambiguous verdict (their ep peers follow).
-        culprits = {f.rank: CandidateKind.STALLED for f in self.faults}
-        return Expected(scenario=self.name, verdict=Verdict.AMBIGUOUS, culprits=culprits,
+        # looks like, so such a failed rank leads an ambiguous verdict. A failed rank in a tp
+        # pair that is also behind its ep peers (its partner went past it) is proven: localized.
+        culprits = {r: CandidateKind.STALLED for r in sorted({f.rank for f in self.faults} | set(self.unseparated))}
+        return Expected(scenario=self.name, verdict=self.verdict, culprits=culprits,
                         description=self.description, timing_enabled=False,
                         naming=NamingStyle.MEGATRON, fault_step_p2p=P2PMode.PLAIN)
 
@@ -197,6 +204,34 @@ MOE_SCENARIOS: dict[str, MoEScenario] = {s.name: s for s in (
                 "Rank 20's ep peers have later recvs from stage 0 queued behind their stuck all_to_all; "
                 "those recvs wait on rank 5's chain and must not hide rank 20.",
                 _L32, (MoEFault(5, "bwd0.l0.dispatch"), MoEFault(20, "fwd1.l1.dispatch"))),
+    # Issue 17, family 1: the GPU fails in a tp collective, so both members of the tp pair hold it.
+    MoEScenario("moe16_tp_pair_behind_in_ep", "16 ranks (tp2 pp2 dp4 ep4 etp1): rank 5's GPU stops in "
+                "the backward tp _all_gather_base of microbatch 0, layer 1 (tp [4, 5]); its partner 4 "
+                "goes on to layer 0's ep all_to_all (ep [4-7]), which rank 5 never enqueues.",
+                _L16, (MoEFault(5, "bwd0.l1.tp0"),), verdict=Verdict.LOCALIZED),
+    MoEScenario("moe32_tp_pair_behind_in_ep", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 21's GPU stops in "
+                "the backward tp _all_gather_base of microbatch 0, layer 1 (tp [20, 21]); its ep peers "
+                "[17, 19, 23] and its partner 20 (in expert-tp [20, 21]) go on, rank 21 does not.",
+                _L32, (MoEFault(21, "bwd0.l1.tp0"),), verdict=Verdict.LOCALIZED),
+    MoEScenario("moe16_tp_pair_unseparated", "16 ranks (tp2 pp2 dp4 ep4 etp1): rank 5's GPU stops in "
+                "the forward tp _all_gather_base of microbatch 1, layer 0 (tp [4, 5]); both members "
+                "stop before the ep dispatch (the router's host sync), so nothing separates them.",
+                _L16, (MoEFault(5, "fwd1.l0.tp0"),), unseparated=(4,)),
+    MoEScenario("moe16_two_tp_pairs", "16 ranks (tp2 pp2 dp4 ep4 etp1): rank 5's GPU stops in the "
+                "backward tp _all_gather_base of microbatch 0, layer 1 (tp [4, 5], separated by ep "
+                "[4-7]) and rank 2's in the forward one of microbatch 1, layer 0 (tp [2, 3], not "
+                "separated).",
+                _L16, (MoEFault(5, "bwd0.l1.tp0"), MoEFault(2, "fwd1.l0.tp0")), unseparated=(3,)),
+    MoEScenario("moe32_two_tp_pairs", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 21's GPU stops in the "
+                "backward tp _all_gather_base of microbatch 0, layer 1 (tp [20, 21], separated) and "
+                "rank 6's in the forward one of microbatch 1, layer 0 (tp [6, 7], not separated).",
+                _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp0")), unseparated=(7,)),
+    # Issue 17, family 7: a stopped-CPU lead (ambiguous) beside a proven culprit in another group.
+    MoEScenario("moe32_stopped_lead_and_tp_pair", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 6's GPU stops "
+                "in the dispatch all_to_all of microbatch 1, layer 0 (ep [0, 2, 4, 6]: a stopped-CPU "
+                "lead) and rank 21's in the backward tp _all_gather_base of microbatch 0, layer 1 "
+                "(tp [20, 21], separated).",
+                _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.dispatch"))),
 )}
 
 

@@ -105,3 +105,26 @@ def test_group_descriptions_are_printable_and_bounded() -> None:
                              source="manifest.json")
     ok = parse_identity(__import__("json").dumps(base | {"process_groups": {"0": {"desc": "tp `x`", "ranks": [0]}}}))
     assert ok.process_groups["0"].desc == "tp `x`"
+
+
+@pytest.mark.parametrize("hostile", [FENCE_BREAK, PRINTABLE_BREAK])
+def test_the_per_group_verdicts_keep_group_names_literal(hostile: str) -> None:
+    """Issue 17, family 7: the report lists one verdict per stuck group. Group names and
+    descriptions come from the dumps' process_group field, so they are escaped where rendered."""
+    from denpex.analysis.models import GroupVerdict, StuckCollective
+
+    report = _report("reason", "gpu-node-003").model_copy(update={
+        "verdict": Verdict.AMBIGUOUS,
+        "stuck": [StuckCollective(process_group=hostile, group_desc=hostile, collective_seq_id=7, op="nccl:all_reduce",
+                                  waiting_ranks=(0,), behind_ranks=(2,))],
+        "groups": [GroupVerdict(process_group=hostile, collective_seq_id=7, verdict=Verdict.LOCALIZED, candidates=[2]),
+                   GroupVerdict(process_group="0", p2p_seq_id=3, verdict=Verdict.AMBIGUOUS, candidates=[0, 1])]})
+    markdown = report_markdown(report, incident_id="inc-1", cluster="lab", plan=None)
+    outside = _outside_code(markdown)
+    assert "**Verdict per stuck group:**" in outside
+    [line] = [x for x in outside if x.startswith("- group ") and "collective #7" in x]
+    assert line == f"- group {inline(hostile, limit=200)} ({inline(hostile, limit=200)}), collective #7: **localized**, ranks 2"
+    assert "- group 0, p2p\\_seq\\_id 3: **ambiguous**, ranks 0, 1" in outside
+    assert not any(line.startswith("## Safe to approve") for line in outside)
+    # The text report inside the fence lists them too.
+    assert "Verdict per stuck group:" in markdown and "localized: rank 2" in markdown
