@@ -47,8 +47,9 @@ def parse_job_layout(text: str) -> SlurmJobLayout | None:
     if line is None:
         return None
     fields = _fields(" ".join(line.split()))
-    nodes = fields.get("NodeList", "")
-    tasks = fields.get("NumTasks", "")
+    # A value ends at the next "Key="; "CPUs/Task=1" is not one (a "/" precedes it), so keep the first word.
+    nodes = next(iter(fields.get("NodeList", "").split()), "")
+    tasks = next(iter(fields.get("NumTasks", "").split()), "")
     return SlurmJobLayout(job_id=fields.get("JobId", ""), state=fields.get("JobState", ""),
                           nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
                           tasks=int(tasks) if tasks.isdigit() else None)

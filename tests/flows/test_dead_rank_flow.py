@@ -162,3 +162,63 @@ def flow_rig_manifest(flow_rig: FlowRig, base: str, timeout_s: float = 20) -> di
             pass
         assert time.monotonic() < deadline, f"no 4-rank manifest at {base}"
         time.sleep(0.3)
+
+
+def _form_texts(run_id: object) -> str:
+    """Every input Prefect keeps for the paused run: the form's schema and its description."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        found = client.filter_flow_run_input(flow_run_id=run_id, key_prefix="", limit=100, exclude_keys=set())
+    return "\n".join(str(i.value) for i in found)
+
+
+def test_with_nothing_registered_the_layout_is_derived_from_slurms_job_record(
+        flow_rig: FlowRig, lab: SlurmLab, ingest: Ingest, tmp_path: Path) -> None:
+    """No collector registered: the ranks that dumped name their hosts, rank 1 never did. Slurm's
+    record of the job (one the test submits to the lab: 4 tasks on gpu-node-[001-004]) places rank 1
+    on gpu-node-002 by block distribution; the node agent's Xid there confirms it."""
+    submitted = lab.run(["sbatch", "--parsable", "--nodelist=gpu-node-[001-004]", "--nodes=4", "--ntasks=4",
+                         f"--output={tmp_path / 'slurm-%j.out'}", "--wrap=sleep 600"]).stdout.strip()
+    job = submitted.split(";")[0]
+    deadline = time.monotonic() + 20
+    while lab.job_state(job) != "RUNNING":
+        assert time.monotonic() < deadline, f"Slurm job {job} did not start"
+        time.sleep(0.2)
+    fixture = ROOT / "tests" / "fixtures" / "gloo" / "sigkill"
+    manifest = json.loads((fixture / "manifest.json").read_text())
+    incident = f"inc-{uuid.uuid4().hex[:8]}"
+    job_client = ingest.client(ingest.job_key)
+    for rank in (0, 2, 3):
+        ident = {**manifest["ranks"][str(rank)], "job_id": job, "incident_id": incident, "rank": rank, "world_size": 4}
+        sent = job_client.upload(ident, (fixture / f"rank_{rank}.pkl").read_bytes(), f"rank_{rank}.pkl")
+        assert sent.status_code == 201, sent.text
+    assert job_client.job_ranks(job).status_code == 404  # nothing registered
+    dumped = min(datetime.fromisoformat(r["dumped_at"].replace("Z", "+00:00"))
+                 for r in manifest["ranks"].values() if "dumped_at" in r)
+    agent = _node_agent_sends_xid(ingest, job, 17733, dumped - timedelta(seconds=6), tmp_path)
+    assert agent["stored"] is True
+
+    answer = job_client.alert({"job_id": job, "incident_id": incident, "rank": 0, "world_size": 4,
+                               "alert_time": (dumped + timedelta(seconds=6)).isoformat()})
+    assert answer.status_code == 200 and answer.json()["alerts"][0]["run_started"] is True, answer.text
+    run_id = find_run(incident)
+    assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
+    plan = saved_plan(flow_rig.state_dir, incident)
+    [action] = plan.actions
+    assert (action.node, action.action.value) == (DEAD_NODE, "drain")
+    assert action.evidence[0] == f"host {DEAD_NODE} derived from the scheduler's job record, confirmed by its own signal"
+    form = _form_texts(run_id)
+    assert f"host {DEAD_NODE} is derived from the scheduler's job record" in form, form[:3000]
+
+    resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [DEAD_NODE],
+                    "approver": "bob", "comment": "derived host, confirmed by its own Xid"},
+           state_dir=flow_rig.state_dir)
+    assert wait_for(run_id, {"COMPLETED"}) == "COMPLETED"
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["outcome"] == "executed", report["reason"]
+    [candidate] = report["candidates"]
+    assert candidate["rank"] == 1 and candidate["host"] == DEAD_NODE
+    assert any("derived from the scheduler's job record" in r for r in candidate["reasons"])
+    assert DEAD_NODE in drained_nodes(lab)
+    lab.run(["scancel", job], check=False)
