@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS job_rank_moves (
     from_host TEXT NOT NULL, to_host TEXT NOT NULL, from_identity TEXT NOT NULL, key_id TEXT NOT NULL,
     moved_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS job_rank_moves_by_job ON job_rank_moves (tenant, cluster, job_id, moved_at);
-CREATE TABLE IF NOT EXISTS registrations (tenant TEXT NOT NULL, cluster TEXT NOT NULL, registered_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS registrations (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, registered_at REAL NOT NULL, ranks INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS registrations_by_cluster ON registrations (tenant, cluster, registered_at);
 -- One row per cluster, keyed by its block-name slug (denpex.tenancy.cluster_slug) so that two
 -- spellings of one block name cannot both be held. tenant is NULL while contested (keys made

@@ -101,11 +101,11 @@ class ManifestWriter:
             draft.add(identity)
 
     def registered(self, tenant: str, cluster: str, job_id: str) -> None:
-        """A registration of ``job_id`` arrived: its incidents' manifests take it (open ones too,
-        when this process has not touched them yet)."""
+        """A registration of ``job_id`` changed its layout: its newest open incidents' manifests take
+        it (ones this process has not touched yet too)."""
         if self._jobs is None:
             return
-        keys = [IncidentKey(tenant, cluster, i) for i in self._book.incidents_of_job(tenant, cluster, job_id)]
+        keys = [IncidentKey(tenant, cluster, i) for i in self._book.incidents_of_job(tenant, cluster, job_id, limit=8)]
         with self._lock:
             for key in keys:
                 draft = self._drafts.get(key)

@@ -43,6 +43,10 @@ __all__ = ["RegisteredRank", "Registration", "RegistrationReceipt", "RegisteredL
 
 MAX_REGISTRATION_BYTES = 8 * 1024 * 1024
 """A registration body's cap: a whole 16,384-rank manifest fits; a collector sends one rank."""
+MAX_RANKS_PER_REGISTRATION = 16_384
+"""More ranks than this go in several requests (each one is one write transaction)."""
+MOVES_SHOWN = 16
+"""The newest moves listed per rank (all are kept; a rank restarted a hundred times lists its last 16)."""
 
 
 class RegisteredRank(BaseModel):
@@ -64,7 +68,7 @@ class Registration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
-    ranks: dict[int, RegisteredRank] = Field(min_length=1)
+    ranks: dict[int, RegisteredRank] = Field(min_length=1, max_length=MAX_RANKS_PER_REGISTRATION)
     process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -108,10 +112,13 @@ def parse_registration(data: bytes) -> Registration:
 class JobRegistry:
     """Registered layouts in the state database, per tenant, cluster and job."""
 
-    def __init__(self, db: Database, *, max_per_window: int = 20_000, window_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: Database, *, max_per_window: int = 20_000, max_ranks_per_window: int = 1_000_000,
+                 window_s: float = 3600.0, clock: Callable[[], float] = time.time) -> None:
         self._db = db
         self.max_per_window = max_per_window
+        self.max_ranks_per_window = max_ranks_per_window
+        """Rank entries one cluster may register per window: requests are counted, and so is their
+        size, or one key could write a million rows per request all hour long."""
         self.window_s = window_s
         self._clock = clock
 
@@ -124,9 +131,9 @@ class JobRegistry:
         registered = unchanged = 0
         moved: list[dict[str, object]] = []
         with self._db.connect() as db:
-            self._rate_limit(db, caller, now)
-            db.execute("INSERT INTO registrations (tenant, cluster, registered_at) VALUES (?, ?, ?)",
-                       (caller.tenant, caller.cluster, now))
+            self._rate_limit(db, caller, now, len(ranks))
+            db.execute("INSERT INTO registrations (tenant, cluster, registered_at, ranks) VALUES (?, ?, ?, ?)",
+                       (caller.tenant, caller.cluster, now, len(ranks)))
             db.execute("INSERT INTO jobs_registered (tenant, cluster, job_id, world_size, process_groups, "
                        "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id) DO UPDATE SET "
                        "world_size = excluded.world_size, process_groups = CASE WHEN excluded.process_groups = '{}' "
@@ -191,19 +198,22 @@ class JobRegistry:
                 # process's pid and GPU (the restarted one's are not the dead one's).
                 ranks[rank] = RegisteredRank.model_validate_json(from_identity)
                 placed_then.add(rank)
+        moves = {rank: listed[-MOVES_SHOWN:] for rank, listed in moves.items()}
         groups = {name: ProcessGroupSpec.model_validate(spec) for name, spec in json.loads(job[1]).items()}
         return RegisteredLayout(world_size=job[0], ranks=ranks, moves=moves, process_groups=groups)
 
-    def _rate_limit(self, db: sqlite3.Connection, caller: Caller, now: float) -> None:
+    def _rate_limit(self, db: sqlite3.Connection, caller: Caller, now: float, ranks: int) -> None:
         """Counted inside the registration's write transaction, so racing requests cannot both slip under."""
         db.execute("DELETE FROM registrations WHERE registered_at < ?", (now - self.window_s,))
-        count, oldest = db.execute(
-            "SELECT COUNT(*), MIN(registered_at) FROM registrations WHERE tenant = ? AND cluster = ?",
-            (caller.tenant, caller.cluster)).fetchone()
-        if count >= self.max_per_window:
-            raise RateLimitedError(f"cluster {caller.cluster!r} sent {count} registrations in the last "
-                                   f"{self.window_s:.0f} s, its limit; retry later",
-                                   retry_after_s=int(oldest + self.window_s - now) + 1)
+        count, entries, oldest = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(ranks), 0), MIN(registered_at) FROM registrations WHERE tenant = ? "
+            "AND cluster = ?", (caller.tenant, caller.cluster)).fetchone()
+        if count >= self.max_per_window or entries + ranks > self.max_ranks_per_window:
+            raise RateLimitedError(f"cluster {caller.cluster!r} sent {count} registrations ({entries} ranks) in the "
+                                   f"last {self.window_s:.0f} s; {ranks} more ranks would pass its limit of "
+                                   f"{self.max_per_window} registrations or {self.max_ranks_per_window} ranks; "
+                                   "nothing was recorded, retry later",
+                                   retry_after_s=int((oldest or now) + self.window_s - now) + 1)
 
 
 def _bound_to_host(caller: Caller, registration: Registration) -> dict[int, RegisteredRank]:

@@ -45,6 +45,8 @@ class ServiceConfig(BaseModel):
     max_registrations_per_window: int = 20_000
     """Registrations one cluster may send per ``run_window_s`` (a 4,096-rank job registers each rank
     at start and again with each dump); more are answered 429."""
+    max_registered_ranks_per_window: int = 1_000_000
+    """Rank entries those registrations may carry in all, per cluster and window (429 past it)."""
     max_alerts_per_request: int = 256
     max_new_incidents_per_request: int = 16
     max_runs_per_window: int = 60
@@ -91,6 +93,7 @@ class IngestService:
             PrefectEventTrigger(config.prefect_api_url, auth_string=_secret(config.prefect_api_auth))
             if config.prefect_api_url else NoEngineTrigger())
         self.jobs = JobRegistry(self.registry.db, max_per_window=config.max_registrations_per_window,
+                                max_ranks_per_window=config.max_registered_ranks_per_window,
                                 window_s=config.run_window_s, clock=clock)
         self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s, jobs=self.jobs)
         self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests, self.registry.db,
