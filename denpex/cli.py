@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from denpex.collector.node_agent_command import node_agent_command
 from denpex.evidence.errors import EvidenceError
 from denpex.hardware import HardwareError
 from denpex.hardware.collect_command import collect_telemetry_command
@@ -105,6 +106,7 @@ def triage(
 
 
 app.command("collect-telemetry")(collect_telemetry_command)
+app.command("node-agent")(node_agent_command)
 app.command("approve")(approve_command)
 app.command("isolate")(isolate_command)
 app.add_typer(audit_app, name="audit")

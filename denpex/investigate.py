@@ -82,6 +82,6 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     plan = None
     if scheduler is not None:
         plan = plan_for_triage(result, scheduler, incident_id=incident_id, runbook=runbook,
-                               job_id=job.job_id if job else None, cluster=cluster)
+                               job_id=job.job_id if job else None, cluster=cluster, manifest=job)
         report.plan = PlanView.model_validate(plan.contract_view())
     return Investigation(report=report, plan=plan, progress=standing)

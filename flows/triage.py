@@ -27,6 +27,8 @@ from denpex.analysis.models import TriageResult
 from denpex.analysis.triage import EvidenceInventory
 from denpex.evidence.files import write_atomic
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
+from denpex.isolation.policy import Scheduler
+from denpex.isolation.slurm_layout import mark_derived_candidates
 from denpex.report import PlanView, TriageReport
 from denpex.state_paths import state_path
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
@@ -52,6 +54,7 @@ from flows.approval import (
 )
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
+from tasks.layout import derive_slurm_layout
 from tasks.charts import charts_markdown, publish_charts, render_charts
 from tasks.notify import notify_approvers
 from tasks.parse import release_parse_workers, summarize_dumps, warm_parse_workers
@@ -117,12 +120,15 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         # Also when the evidence cannot be read: a run process joins its live child processes
         # before it exits, so idle warm workers would keep a failed run alive for good.
         release_parse_workers()
-    result = _triage(inventory, batches, alert_time)
+    found = find_target(cluster, runbook_file, tenant=tenant)
+    target = found.target
+    if target is not None and target.scheduler is Scheduler.SLURM:
+        # Ranks nobody placed (died before registering, no registration): Slurm's job record guesses.
+        inventory = derive_slurm_layout(inventory, target.settings, job_id)
+    result = mark_derived_candidates(_triage(inventory, batches, alert_time), inventory.manifest)
     charts = render_charts(result, batches, inventory.world_size)
     del batches  # only the compact counters live on, inside the charts' data
     report = TriageReport(**dict(result))
-    found = find_target(cluster, runbook_file, tenant=tenant)
-    target = found.target
     if found.refused:
         log.warning("no remediation on cluster %r: %s", cluster, found.refused)
         emit("denpex.remediation.refused", incident_id, cluster, {"reason": found.refused, "tenant": tenant})

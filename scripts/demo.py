@@ -159,10 +159,14 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
                 lines_by_host.setdefault(host, []).append(line)
     job_key = registry.create_key("acme", "lab")
     ranks = manifest.get("ranks", {})
+    _register_layout(IngestClient(url, key_id=job_key.key_id, secret=job_key.secret, tenant="acme", cluster="lab"),
+                     job_id, manifest)
+    uploaded = 0
     for rank in range(manifest["world_size"]):
         dump = next((p for p in (incident / f"rank_{rank}.pkl", incident / f"rank_{rank}.json") if p.is_file()), None)
         if dump is None:
             continue
+        uploaded += 1
         ident = {k: v for k, v in ranks.get(str(rank), {}).items() if k in _IDENTITY_FIELDS}
         host = ident.get("host")
         telemetry = lines_by_host.pop(host, []) if host else []
@@ -176,7 +180,18 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
         response = client.upload(identity, dump.read_bytes(), dump.name, body)
         if response.status_code >= 300:
             raise SystemExit(f"demo: the upload of rank {rank} was refused: {response.text}")
-    _say(f"uploaded {manifest['world_size']} ranks' dumps with signed requests to {url} "
+    for host, telemetry in sorted(lines_by_host.items()):
+        if not host:
+            continue
+        # A host whose rank left no dump (it died): its node agent sends the kernel log alone.
+        key = registry.create_key("acme", "lab", host=host)
+        agent = IngestClient(url, key_id=key.key_id, secret=key.secret, tenant="acme", cluster="lab")
+        response = agent.upload_telemetry({"job_id": job_id, "incident_id": incident_id},
+                                          [("\n".join(telemetry) + "\n").encode()])
+        if response.status_code >= 300:
+            raise SystemExit(f"demo: the telemetry of {host} was refused: {response.text}")
+        _say(f"{host} left no dump; its node agent sent its kernel log alone")
+    _say(f"uploaded {uploaded} of {manifest['world_size']} ranks' dumps with signed requests to {url} "
          f"-> {store_uri}/acme/lab/{job_id}/{incident_id}")
     time.sleep(1.5)  # the service writes the incident's manifest.json within a second
     token = registry.create_token("acme", "lab")
@@ -190,6 +205,23 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
     with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (our loopback service)
         receipt = json.loads(answer.read())
     _say(f"alert through the Alertmanager webhook: {receipt['alerts'][0]}")
+
+
+_REGISTERED_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id", "gpu_index")
+
+
+def _register_layout(client: Any, job_id: str, manifest: dict[str, Any]) -> None:
+    """What the job's collectors do at start: register where every rank runs
+    (``POST /v1/jobs/{job_id}/ranks``), so that a rank that later dies without a dump still has a host."""
+    ranks = {rank: {k: v for k, v in entry.items() if k in _REGISTERED_FIELDS}
+             for rank, entry in manifest.get("ranks", {}).items() if entry.get("host")}
+    if not ranks:
+        return
+    response = client.register(job_id, {"world_size": manifest["world_size"], "ranks": ranks,
+                                         "process_groups": manifest.get("process_groups", {})})
+    if response.status_code >= 300:
+        raise SystemExit(f"demo: the job's registration was refused: {response.text}")
+    _say(f"registered job {job_id}'s layout ({len(ranks)} ranks) as its collectors would at start")
 
 
 def _start_slurm(stack: ExitStack, incident: Path) -> Any:

@@ -27,7 +27,7 @@ Usage, in every rank after ``init_process_group``::
 
     dumper = HangDumper(Path("/shared/job-123/fr"), rank=dist.get_rank(),
                         collective_timeout=timedelta(minutes=10),
-                        host=socket.gethostname(), local_rank=int(os.environ["LOCAL_RANK"]))
+                        host=node_name(), local_rank=int(os.environ["LOCAL_RANK"]))  # the scheduler's name
     with dumper:
         dumper.warm_up()   # optional: after the first collective; the first dump is slow
         train()

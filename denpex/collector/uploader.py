@@ -1,6 +1,10 @@
 """The collector's upload path: every dump goes to the spool, then to the ingest service, signed.
 
+    EvidenceUploader.start() -> registers this rank (``POST /v1/jobs/{job_id}/ranks``): its host
+                                (the scheduler's node name), local rank, pid, GPU and groups, so that
+                                the job's layout is known even if this rank dies without a dump
     HangDumper --after_dump--> EvidenceUploader.submit(record, request)
+        -> registers again (the same identity costs nothing; a restart elsewhere is a recorded move)
         -> one spool entry per dump file (identity + bytes + NVML telemetry when present)
         -> a delivery thread sends each entry with a signed request (``denpex.ingest.client``)
            2xx: acknowledged, removed     5xx / 429 / no answer: retried with backoff
@@ -11,7 +15,9 @@ the spool is delivered by the next :class:`EvidenceUploader` over the same folde
 
 Configuration from the environment (:meth:`UploadTarget.from_env`)::
 
-    DENPEX_INGEST_URL  DENPEX_INGEST_KEY_ID  DENPEX_INGEST_SECRET  DENPEX_TENANT  DENPEX_CLUSTER  DENPEX_JOB_ID
+    DENPEX_INGEST_URL  DENPEX_INGEST_KEY_ID  DENPEX_INGEST_SECRET  DENPEX_TENANT  DENPEX_CLUSTER
+    DENPEX_JOB_ID (default: the scheduler's, SLURM_JOB_ID or KUBERNETES_JOB_NAME, so the alert and
+    the registration name one job)
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from denpex.collector.dump_record import DumpRecord
 from denpex.collector.dump_signal import DumpRequest
+from denpex.collector.scheduler_env import node_name, scheduler_job_id
 from denpex.collector.spool import Spool, SpoolEntry
 from denpex.ingest.client import IngestClient
 
-__all__ = ["UploadTarget", "Backoff", "EvidenceUploader", "incident_id_for", "torch_identity", "nvml_snapshot"]
+__all__ = ["UploadTarget", "Backoff", "EvidenceUploader", "incident_id_for", "torch_identity", "nvml_snapshot",
+           "registration_body"]
 
 _log = logging.getLogger(__name__)
 _ENV = {"url": "DENPEX_INGEST_URL", "key_id": "DENPEX_INGEST_KEY_ID", "secret": "DENPEX_INGEST_SECRET",
@@ -57,9 +65,12 @@ class UploadTarget(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadTarget | None:
         """The target from ``DENPEX_INGEST_*``; None when uploads are not configured (no URL)."""
-        env = os.environ if environ is None else environ
+        env = dict(os.environ if environ is None else environ)
         if not env.get(_ENV["url"]):
             return None
+        job_id = scheduler_job_id(env)
+        if job_id:
+            env[_ENV["job_id"]] = job_id
         missing = [name for name in _ENV.values() if not env.get(name)]
         if missing:
             raise ValueError(f"uploads are configured ({_ENV['url']} is set) but {', '.join(missing)} "
@@ -94,7 +105,10 @@ def incident_id_for(request: DumpRequest) -> str:
 
 
 def torch_identity(job_id: str, incident_id: str) -> dict[str, Any]:
-    """Rank, world size and process groups from ``torch.distributed``; host, local rank and pid."""
+    """Rank, world size and process groups from ``torch.distributed``; host (the scheduler's node
+    name), local rank, pid and the current GPU."""
+    from denpex.collector.job_identity import read_job_identity
+
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_process_group_name, _world
 
@@ -106,10 +120,28 @@ def torch_identity(job_id: str, incident_id: str) -> dict[str, Any]:
         except (RuntimeError, ValueError, KeyError):
             continue  # a group being torn down
     local_rank = os.environ.get("LOCAL_RANK")
+    gpu = read_job_identity()
     return {"job_id": job_id, "incident_id": incident_id, "rank": dist.get_rank(),
-            "world_size": dist.get_world_size(), "host": socket.gethostname(),
+            "world_size": dist.get_world_size(), "host": node_name(),
             "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else None, "pid": os.getpid(),
-            "process_groups": groups}
+            "gpu_uuid": gpu.gpu_uuid, "gpu_pci_bus_id": gpu.gpu_pci_bus_id, "process_groups": groups}
+
+
+_REGISTERED_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id")
+
+
+def registration_body(identity: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One rank's registration from its upload identity; None when it lacks the rank or world size.
+
+    >>> registration_body({"rank": 1, "world_size": 4, "host": "gpu-node-002", "pid": 7, "dumped_at": "x"})
+    {'world_size': 4, 'ranks': {'1': {'host': 'gpu-node-002', 'pid': 7}}, 'process_groups': {}}
+    """
+    rank, world_size = identity.get("rank"), identity.get("world_size")
+    if not isinstance(rank, int) or not isinstance(world_size, int):
+        return None
+    entry = {k: identity[k] for k in _REGISTERED_FIELDS if identity.get(k) is not None}
+    return {"world_size": world_size, "ranks": {str(rank): entry},
+            "process_groups": dict(identity.get("process_groups") or {})}
 
 
 def nvml_snapshot(host: str) -> bytes | None:
@@ -145,13 +177,20 @@ class EvidenceUploader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.delivered = 0
+        self._registration: dict[str, Any] | None = None
+        """A registration the service has not acknowledged yet (retried by the delivery thread)."""
+        self.registered = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> EvidenceUploader:
-        """Start delivering (what is already spooled is delivered too)."""
+        """Register this rank, then start delivering (what is already spooled is delivered too).
+
+        The registration is tried once here, so that the job's layout is known from its first
+        step; when the service cannot take it now, the delivery thread retries it."""
         if self._thread is not None:
             raise RuntimeError("this uploader is already started")
+        self.register()
         self._thread = threading.Thread(target=self._run, name="denpex-evidence-uploader", daemon=True)
         self._thread.start()
         return self
@@ -163,6 +202,44 @@ class EvidenceUploader:
         if self._thread is not None:
             self._thread.join(timeout.total_seconds())
 
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self, identity: Mapping[str, Any] | None = None) -> bool:
+        """Register this rank's identity (``identity``, else the one given or torch's); True once
+        the service acknowledged it. Never raises: a registration must not disturb the job."""
+        base = dict(identity) if identity is not None else (
+            self._identity or _torch_identity_or_empty(self.target.job_id, ""))
+        body = registration_body(base)
+        if body is None:
+            _log.info("not registering: the identity names no rank or world size")
+            return False
+        self._registration = body
+        return self._send_registration()
+
+    def _send_registration(self) -> bool:
+        body = self._registration
+        if body is None:
+            return True
+        try:
+            response = self._client.register(self.target.job_id, body)
+        except httpx.HTTPError as exc:
+            _log.warning("registration of job %s failed (%s); retrying", self.target.job_id, exc)
+            return False
+        if response.status_code < 300:
+            self._registration = None
+            self.registered += 1
+            for move in response.json().get("moved", []):
+                _log.warning("rank %s of job %s re-registered from %s to %s (a restart)", move.get("rank"),
+                             self.target.job_id, move.get("from_host"), move.get("to_host"))
+            return True
+        if response.status_code >= 500 or response.status_code in (408, 429):
+            _log.warning("registration: HTTP %d (%s); retrying later", response.status_code, response.text[:200])
+            return False
+        _log.error("registration of job %s refused for good: HTTP %d: %s", self.target.job_id,
+                   response.status_code, response.text[:500])
+        self._registration = None
+        return True
+
     # -- spooling ----------------------------------------------------------------------------
 
     def submit(self, record: DumpRecord, request: DumpRequest) -> None:
@@ -172,7 +249,9 @@ class EvidenceUploader:
         a launcher may tear the job down soon after a rank dumps. What fails here is retried by the
         delivery thread (or by the next uploader over this spool).
         """
-        self.spool_dump(record, request)
+        entries = self.spool_dump(record, request)
+        if entries:
+            self.register(entries[0].identity)
         self.deliver_once()
 
     def spool_dump(self, record: DumpRecord, request: DumpRequest) -> list[SpoolEntry]:
@@ -201,6 +280,8 @@ class EvidenceUploader:
         """Try every pending entry once, oldest first; True when the spool is empty afterwards."""
         # One deliverer at a time: the hook and the thread must not send one entry twice at once.
         with self._delivering:
+            if not self._send_registration():
+                return False
             for entry in self.spool.pending():
                 if self._stop.is_set():
                     return False

@@ -16,6 +16,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
@@ -23,7 +24,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstr
 
 from denpex.evidence.errors import ManifestError
 
-__all__ = ["RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes",
+__all__ = ["HostSource", "HostMove", "RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes",
            "MAX_WORLD_SIZE", "PlainText", "HostName"]
 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -46,6 +47,30 @@ HostName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-
 """A node name as schedulers spell it (Slurm NodeName, a Kubernetes node): no spaces or markup."""
 
 
+class HostSource(StrEnum):
+    """Where a rank's placement came from (ARCHITECTURE.md, the manifest contract)."""
+
+    MANIFEST = "manifest"
+    """Written by whoever made the manifest (the CLI's ``manifest.json``)."""
+    REGISTERED = "registered"
+    """Sent by the rank's collector at job start (``POST /v1/jobs/{job_id}/ranks``)."""
+    UPLOAD = "upload"
+    """Named by the rank's own dump upload."""
+    DERIVED = "derived"
+    """Read from the scheduler's job record: a guess (a rendezvous may order node ranks
+    otherwise); alone it never supports a drain."""
+
+
+class HostMove(BaseModel):
+    """A rank that re-registered from another host (a restart): recorded, never overwritten silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    from_host: HostName
+    to_host: HostName
+    at: datetime
+
+
 class RankIdentity(BaseModel):
     """Where one rank ran. Used to map a culprit rank to a node and a GPU."""
 
@@ -62,6 +87,15 @@ class RankIdentity(BaseModel):
     dump_file: PlainText | None = None
     # When the rank's collector wrote its dump. Staleness is judged on this when present.
     dumped_at: datetime | None = None
+    # Where ``host`` came from; None for a manifest written before the field existed (= manifest).
+    host_source: HostSource | None = None
+    # Re-registrations of this rank from another host, oldest first (the job restarted elsewhere).
+    moved: tuple[HostMove, ...] | None = None
+
+    @property
+    def host_is_derived(self) -> bool:
+        """True when the host is the scheduler's guess, not the rank's own word."""
+        return self.host_source is HostSource.DERIVED
 
 
 class ProcessGroupSpec(BaseModel):

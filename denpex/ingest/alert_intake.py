@@ -60,8 +60,12 @@ class AlertIntake:
     """Records alerts and starts the incident flow through a :class:`FlowTrigger`."""
 
     def __init__(self, book: IncidentBook, trigger: FlowTrigger, store_uri: str, *,
-                 limits: AlertLimits | None = None, clock: Callable[[], float] = time.time) -> None:
+                 limits: AlertLimits | None = None, clock: Callable[[], float] = time.time,
+                 on_opened: Callable[[IncidentKey, str], None] | None = None) -> None:
+        """``on_opened(key, job_id)`` is told of each incident whose run this delivery starts (its
+        manifest may come from the job's registered layout alone: no rank uploaded)."""
         self.book = book
+        self.on_opened = on_opened
         self.trigger = trigger
         self.store_uri = store_uri
         self.limits = limits or AlertLimits()
@@ -141,6 +145,8 @@ class AlertIntake:
             record = self.book.record(key)
             return AlertReceipt(incident_id=key.incident_id, alert_id=record.alert_id if record else None,
                                 status=alert.status, run_started=False)
+        if self.on_opened is not None:
+            self.on_opened(key, alert.job_id)
         event = AlertEvent(tenant=tenant, cluster=cluster, job_id=alert.job_id, incident_id=key.incident_id,
                            alert_time=alert.alert_time,
                            evidence=join_uri(self.store_uri, incident_prefix(tenant, cluster, alert.job_id,

@@ -1,4 +1,5 @@
-"""The HTTP app (FastAPI): ``POST /v1/evidence``, ``POST /v1/alerts``, ``GET /v1/incidents/{id}``.
+"""The HTTP app (FastAPI): ``POST /v1/evidence``, ``POST /v1/alerts``, ``GET /v1/incidents/{id}``,
+``POST|GET /v1/jobs/{job_id}/ranks``.
 
 Thin: check what the headers alone can tell, then receive the body into the spool (hashed as it
 streams, within the bounds of :mod:`denpex.ingest.body_spool`), verify the signature, parse, call
@@ -11,6 +12,7 @@ event loop.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -23,9 +25,16 @@ from denpex.ingest.alerts import Alert, alert_from_watchdog, parse_alertmanager,
 from denpex.ingest.auth import Caller, PendingRequest, authenticate_bearer, check_signed_headers, verify_signature
 from denpex.ingest.body_spool import SpooledFile, SpoolBusyError, SpoolSlot, spool_body
 from denpex.ingest.coverage import incident_view
-from denpex.ingest.errors import IngestError, InvalidRequestError, PayloadTooLargeError, RateLimitedError
-from denpex.ingest.identity import parse_identity
+from denpex.ingest.errors import (
+    IngestError,
+    InvalidRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RateLimitedError,
+)
+from denpex.ingest.identity import ID_PATTERN, parse_identity, parse_telemetry_identity
 from denpex.ingest.incidents import IncidentKey
+from denpex.ingest.registration import parse_registration
 from denpex.ingest.service import IngestService
 from denpex.ingest.signing import body_sha256, request_target
 from denpex.ingest.upload_form import FormCaps, parse_upload_form
@@ -64,13 +73,20 @@ def create_app(service: IngestService) -> FastAPI:
         pending = await _check_headers(service, request)
         content_type = request.headers.get("content-type", "")
         if not content_type.lower().startswith("multipart/form-data"):
-            raise InvalidRequestError("an upload is multipart/form-data with the parts 'identity' and 'dump'")
+            raise InvalidRequestError("an upload is multipart/form-data with the parts 'identity' and 'dump' "
+                                      "(or, from a node agent's key, 'identity' and 'telemetry')")
         caps = FormCaps(max_dump_bytes=service.config.max_dump_bytes,
                         max_telemetry_bytes=service.config.max_telemetry_bytes)
         with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
             body = await _receive(service, request, slot, cap)
             caller = await _verify(service, request, pending, body.sha256)
             form = await run_in_threadpool(parse_upload_form, body.path, content_type, slot, caps)
+            if form.dump is None:
+                # A node agent's telemetry without a dump (the rank on its host died without one).
+                telemetry_identity = parse_telemetry_identity(form.identity)
+                sent = await run_in_threadpool(service.evidence.accept_telemetry, caller, telemetry_identity,
+                                               form.telemetry)
+                return JSONResponse(sent.model_dump(), status_code=201 if sent.stored else 200)
             identity = parse_identity(form.identity)
             receipt = await run_in_threadpool(service.evidence.accept, caller, identity, form.dump, form.telemetry)
         return JSONResponse(receipt.model_dump(), status_code=201 if receipt.stored else 200)
@@ -98,6 +114,32 @@ def create_app(service: IngestService) -> FastAPI:
         receipts = await run_in_threadpool(service.alerts.receive, tenant, cluster, alerts)
         return JSONResponse({"alerts": [r.model_dump(mode="json") for r in receipts]})
 
+    @app.post("/v1/jobs/{job_id}/ranks")
+    async def register_ranks(job_id: str, request: Request) -> JSONResponse:
+        cap = service.config.max_registration_bytes
+        pending = await _check_headers(service, request)
+        _check_job_id(job_id)
+        with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
+            spooled = await _receive(service, request, slot, cap)
+            caller = await _verify(service, request, pending, spooled.sha256)
+            body = await _small_body(spooled)
+        registration = parse_registration(body)
+        receipt = await run_in_threadpool(service.jobs.register, caller, job_id, registration)
+        if receipt.registered:
+            await run_in_threadpool(service.manifests.registered, caller.tenant, caller.cluster, job_id)
+        return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if receipt.registered else 200)
+
+    @app.get("/v1/jobs/{job_id}/ranks")
+    async def read_ranks(job_id: str, request: Request) -> JSONResponse:
+        pending = await _check_headers(service, request)
+        caller = await _verify(service, request, pending, body_sha256(b""))
+        _check_job_id(job_id)
+        layout = await run_in_threadpool(service.jobs.layout, caller.tenant, caller.cluster, job_id)
+        if layout is None:
+            raise NotFoundError(f"no registered job {job_id!r} for tenant {caller.tenant!r}, cluster "
+                                f"{caller.cluster!r}")
+        return JSONResponse({"job_id": job_id, **layout.model_dump(mode="json", exclude_none=True)})
+
     @app.get("/v1/incidents/{incident_id}")
     async def read_incident(incident_id: str, request: Request) -> JSONResponse:
         # A GET signs the empty body; whatever body a sender attaches is never read.
@@ -108,6 +150,13 @@ def create_app(service: IngestService) -> FastAPI:
         return JSONResponse(view.model_dump(mode="json"))
 
     return app
+
+
+def _check_job_id(job_id: str) -> None:
+    """A job id becomes part of storage keys: refused (422) before anything else is read."""
+    if not re.fullmatch(ID_PATTERN, job_id):
+        raise InvalidRequestError(f"job id {job_id[:64]!r} is not a valid id (letters, digits, '.', '_', '-'; "
+                                  "at most 128)")
 
 
 def _declared(request: Request, limit: int) -> int | None:

@@ -4,6 +4,8 @@ The multipart body is built here, byte for byte, because the signature covers th
 
     client = IngestClient("http://127.0.0.1:8080", key_id="dk_...", secret="...", tenant="acme", cluster="c1")
     client.upload(identity, dump_bytes, "rank_3.pkl")      # -> httpx.Response
+    client.register("job-123", {"world_size": 4, "ranks": {"3": {"host": "gpu-node-004"}}})
+    client.upload_telemetry({"job_id": "job-123"}, [kernel_log_bytes])   # a node agent's key
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ class IngestClient:
             {"identity": json.dumps(dict(identity), default=str)},
             [("dump", filename, dump)] + [("telemetry", f"telemetry-{i}.log", t) for i, t in enumerate(telemetry)])
         return self.send("POST", "/v1/evidence", body, content_type=content_type)
+
+    def upload_telemetry(self, identity: Mapping[str, Any], telemetry: Sequence[bytes]) -> httpx.Response:
+        """``POST /v1/evidence`` without a dump: a node agent's telemetry for a job's incident
+        (``identity``: ``job_id`` and optionally ``incident_id``, ``host``)."""
+        body, content_type = encode_multipart(
+            {"identity": json.dumps(dict(identity), default=str)},
+            [("telemetry", f"telemetry-{i}.log", t) for i, t in enumerate(telemetry)])
+        return self.send("POST", "/v1/evidence", body, content_type=content_type)
+
+    def register(self, job_id: str, registration: Mapping[str, Any]) -> httpx.Response:
+        """``POST /v1/jobs/{job_id}/ranks``: where the job's ranks run (``world_size``, ``ranks``,
+        ``process_groups``, as in the manifest)."""
+        return self.send("POST", f"/v1/jobs/{job_id}/ranks", json.dumps(dict(registration), default=str).encode(),
+                         content_type="application/json")
+
+    def job_ranks(self, job_id: str) -> httpx.Response:
+        """``GET /v1/jobs/{job_id}/ranks``: the registered layout, with every recorded move."""
+        return self.send("GET", f"/v1/jobs/{job_id}/ranks")
 
     def alert(self, alert: Mapping[str, Any]) -> httpx.Response:
         """``POST /v1/alerts`` with Denpex's alert JSON."""

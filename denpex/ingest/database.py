@@ -49,6 +49,22 @@ CREATE TABLE IF NOT EXISTS telemetry (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, sha256 TEXT NOT NULL,
     object_name TEXT NOT NULL, trusted INTEGER NOT NULL, host TEXT, key_id TEXT NOT NULL,
     uploaded_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, incident_id, sha256, trusted));
+-- Job layouts registered by collectors at start (denpex.ingest.registration), per tenant and cluster.
+CREATE TABLE IF NOT EXISTS jobs_registered (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, world_size INTEGER NOT NULL,
+    process_groups TEXT NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, job_id));
+CREATE TABLE IF NOT EXISTS job_ranks (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER NOT NULL, host TEXT,
+    identity TEXT NOT NULL, key_id TEXT NOT NULL, registered_at REAL NOT NULL,
+    PRIMARY KEY (tenant, cluster, job_id, rank));
+CREATE TABLE IF NOT EXISTS job_rank_moves (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER NOT NULL,
+    from_host TEXT NOT NULL, to_host TEXT NOT NULL, from_identity TEXT NOT NULL, key_id TEXT NOT NULL,
+    moved_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS job_rank_moves_by_job ON job_rank_moves (tenant, cluster, job_id, moved_at);
+CREATE TABLE IF NOT EXISTS registrations (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, registered_at REAL NOT NULL, ranks INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS registrations_by_cluster ON registrations (tenant, cluster, registered_at);
 -- One row per cluster, keyed by its block-name slug (denpex.tenancy.cluster_slug) so that two
 -- spellings of one block name cannot both be held. tenant is NULL while contested (keys made
 -- before ownership named it for several tenants; contested_by says who).

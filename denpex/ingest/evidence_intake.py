@@ -42,8 +42,8 @@ from denpex.hardware.stored_telemetry import TELEMETRY_INDEX, TelemetryIndex, Tr
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
 from denpex.ingest.dump_check import DumpCheck, DumpChecker
-from denpex.ingest.errors import ConflictError, ForbiddenError, StoreUnavailableError
-from denpex.ingest.identity import UploadIdentity
+from denpex.ingest.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailableError
+from denpex.ingest.identity import TelemetryIdentity, UploadIdentity
 from denpex.ingest.incidents import IncidentBook, IncidentKey, StoredTelemetry, StoredUpload
 from denpex.ingest.layout import (
     current_dump_name,
@@ -54,7 +54,7 @@ from denpex.ingest.layout import (
 from denpex.ingest.manifest_writer import ManifestWriter
 from denpex.ingest.upload_form import DumpPart
 
-__all__ = ["UploadReceipt", "EvidenceIntake"]
+__all__ = ["UploadReceipt", "TelemetryReceipt", "EvidenceIntake"]
 
 _log = logging.getLogger(__name__)
 
@@ -68,6 +68,15 @@ class UploadReceipt(BaseModel):
     telemetry_stored: int = 0
     """Telemetry files of this request the incident did not hold yet (stored now, even when the dump
     itself was an identical re-upload)."""
+
+
+class TelemetryReceipt(BaseModel):
+    """The answer to a node agent's telemetry-only upload."""
+
+    stored: bool
+    """False when the incident held every file already (an identical re-send)."""
+    incident_id: str
+    telemetry_stored: int
 
 
 @dataclass
@@ -120,7 +129,7 @@ class EvidenceIntake:
         sha256 = dump.file.sha256
         key = IncidentKey(caller.tenant, caller.cluster, identity.incident_id)
         with self._locks.of(key):
-            self._check_job(key, identity)
+            self._check_job(key, identity.job_id)
             earlier = self.book.uploads(key, identity.rank)
             _check_rank_host(caller, identity, earlier)
             known = self.book.telemetry(key)
@@ -159,15 +168,43 @@ class EvidenceIntake:
             self.manifests.add(key, identity)
         return UploadReceipt(stored=True, sha256=sha256, version=version, telemetry_stored=len(items))
 
+    def accept_telemetry(self, caller: Caller, identity: TelemetryIdentity, telemetry: list[bytes]) -> TelemetryReceipt:
+        """A node agent's telemetry without a dump: the rank on its host may have died without one.
+
+        Only a host-bound key may send it (403): telemetry alone is worth something only when it
+        can support a drain, and only a node agent's key can. It joins the named incident (made
+        if new, as an upload would) or the job's open one (404 when there is none).
+        """
+        if caller.host is None:
+            raise ForbiddenError("a telemetry upload without a dump needs a key bound to its host (a node agent's "
+                                 "key: denpex keys create --host HOST); a job's key uploads telemetry with a dump")
+        if identity.host is not None and identity.host != caller.host:
+            raise ForbiddenError(f"this key is bound to host {caller.host!r}; it sends that host's telemetry only, "
+                                 f"not {identity.host!r}'s")
+        incident_id = identity.incident_id or self.book.open_incident(caller.tenant, caller.cluster, identity.job_id)
+        if incident_id is None:
+            raise NotFoundError(f"job {identity.job_id!r} has no open incident; name it (incident_id) or send the "
+                                "telemetry once the job's ranks or its alert opened one")
+        key = IncidentKey(caller.tenant, caller.cluster, incident_id)
+        with self._locks.of(key):
+            self._check_job(key, identity.job_id)
+            known = self.book.telemetry(key)
+            items = _new_telemetry(telemetry, caller, known)
+            if items:
+                self.book.ensure_incident(key, identity.job_id)
+                base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
+                self._store_telemetry_alone(key, base, caller, items, known)
+        return TelemetryReceipt(stored=bool(items), incident_id=incident_id, telemetry_stored=len(items))
+
     def _check(self, dump: DumpPart, caller: Caller) -> DumpCheck:
         """The worker's check of the spooled file: the worker reads it, this process never holds the dump."""
         return self.checker.check(dump.file.path, dump.filename, tenant=caller.tenant)
 
-    def _check_job(self, key: IncidentKey, identity: UploadIdentity) -> None:
+    def _check_job(self, key: IncidentKey, job_id: str) -> None:
         record = self.book.record(key)
-        if record is not None and record.job_id != identity.job_id:
+        if record is not None and record.job_id != job_id:
             raise ConflictError(f"incident {key.incident_id!r} belongs to job {record.job_id!r}, not "
-                                f"{identity.job_id!r}; each hang of each job has its own incident id")
+                                f"{job_id!r}; each hang of each job has its own incident id")
 
     def _store_telemetry_alone(self, key: IncidentKey, base: str, caller: Caller,
                                items: list[tuple[StoredTelemetry, bytes]], known: list[StoredTelemetry]) -> None:

@@ -10,13 +10,14 @@ Example::
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from denpex.evidence.manifest import MAX_WORLD_SIZE, HostName, PlainText, ProcessGroupSpec, RankIdentity
 from denpex.ingest.errors import InvalidRequestError
 
-__all__ = ["UploadIdentity", "parse_identity", "ID_PATTERN", "INCIDENT_ID_PATTERN"]
+__all__ = ["UploadIdentity", "TelemetryIdentity", "parse_identity", "parse_telemetry_identity", "ID_PATTERN", "INCIDENT_ID_PATTERN"]
 
 # Ids become parts of storage keys: no slashes, no dot-dot, nothing a shell or S3 treats specially.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -56,10 +57,35 @@ class UploadIdentity(BaseModel):
                             gpu_pci_bus_id=self.gpu_pci_bus_id, dumped_at=self.dumped_at)
 
 
+class TelemetryIdentity(BaseModel):
+    """The ``identity`` of a node agent's telemetry-only upload: which job (and incident) its host's
+    telemetry is for. Without ``incident_id`` it joins the job's open incident. ``host``, when
+    given, must be the key's own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str = Field(pattern=ID_PATTERN)
+    incident_id: str | None = Field(default=None, pattern=INCIDENT_ID_PATTERN)
+    host: HostName | None = None
+
+
 def parse_identity(data: bytes | str) -> UploadIdentity:
     """Validate the identity JSON; every problem is named in one 422."""
+    return _parse(UploadIdentity, data)
+
+
+def parse_telemetry_identity(data: bytes | str) -> TelemetryIdentity:
+    """Validate a telemetry-only upload's identity JSON; every problem is named in one 422."""
+    return _parse(TelemetryIdentity, data)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _parse(model: type[_Model], data: bytes | str) -> _Model:
     try:
-        return UploadIdentity.model_validate_json(data)
+        return model.model_validate_json(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                             for e in exc.errors()[:10])
         raise InvalidRequestError(f"invalid identity: {problems}") from exc

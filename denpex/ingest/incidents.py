@@ -150,6 +150,26 @@ class IncidentBook:
                               reported_by_rank=row[4], run_state=RunState(row[5]), deliveries=row[6],
                               resolved_at=row[7])
 
+    def ensure_incident(self, key: IncidentKey, job_id: str) -> None:
+        """The incident's row, made for ``job_id`` if new (409 when it belongs to another job)."""
+        with self._db.connect() as db:
+            self._ensure(db, key, job_id, None)
+
+    def created_at(self, key: IncidentKey) -> float | None:
+        """When the service first heard of the incident (server time), or None."""
+        with self._db.connect() as db:
+            row = db.execute("SELECT created_at FROM incidents WHERE tenant = ? AND cluster = ? AND incident_id = ?",
+                             (key.tenant, key.cluster, key.incident_id)).fetchone()
+        return row[0] if row else None
+
+    def incidents_of_job(self, tenant: str, cluster: str, job_id: str, limit: int = 64) -> list[str]:
+        """The job's unresolved incidents, newest first (bounded: a registration refreshes these)."""
+        with self._db.connect() as db:
+            rows = db.execute("SELECT incident_id FROM incidents WHERE tenant = ? AND cluster = ? AND job_id = ? "
+                              "AND resolved_at IS NULL ORDER BY created_at DESC LIMIT ?",
+                              (tenant, cluster, job_id, limit)).fetchall()
+        return [r[0] for r in rows]
+
     def open_incident(self, tenant: str, cluster: str, job_id: str) -> str | None:
         """The newest unresolved incident of the job, which an alert without an incident id joins."""
         with self._db.connect() as db:

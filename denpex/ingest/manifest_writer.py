@@ -6,6 +6,10 @@ dirty manifests every ``interval_s``, and :meth:`ManifestWriter.close` writes wh
 themselves are written before an upload is acknowledged; the manifest is derived from the
 identities in the state database and is rebuilt from them after a restart, so a crash between an
 acknowledgement and the next write loses nothing.
+
+A job whose collectors registered its layout (:mod:`denpex.ingest.registration`) gives every
+incident of that job its ranks first, so that a rank that died without a dump still has a host
+(``host_source: registered``); uploads add to it and override it (``host_source: upload``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ import threading
 from dataclasses import dataclass, field
 
 from denpex.evidence.errors import EvidenceError
-from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
+from denpex.evidence.manifest import HostSource, JobManifest, ProcessGroupSpec, RankIdentity
 from denpex.evidence.store import EvidenceStore
 from denpex.ingest.identity import UploadIdentity
 from denpex.ingest.incidents import IncidentBook, IncidentKey
 from denpex.ingest.layout import incident_prefix
+from denpex.ingest.registration import JobRegistry, RegisteredLayout
 
 __all__ = ["ManifestWriter"]
 
@@ -34,6 +39,7 @@ class _Draft:
     world_size: int = 0
     ranks: dict[int, RankIdentity] = field(default_factory=dict)
     groups: dict[str, ProcessGroupSpec] = field(default_factory=dict)
+    registered: RegisteredLayout | None = None
     dirty: bool = True
 
     def add(self, identity: UploadIdentity) -> None:
@@ -44,16 +50,41 @@ class _Draft:
         self.dirty = True
 
     def manifest(self, key: IncidentKey) -> JobManifest:
-        return JobManifest(job_id=self.job_id, tenant=key.tenant, cluster=key.cluster, world_size=self.world_size,
-                           ranks=dict(sorted(self.ranks.items())), process_groups=self.groups)
+        layout = self.registered
+        world_size = max(self.world_size, layout.world_size if layout else 0)
+        ranks: dict[int, RankIdentity] = {}
+        if layout is not None:
+            for rank, entry in layout.ranks.items():
+                if rank < world_size:
+                    ranks[rank] = RankIdentity(**entry.model_dump(exclude_none=True),
+                                               host_source=HostSource.REGISTERED if entry.host else None)
+        for rank, uploaded in self.ranks.items():
+            base = ranks.get(rank)
+            given = uploaded.model_dump(exclude_none=True, exclude={"host_source", "moved"})
+            merged = {**(base.model_dump(exclude_none=True) if base else {}), **given}
+            if uploaded.host is not None:
+                merged["host_source"] = HostSource.UPLOAD
+            ranks[rank] = RankIdentity(**merged)
+        if layout is not None:
+            for rank, moves in layout.moves.items():
+                if rank in ranks and rank < world_size:
+                    ranks[rank] = ranks[rank].model_copy(update={"moved": tuple(moves)})
+        groups = dict(self.groups)
+        for name, spec in (layout.process_groups.items() if layout else ()):
+            if all(r < world_size for r in spec.ranks):
+                groups.setdefault(name, spec)
+        return JobManifest(job_id=self.job_id, tenant=key.tenant, cluster=key.cluster, world_size=world_size,
+                           ranks=dict(sorted(ranks.items())), process_groups=groups)
 
 
 class ManifestWriter:
     """Keeps every touched incident's manifest and writes the changed ones periodically."""
 
-    def __init__(self, store: EvidenceStore, book: IncidentBook, interval_s: float = 0.5) -> None:
+    def __init__(self, store: EvidenceStore, book: IncidentBook, interval_s: float = 0.5,
+                 jobs: JobRegistry | None = None) -> None:
         self._store = store
         self._book = book
+        self._jobs = jobs
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._drafts: dict[IncidentKey, _Draft] = {}
@@ -68,6 +99,34 @@ class ManifestWriter:
             if draft is None:
                 draft = self._drafts[key] = self._load(key, identity.job_id)
             draft.add(identity)
+
+    def registered(self, tenant: str, cluster: str, job_id: str) -> None:
+        """A registration of ``job_id`` changed its layout: its newest open incidents' manifests take
+        it (ones this process has not touched yet too)."""
+        if self._jobs is None:
+            return
+        keys = [IncidentKey(tenant, cluster, i) for i in self._book.incidents_of_job(tenant, cluster, job_id, limit=8)]
+        with self._lock:
+            for key in keys:
+                draft = self._drafts.get(key)
+                if draft is None:
+                    self._drafts[key] = self._load(key, job_id)
+                else:
+                    draft.registered = self._layout(key, job_id)
+                    draft.dirty = True
+
+    def opened(self, key: IncidentKey, job_id: str) -> None:
+        """An incident opened without an upload (an alert): a registered layout still gives it a manifest."""
+        if self._jobs is None:
+            return
+        with self._lock:
+            if key in self._drafts:
+                return
+            draft = self._load(key, job_id)
+            if draft.registered is None and not draft.ranks:
+                return
+            self._drafts[key] = draft
+        self.flush()  # the run starts now: its manifest must be there when it reads the evidence
 
     def flush(self) -> None:
         """Write every dirty manifest now; one the store refuses stays dirty for the next round."""
@@ -92,10 +151,16 @@ class ManifestWriter:
 
     def _load(self, key: IncidentKey, job_id: str) -> _Draft:
         """An incident seen before this process started: its identities come from the database."""
-        draft = _Draft(job_id=job_id)
+        draft = _Draft(job_id=job_id, registered=self._layout(key, job_id))
         for upload in self._book.uploads(key):
             draft.add(UploadIdentity.model_validate_json(upload.identity))
         return draft
+
+    def _layout(self, key: IncidentKey, job_id: str) -> RegisteredLayout | None:
+        """The job's registered layout as it stood when the incident opened."""
+        if self._jobs is None:
+            return None
+        return self._jobs.placement_at(key.tenant, key.cluster, job_id, self._book.created_at(key))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):

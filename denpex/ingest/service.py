@@ -20,6 +20,7 @@ from denpex.ingest.flow_trigger import FlowTrigger, NoEngineTrigger, PrefectEven
 from denpex.ingest.incidents import IncidentBook
 from denpex.ingest.manifest_writer import ManifestWriter
 from denpex.ingest.nonce_cache import NonceCache
+from denpex.ingest.registration import MAX_REGISTRATION_BYTES, JobRegistry
 from denpex.ingest.registry import Registry
 
 __all__ = ["MAX_DUMP_BYTES", "ServiceConfig", "IngestService"]
@@ -40,6 +41,12 @@ class ServiceConfig(BaseModel):
     max_dump_bytes: int = MAX_DUMP_BYTES
     max_telemetry_bytes: int = 64 * 1024 * 1024
     max_alert_bytes: int = 4 * 1024 * 1024
+    max_registration_bytes: int = MAX_REGISTRATION_BYTES
+    max_registrations_per_window: int = 20_000
+    """Registrations one cluster may send per ``run_window_s`` (a 4,096-rank job registers each rank
+    at start and again with each dump); more are answered 429."""
+    max_registered_ranks_per_window: int = 1_000_000
+    """Rank entries those registrations may carry in all, per cluster and window (429 past it)."""
     max_alerts_per_request: int = 256
     max_new_incidents_per_request: int = 16
     max_runs_per_window: int = 60
@@ -70,7 +77,8 @@ class ServiceConfig(BaseModel):
 
 
 class IngestService:
-    """Registry, replay cache, body spool, evidence and alert intake, over one state directory and one store."""
+    """Registry, replay cache, body spool, job layouts, evidence and alert intake, over one state directory
+    and one store."""
 
     def __init__(self, config: ServiceConfig, *, trigger: FlowTrigger | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -84,14 +92,18 @@ class IngestService:
         self.trigger: FlowTrigger = trigger or (
             PrefectEventTrigger(config.prefect_api_url, auth_string=_secret(config.prefect_api_auth))
             if config.prefect_api_url else NoEngineTrigger())
-        self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s)
+        self.jobs = JobRegistry(self.registry.db, max_per_window=config.max_registrations_per_window,
+                                max_ranks_per_window=config.max_registered_ranks_per_window,
+                                window_s=config.run_window_s, clock=clock)
+        self.manifests = ManifestWriter(store, self.book, config.manifest_interval_s, jobs=self.jobs)
         self.evidence = EvidenceIntake(store, self.book, self.checker, self.manifests, self.registry.db,
                                        max_dump_bytes=config.max_dump_bytes)
         self.spool = BodySpool(config.spool_limits)
         limits = AlertLimits(max_alerts_per_request=config.max_alerts_per_request,
                              max_new_incidents_per_request=config.max_new_incidents_per_request,
                              max_runs_per_window=config.max_runs_per_window, window_s=config.run_window_s)
-        self.alerts = AlertIntake(self.book, self.trigger, store.uri, limits=limits, clock=clock)
+        self.alerts = AlertIntake(self.book, self.trigger, store.uri, limits=limits, clock=clock,
+                                  on_opened=self.manifests.opened)
 
     def close(self) -> None:
         """Write the last manifests and stop the dump-checking workers."""

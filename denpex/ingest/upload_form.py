@@ -58,7 +58,8 @@ class UploadForm:
     """The parts of one upload."""
 
     identity: bytes
-    dump: DumpPart
+    dump: DumpPart | None
+    """None for a node agent's telemetry-only upload (then ``telemetry`` is not empty)."""
     telemetry: list[bytes]
 
 
@@ -180,6 +181,7 @@ def parse_upload_form(body: Path, content_type: str, slot: SpoolSlot, caps: Form
         raise InvalidRequestError(f"the multipart body cannot be parsed ({exc})") from exc
     finally:
         collector.close()
-    if collector.identity is None or collector.dump is None:
-        raise InvalidRequestError("an upload needs a part 'identity' (JSON) and a file part 'dump'")
+    if collector.identity is None or (collector.dump is None and not collector.telemetry):
+        raise InvalidRequestError("an upload needs a part 'identity' (JSON) and a file part 'dump' (or, from a "
+                                  "node agent's key, at least one 'telemetry' part)")
     return UploadForm(identity=collector.identity, dump=collector.dump, telemetry=collector.telemetry)

@@ -28,6 +28,7 @@ from denpex.analysis.models import (
     Verdict,
 )
 from denpex.evidence.manifest import JobManifest
+from denpex.hardware.xid_catalog import default_xid_catalog
 from denpex.isolation.breaker import BreakerState
 from denpex.isolation.facts import ClusterFacts, ReasonOwner
 from denpex.isolation.plan import BlockedNode, Gate
@@ -109,9 +110,14 @@ def _host_of(candidate: Candidate, manifest: JobManifest | None) -> str | None:
 
 
 def _judge_candidate(
-    candidate: Candidate, host: str, rule: EvidenceRule, as_of: datetime
+    candidate: Candidate, host: str, rule: EvidenceRule, as_of: datetime, *, derived: bool = False
 ) -> tuple[tuple[str, ...] | None, BlockedNode | None]:
-    """Evidence lines when the candidate's node may be isolated, else the block."""
+    """Evidence lines when the candidate's node may be isolated, else the block.
+
+    A ``derived`` host (guessed from the scheduler's job record) needs a fresh supporting signal
+    that names that very host (its node agent's), whatever the candidate's kind."""
+    if derived:
+        return _judge_derived(candidate, host, rule, as_of)
     rank = candidate.rank
     if candidate.kind in rule.never_isolate_for:
         return None, BlockedNode(
@@ -150,6 +156,37 @@ def _judge_candidate(
         message = (f"rank {rank} {_KIND_PHRASE[candidate.kind]} and no hardware signal supports "
                    f"a fault on {host}")
     return None, BlockedNode(gate=Gate.EVIDENCE, node=host, message=message)
+
+
+def _judge_derived(
+    candidate: Candidate, host: str, rule: EvidenceRule, as_of: datetime
+) -> tuple[tuple[str, ...] | None, BlockedNode | None]:
+    oldest, newest = as_of - rule.max_age, as_of + rule.clock_skew
+    fresh = [h for h in candidate.hardware if h.host == host and _node_fault(h)
+             and h.time is not None and oldest <= _utc(h.time) <= newest]
+    if candidate.kind in rule.never_isolate_for or not fresh:
+        return None, BlockedNode(
+            gate=Gate.EVIDENCE, node=host,
+            message=f"rank {candidate.rank}: host {host} is derived from the scheduler's job record (a guess), "
+                    f"and no fresh hardware signal from {host} itself supports a fault there; a derived host "
+                    "alone never isolates a node")
+    return (f"host {host} derived from the scheduler's job record, confirmed by its own signal",
+            *(describe_signal(h) for h in fresh)), None
+
+
+def _node_fault(signal: CandidateHardware) -> bool:
+    """A signal that supports a fault, or an Xid whose code says the node needs isolating.
+
+    A derived rank has no known GPU or pid, so correlation cannot tie an Xid on its host to it and
+    calls it unrelated; for a derived host, that host's own agent reporting a node-level Xid in the
+    incident window is exactly the confirmation asked for (the host is right, and it is faulty).
+    """
+    if signal.bearing is HardwareBearing.SUPPORTS_HARDWARE_FAULT:
+        return True
+    if signal.kind != "xid" or signal.code is None or signal.bearing is not HardwareBearing.UNRELATED:
+        return False
+    entry = default_xid_catalog().lookup(signal.code)
+    return entry is not None and entry.supports_isolation_for(None)
 
 
 def evidence_gate(
@@ -202,7 +239,9 @@ def evidence_gate(
                         "manifest names one), so no node can be chosen; add hosts to the manifest",
             ))
             continue
-        evidence, block = _judge_candidate(candidate, host, rule, as_of)
+        identity = manifest.ranks.get(candidate.rank) if manifest is not None else None
+        derived = identity is not None and identity.host == host and identity.host_is_derived
+        evidence, block = _judge_candidate(candidate, host, rule, as_of, derived=derived)
         if block is not None:
             blocked.append(block)
             continue

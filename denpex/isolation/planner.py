@@ -154,12 +154,14 @@ def plan_for_triage(
     runbook: Path | None = None,
     job_id: str | None = None,
     cluster: str | None = None,
+    manifest: JobManifest | None = None,
 ) -> IsolationPlan:
     """The plan ``denpex triage --scheduler`` prints. Offline: no cluster facts, no breaker state;
-    ``denpex isolate`` re-runs those gates on live facts before acting."""
+    ``denpex isolate`` re-runs those gates on live facts before acting. ``manifest`` tells the
+    gates which hosts are derived (a guess that needs its node's own signal)."""
     policy = load_runbook(runbook).policy() if runbook else IsolationPolicy()
     return plan_isolation(
-        result, None, policy, None, scheduler,
+        result, manifest, policy, None, scheduler,
         incident_id or default_incident_id(result, job_id), result.as_of or utc_now(), cluster=cluster,
         job_id=job_id,
     )

@@ -36,6 +36,7 @@ from denpex.isolation.slurm_parse import (
     parse_show_node,
     to_node_facts,
 )
+from denpex.isolation.slurm_layout import SlurmJobLayout, parse_job_layout
 from denpex.isolation.ssh import Backoff, CommandResult, CommandRunner
 
 __all__ = ["SlurmAdapter", "drain_argv", "resume_argv"]
@@ -150,6 +151,14 @@ class SlurmAdapter:
             outputs.append(f"{result.command}: rc {result.rc}{' ' + result.output.strip() if result.output.strip() else ''}")
         return ActionOutput(command=self.hung_job_command(job), rc=0,
                             output="; ".join(outputs) or f"job {job.job_id}: nothing left to do")
+
+    def job_layout(self, job_id: str) -> SlurmJobLayout | None:
+        """The job's nodes and task count (``scontrol -o show job -d``); None when Slurm has no such job."""
+        shown = self._run(["scontrol", "-o", "show", "job", "-d", job_id])
+        if shown.rc != 0 and job_not_found(shown.output):
+            return None
+        _require_ok(shown)
+        return parse_job_layout(shown.stdout)
 
     def _job(self, job_id: str) -> SlurmJob | None:
         shown = self._run(["scontrol", "-o", "show", "job", job_id])

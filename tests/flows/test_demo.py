@@ -64,3 +64,25 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     charts = sorted((Path(last.removeprefix("report: ")).parents[2] / "charts").glob("chart-*.png"))
     assert charts and all(c.read_bytes().startswith(b"\x89PNG") for c in charts)
     assert f"{charts[0]}]" in out
+
+
+def test_the_demo_drains_a_dead_ranks_node_from_the_registered_manifest(tmp_path: Path) -> None:
+    """`make demo DEMO=examples/incident-dead-rank DEMO_APPROVE=1`, run as the Makefile runs it (this
+    checkout's code): rank 1 left no dump, the kernel log holds an Xid 79 for its node. The demo
+    registers the folder's manifest through `POST /v1/jobs/{job_id}/ranks` before the uploads, and the
+    node's agent sends its kernel log alone: gpu-node-002 is drained."""
+    folder = ROOT / "examples" / "incident-dead-rank"
+    assert not (folder / "rank_1.pkl").exists() and "gpu-node-002" in (folder / "kernel.log").read_text()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py"), str(folder), "--store", "s3",
+                           "--approve", "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=420, env=env)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-3000:]
+    assert "[demo] registered job gloo-sigkill's layout (4 ranks)" in out
+    assert "[demo] gpu-node-002 left no dump; its node agent sent its kernel log alone" in out
+    report = json.loads(Path(out.strip().splitlines()[-1].removeprefix("report: ")).read_text())
+    assert report["outcome"] == "executed", report["reason"]
+    assert [c["rank"] for c in report["candidates"]] == [1]
+    assert report["plan"]["actions"] == [{"node": "gpu-node-002", "action": "drain"}]
+    assert "[demo] slurm: gpu-node-002 State=IDLE+DRAIN" in out

@@ -4,6 +4,7 @@ a store outage keeps the upload in the spool until it is acknowledged; a restart
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import pytest
 
 from denpex.collector import Backoff, DumpRecord, DumpRequest, DumpTrigger, EvidenceUploader, UploadTarget
 from denpex.collector.uploader import incident_id_for
+from denpex.ingest.client import IngestClient
 from ingest.conftest import Lab, make_lab
 from testkit.services.ingest import ROOT
 from testkit.services.s3 import MotoS3
@@ -70,3 +72,49 @@ def test_a_store_outage_keeps_the_upload_until_acknowledged(lab: Lab, tmp_path: 
     assert again.deliver_once() is True and again.delivered == 1
     base = f"{lab.prefix}/acme/c1/{job}/{incident_id_for(request)}"
     assert lab.s3.read(f"{base}/rank_1.pkl") == (FIXTURE / "rank_1.pkl").read_bytes()
+
+
+def test_the_uploader_registers_its_rank_at_start_and_a_restart_elsewhere_is_a_recorded_move(
+        lab: Lab, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    target = UploadTarget(url=lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme",  # type: ignore[arg-type]
+                          cluster="c1", job_id=job)
+    identity = {"rank": 1, "world_size": 4, "host": "gpu-node-002", "local_rank": 0, "pid": 4242}
+    first = EvidenceUploader(target, dump_dir=FIXTURE, spool_dir=tmp_path / "a", attach_nvml=False,
+                             identity=identity).start()
+    first.stop()
+    assert first.registered == 1
+    client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    assert client.job_ranks(job).json()["ranks"]["1"] == {"host": "gpu-node-002", "local_rank": 0, "pid": 4242}
+    # The job restarts; rank 1 now runs on gpu-node-009.
+    restarted = EvidenceUploader(target, dump_dir=FIXTURE, spool_dir=tmp_path / "b", attach_nvml=False,
+                                 identity={**identity, "host": "gpu-node-009", "pid": 5151}).start()
+    restarted.stop()
+    layout = client.job_ranks(job).json()
+    assert layout["ranks"]["1"]["host"] == "gpu-node-009"
+    assert [(m["from_host"], m["to_host"]) for m in layout["moves"]["1"]] == [("gpu-node-002", "gpu-node-009")]
+    assert any("re-registered from gpu-node-002 to gpu-node-009" in r.getMessage() for r in caplog.records)
+
+
+def test_a_registration_the_service_cannot_take_is_retried_by_the_delivery_thread(lab: Lab, tmp_path: Path) -> None:
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    target = UploadTarget(url=lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme",  # type: ignore[arg-type]
+                          cluster="c1", job_id=job)
+    lab.api.stop()
+    uploader = EvidenceUploader(target, dump_dir=FIXTURE, spool_dir=tmp_path / "s", attach_nvml=False,
+                                identity={"rank": 0, "world_size": 4, "host": "gpu-node-001"},
+                                backoff=Backoff(first_s=0.1, max_s=0.5))
+    try:
+        uploader.start()  # the service is down: the job starts anyway
+        assert uploader.registered == 0
+        lab.api.start()
+        deadline = time.monotonic() + 30
+        while uploader.registered == 0:
+            assert time.monotonic() < deadline, "the registration was not retried"
+            time.sleep(0.2)
+    finally:
+        uploader.stop()
+        if lab.api.proc is None:
+            lab.api.start()
+    client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    assert client.job_ranks(job).json()["ranks"]["0"]["host"] == "gpu-node-001"

@@ -1,0 +1,84 @@
+"""A node agent's telemetry without a dump: its host's kernel log for a job's incident.
+
+The rank that died on this node (its GPU fell off the bus, the OOM killer took it) left no dump, so
+nothing else would carry this node's Xid to the service. The agent runs with a key bound to this
+host (``denpex keys create --host NODE``): only such telemetry may support a drain.
+
+    denpex node-agent --job 4242 --file /var/log/kern.log          # a given file
+    denpex node-agent --job 4242 --journalctl --since 2026-12-01T13:00:00Z
+
+Credentials come from the environment, as the collector's do (never an option: it would show in
+``ps``): ``DENPEX_INGEST_URL``, ``DENPEX_INGEST_KEY_ID``, ``DENPEX_INGEST_SECRET``, ``DENPEX_TENANT``,
+``DENPEX_CLUSTER``. Without ``--incident`` the telemetry joins the job's open incident.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from denpex.collector.uploader import UploadTarget
+from denpex.ingest.client import IngestClient
+
+__all__ = ["MAX_SEND_BYTES", "NodeAgentError", "read_kernel_log", "journalctl_argv", "send_telemetry"]
+
+MAX_SEND_BYTES = 32 * 1024 * 1024
+"""The most kernel log one send carries: the newest lines are kept (the service's cap is 64 MiB)."""
+
+
+class NodeAgentError(Exception):
+    """The log cannot be read or the service cannot be reached (one clear sentence)."""
+
+
+def journalctl_argv(since: datetime | None, until: datetime | None) -> list[str]:
+    """``journalctl -k`` in the kernel-log format Denpex parses (ARCHITECTURE.md, telemetry input)."""
+    argv = ["journalctl", "-k", "-o", "short-iso", "--no-pager"]
+    if since is not None:
+        argv += ["--since", since.strftime("%Y-%m-%d %H:%M:%S UTC")]
+    if until is not None:
+        argv += ["--until", until.strftime("%Y-%m-%d %H:%M:%S UTC")]
+    return argv
+
+
+def read_kernel_log(files: list[Path], *, journalctl: bool = False, since: datetime | None = None,
+                    until: datetime | None = None, max_bytes: int = MAX_SEND_BYTES) -> bytes:
+    """The files' bytes (and ``journalctl -k``'s output), the newest ``max_bytes`` of them, whole lines."""
+    parts: list[bytes] = []
+    for path in files:
+        try:
+            with path.open("rb") as handle:
+                size = handle.seek(0, 2)
+                handle.seek(max(0, size - max_bytes))
+                parts.append(handle.read(max_bytes))
+        except OSError as exc:
+            raise NodeAgentError(f"{path}: cannot read the kernel log: {exc.strerror or exc}") from exc
+    if journalctl:
+        program = shutil.which("journalctl")
+        if program is None:
+            raise NodeAgentError("journalctl is not installed on this node; pass the kernel log with --file")
+        argv = journalctl_argv(since, until)
+        done = subprocess.run([program, *argv[1:]], capture_output=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise NodeAgentError(f"{' '.join(argv)} failed: {done.stderr.decode(errors='replace').strip()[:300]}")
+        parts.append(done.stdout)
+    data = b"\n".join(p.rstrip(b"\n") for p in parts if p) + b"\n"
+    if len(data) > max_bytes:
+        data = data[-max_bytes:]
+        data = data[data.find(b"\n") + 1:]  # a cut line is no line
+    return data
+
+
+def send_telemetry(target: UploadTarget, data: bytes, *, incident_id: str | None = None,
+                   timeout_s: float = 60.0) -> httpx.Response:
+    """``POST /v1/evidence`` with this host's telemetry and no dump (a host-bound key's upload)."""
+    client = IngestClient(target.url, key_id=target.key_id, secret=target.secret, tenant=target.tenant,
+                          cluster=target.cluster, timeout_s=timeout_s)
+    identity = {"job_id": target.job_id} | ({"incident_id": incident_id} if incident_id else {})
+    try:
+        return client.upload_telemetry(identity, [data])
+    except httpx.HTTPError as exc:
+        raise NodeAgentError(f"the ingest service at {target.url} cannot be reached: {exc}") from exc

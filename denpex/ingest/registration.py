@@ -1,0 +1,233 @@
+"""A job's layout, registered by its collectors when it starts: ``POST /v1/jobs/{job_id}/ranks``.
+
+A rank that dies without a dump (its GPU fell off the bus, the host OOM-killed it) never uploads,
+so the incident's manifest could not say where it ran; its collector registered it at start.
+The body is a manifest fragment (ARCHITECTURE.md's manifest, without ``job_id``)::
+
+    {"world_size": 4,
+     "ranks": {"1": {"host": "gpu-node-002", "local_rank": 0, "pid": 4242,
+                     "gpu_uuid": "GPU-...", "gpu_pci_bus_id": "0000:3b:00.0"}},
+     "process_groups": {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}}
+
+Rules (each refusal stores nothing):
+
+- bound to the key's tenant and cluster: the job id in the path names a job *of that cluster*;
+  another tenant's job of the same name is another row, never touched (403 comes from the headers);
+- a host-bound key (a node agent's) registers its own host's ranks only (403), as for uploads;
+  a rank without a host takes the key's host;
+- a rank registered on another host before is recorded as **moved** (a restart): the new host is
+  its placement from now on, the move is kept with its time and answered, and an incident opened
+  before the move keeps the placement it had (:meth:`JobRegistry.placement_at`);
+- a registration whose world size differs from the job's replaces the layout's world size (an
+  elastic restart); ranks outside it are not listed;
+- at most ``max_per_window`` registrations per cluster per window (429 with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from denpex.evidence.manifest import MAX_WORLD_SIZE, HostMove, HostName, PlainText, ProcessGroupSpec
+from denpex.ingest.auth import Caller
+from denpex.ingest.database import Database
+from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimitedError
+
+__all__ = ["RegisteredRank", "Registration", "RegistrationReceipt", "RegisteredLayout", "JobRegistry",
+           "parse_registration", "MAX_REGISTRATION_BYTES"]
+
+MAX_REGISTRATION_BYTES = 8 * 1024 * 1024
+"""A registration body's cap: a whole 16,384-rank manifest fits; a collector sends one rank."""
+MAX_RANKS_PER_REGISTRATION = 16_384
+"""More ranks than this go in several requests (each one is one write transaction)."""
+MOVES_SHOWN = 16
+"""The newest moves listed per rank (all are kept; a rank restarted a hundred times lists its last 16)."""
+
+
+class RegisteredRank(BaseModel):
+    """One rank as its collector registers it. Unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: HostName | None = None
+    local_rank: int | None = Field(default=None, ge=0)
+    pid: int | None = Field(default=None, ge=0)
+    gpu_uuid: PlainText | None = None
+    gpu_pci_bus_id: PlainText | None = None
+    gpu_index: int | None = Field(default=None, ge=0)
+
+
+class Registration(BaseModel):
+    """A registration body (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
+    ranks: dict[int, RegisteredRank] = Field(min_length=1, max_length=MAX_RANKS_PER_REGISTRATION)
+    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _ranks_in_world(self) -> "Registration":
+        outside = [r for r in self.ranks if not 0 <= r < self.world_size]
+        outside += [r for pg in self.process_groups.values() for r in pg.ranks if r >= self.world_size]
+        if outside:
+            raise ValueError(f"rank(s) {sorted(set(outside))[:8]} outside world_size {self.world_size}")
+        return self
+
+
+class RegistrationReceipt(BaseModel):
+    """The answer: how many ranks were new or changed, and the moves this registration recorded."""
+
+    job_id: str
+    registered: int
+    unchanged: int
+    moved: list[dict[str, object]]
+    """``{"rank", "from_host", "to_host", "at"}`` per rank that re-registered from another host."""
+
+
+class RegisteredLayout(BaseModel):
+    """A job's registered layout as an incident takes it (:meth:`JobRegistry.placement_at`)."""
+
+    world_size: int
+    ranks: dict[int, RegisteredRank]
+    moves: dict[int, list[HostMove]]
+    process_groups: dict[str, ProcessGroupSpec]
+
+
+def parse_registration(data: bytes) -> Registration:
+    """Validate a registration body; every problem is named in one 422."""
+    try:
+        return Registration.model_validate_json(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
+                             for e in exc.errors()[:10])
+        raise InvalidRequestError(f"invalid registration: {problems}") from exc
+
+
+class JobRegistry:
+    """Registered layouts in the state database, per tenant, cluster and job."""
+
+    def __init__(self, db: Database, *, max_per_window: int = 20_000, max_ranks_per_window: int = 1_000_000,
+                 window_s: float = 3600.0, clock: Callable[[], float] = time.time) -> None:
+        self._db = db
+        self.max_per_window = max_per_window
+        self.max_ranks_per_window = max_ranks_per_window
+        """Rank entries one cluster may register per window: requests are counted, and so is their
+        size, or one key could write a million rows per request all hour long."""
+        self.window_s = window_s
+        self._clock = clock
+
+    def register(self, caller: Caller, job_id: str, registration: Registration) -> RegistrationReceipt:
+        """Record ``registration`` for ``caller``'s cluster (see the module docstring)."""
+        ranks = _bound_to_host(caller, registration)
+        now = self._clock()
+        at = datetime.fromtimestamp(now, UTC)
+        groups = json.dumps({k: v.model_dump(mode="json") for k, v in registration.process_groups.items()})
+        registered = unchanged = 0
+        moved: list[dict[str, object]] = []
+        with self._db.connect() as db:
+            self._rate_limit(db, caller, now, len(ranks))
+            db.execute("INSERT INTO registrations (tenant, cluster, registered_at, ranks) VALUES (?, ?, ?, ?)",
+                       (caller.tenant, caller.cluster, now, len(ranks)))
+            db.execute("INSERT INTO jobs_registered (tenant, cluster, job_id, world_size, process_groups, "
+                       "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id) DO UPDATE SET "
+                       "world_size = excluded.world_size, process_groups = CASE WHEN excluded.process_groups = '{}' "
+                       "THEN process_groups ELSE excluded.process_groups END, updated_at = excluded.updated_at",
+                       (caller.tenant, caller.cluster, job_id, registration.world_size, groups, now))
+            for rank, entry in sorted(ranks.items()):
+                row = db.execute("SELECT host, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND "
+                                 "job_id = ? AND rank = ?", (caller.tenant, caller.cluster, job_id, rank)).fetchone()
+                identity = entry.model_dump_json(exclude_none=True)
+                if row is not None and row[1] == identity:
+                    unchanged += 1
+                    continue
+                if row is not None and caller.host is not None and row[0] not in (None, caller.host):
+                    # As for uploads: one compromised node may not pull another node's rank onto itself
+                    # (and the blame off the node it really ran on).
+                    raise ForbiddenError(f"rank {rank} of job {job_id!r} is registered on host {row[0]!r}; a key "
+                                         f"bound to host {caller.host!r} may not move it")
+                if row is not None and row[0] is not None and entry.host is not None and row[0] != entry.host:
+                    db.execute("INSERT INTO job_rank_moves (tenant, cluster, job_id, rank, from_host, to_host, "
+                               "from_identity, key_id, moved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (caller.tenant, caller.cluster, job_id, rank, row[0], entry.host, row[1],
+                                caller.key_id, now))
+                    moved.append({"rank": rank, "from_host": row[0], "to_host": entry.host, "at": at.isoformat()})
+                db.execute("INSERT INTO job_ranks (tenant, cluster, job_id, rank, host, identity, key_id, "
+                           "registered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id, "
+                           "rank) DO UPDATE SET host = excluded.host, identity = excluded.identity, "
+                           "key_id = excluded.key_id, registered_at = excluded.registered_at",
+                           (caller.tenant, caller.cluster, job_id, rank, entry.host, identity, caller.key_id, now))
+                registered += 1
+        return RegistrationReceipt(job_id=job_id, registered=registered, unchanged=unchanged, moved=moved)
+
+    def layout(self, tenant: str, cluster: str, job_id: str) -> RegisteredLayout | None:
+        """The job's current registered layout, or None when nothing registered."""
+        return self.placement_at(tenant, cluster, job_id, None)
+
+    def placement_at(self, tenant: str, cluster: str, job_id: str, when: float | None) -> RegisteredLayout | None:
+        """The layout as it stood at ``when`` (server time; None: now).
+
+        A rank that moved after ``when`` is placed where it was then (an incident opened before a
+        restart must drain the node the rank died on, not the one it restarted on); every move
+        stays listed, so the report shows both.
+        """
+        with self._db.connect() as db:
+            job = db.execute("SELECT world_size, process_groups FROM jobs_registered WHERE tenant = ? AND "
+                             "cluster = ? AND job_id = ?", (tenant, cluster, job_id)).fetchone()
+            if job is None:
+                return None
+            rows = db.execute("SELECT rank, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? "
+                              "AND rank < ? ORDER BY rank", (tenant, cluster, job_id, job[0])).fetchall()
+            move_rows = db.execute("SELECT rank, from_host, to_host, from_identity, moved_at FROM job_rank_moves "
+                                   "WHERE tenant = ? "
+                                   "AND cluster = ? AND job_id = ? ORDER BY moved_at",
+                                   (tenant, cluster, job_id)).fetchall()
+        ranks = {r[0]: RegisteredRank.model_validate_json(r[1]) for r in rows}
+        moves: dict[int, list[HostMove]] = {}
+        placed_then: set[int] = set()
+        for rank, from_host, to_host, from_identity, moved_at in move_rows:
+            moves.setdefault(rank, []).append(HostMove(from_host=from_host, to_host=to_host,
+                                                       at=datetime.fromtimestamp(moved_at, UTC)))
+            if when is not None and moved_at > when and rank in ranks and rank not in placed_then:
+                # The first move after ``when`` says where the rank was at ``when``, with that
+                # process's pid and GPU (the restarted one's are not the dead one's).
+                ranks[rank] = RegisteredRank.model_validate_json(from_identity)
+                placed_then.add(rank)
+        moves = {rank: listed[-MOVES_SHOWN:] for rank, listed in moves.items()}
+        groups = {name: ProcessGroupSpec.model_validate(spec) for name, spec in json.loads(job[1]).items()}
+        return RegisteredLayout(world_size=job[0], ranks=ranks, moves=moves, process_groups=groups)
+
+    def _rate_limit(self, db: sqlite3.Connection, caller: Caller, now: float, ranks: int) -> None:
+        """Counted inside the registration's write transaction, so racing requests cannot both slip under."""
+        db.execute("DELETE FROM registrations WHERE registered_at < ?", (now - self.window_s,))
+        count, entries, oldest = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(ranks), 0), MIN(registered_at) FROM registrations WHERE tenant = ? "
+            "AND cluster = ?", (caller.tenant, caller.cluster)).fetchone()
+        if count >= self.max_per_window or entries + ranks > self.max_ranks_per_window:
+            raise RateLimitedError(f"cluster {caller.cluster!r} sent {count} registrations ({entries} ranks) in the "
+                                   f"last {self.window_s:.0f} s; {ranks} more ranks would pass its limit of "
+                                   f"{self.max_per_window} registrations or {self.max_ranks_per_window} ranks; "
+                                   "nothing was recorded, retry later",
+                                   retry_after_s=int((oldest or now) + self.window_s - now) + 1)
+
+
+def _bound_to_host(caller: Caller, registration: Registration) -> dict[int, RegisteredRank]:
+    """A job's key registers any rank (it names each host); a node agent's key its own host's only."""
+    if caller.host is None:
+        nameless = [r for r, e in registration.ranks.items() if e.host is None]
+        if nameless:
+            raise InvalidRequestError(f"rank(s) {sorted(nameless)[:8]} name no host; a job's key registers where "
+                                      "each rank runs (the scheduler's node name)")
+        return dict(registration.ranks)
+    out: dict[int, RegisteredRank] = {}
+    for rank, entry in registration.ranks.items():
+        if entry.host is not None and entry.host != caller.host:
+            raise ForbiddenError(f"this key is bound to host {caller.host!r}; it registers that host's ranks only, "
+                                 f"not rank {rank} on {entry.host!r}")
+        out[rank] = entry if entry.host is not None else entry.model_copy(update={"host": caller.host})
+    return out

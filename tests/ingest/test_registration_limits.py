@@ -1,0 +1,61 @@
+"""The bounds of ``POST /v1/jobs/{job_id}/ranks`` that a hostile job key would push on, at the core
+(the HTTP refusals are in test_job_layout.py): ranks per request, and registrations and rank
+entries per cluster and window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from denpex.ingest.auth import Caller
+from denpex.ingest.database import Database
+from denpex.ingest.errors import InvalidRequestError, RateLimitedError
+from denpex.ingest.registration import MAX_RANKS_PER_REGISTRATION, MOVES_SHOWN, JobRegistry, parse_registration
+
+CALLER = Caller(tenant="acme", cluster="c1", key_id="dk_1")
+
+
+def _body(ranks: range, world_size: int = 1 << 20, host: str = "gpu-node-001") -> bytes:
+    return json.dumps({"world_size": world_size, "ranks": {str(r): {"host": host} for r in ranks}}).encode()
+
+
+def test_one_registration_carries_at_most_16384_ranks() -> None:
+    assert len(parse_registration(_body(range(MAX_RANKS_PER_REGISTRATION))).ranks) == MAX_RANKS_PER_REGISTRATION
+    with pytest.raises(InvalidRequestError, match="at most 16384"):
+        parse_registration(_body(range(MAX_RANKS_PER_REGISTRATION + 1)))
+
+
+def test_registrations_and_their_ranks_are_counted_per_cluster_and_window(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), max_per_window=3, max_ranks_per_window=100, window_s=60,
+                       clock=lambda: now[0])
+    jobs.register(CALLER, "job-a", parse_registration(_body(range(60))))
+    with pytest.raises(RateLimitedError, match="100 ranks") as refused:
+        jobs.register(CALLER, "job-b", parse_registration(_body(range(60))))
+    assert refused.value.retry_after_s == 61
+    assert jobs.layout("acme", "c1", "job-b") is None  # nothing of a refused registration is kept
+    other = Caller(tenant="acme", cluster="c2", key_id="dk_2")
+    jobs.register(other, "job-b", parse_registration(_body(range(60))))  # another cluster: its own budget
+    jobs.register(CALLER, "job-c", parse_registration(_body(range(1))))
+    jobs.register(CALLER, "job-c", parse_registration(_body(range(1))))
+    with pytest.raises(RateLimitedError, match="3 registrations"):
+        jobs.register(CALLER, "job-c", parse_registration(_body(range(1))))
+    now[0] += 61  # the window has passed
+    jobs.register(CALLER, "job-d", parse_registration(_body(range(60))))
+
+
+def test_a_rank_restarted_many_times_lists_its_newest_moves_and_keeps_its_first_placement(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
+    jobs.register(CALLER, "job-a", parse_registration(_body(range(1), world_size=4, host="gpu-node-001")))
+    incident_opened = now[0] + 0.5
+    for n in range(2, 40):
+        now[0] += 1
+        jobs.register(CALLER, "job-a", parse_registration(_body(range(1), world_size=4, host=f"gpu-node-{n:03d}")))
+    layout = jobs.placement_at("acme", "c1", "job-a", incident_opened)
+    assert layout is not None and layout.ranks[0].host == "gpu-node-001"
+    assert len(layout.moves[0]) == MOVES_SHOWN and layout.moves[0][-1].to_host == "gpu-node-039"
+    current = jobs.layout("acme", "c1", "job-a")
+    assert current is not None and current.ranks[0].host == "gpu-node-039"
