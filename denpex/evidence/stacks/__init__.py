@@ -1,0 +1,59 @@
+"""Python stacks of the ranks as evidence: the model, its bounds, and one reader per source.
+
+    model         RankStacks / ThreadStack / StackFrame, the sources and the limits
+    bounds        untrusted bytes -> bounded, typed RankStacks
+    records       Denpex's own stacks files (the collector's, the py-spy sidecar's)
+    pyspy         ``py-spy dump --json`` output
+    torch_debug   torch's debug server's ``stacks_<time>.txt``
+    fr_callsite   a Flight Recorder entry's ``frames``
+"""
+
+from denpex.evidence.stacks.fr_callsite import entry_callsite, fr_callsite_stacks
+from denpex.evidence.stacks.model import (
+    FORMAT,
+    MAX_BYTES,
+    MAX_FRAMES,
+    MAX_TEXT,
+    MAX_THREADS,
+    RankStacks,
+    StackError,
+    StackFrame,
+    StackSource,
+    ThreadStack,
+    Unavailable,
+)
+from denpex.evidence.stacks.pyspy import parse_pyspy_dump
+from denpex.evidence.stacks.records import parse_stacks_record, read_stacks_record
+from denpex.evidence.stacks.torch_debug import (
+    DebugStacks,
+    DebugStacksFile,
+    debug_stacks_files,
+    nearest_debug_stacks,
+    parse_debug_stacks,
+    read_debug_stacks,
+)
+
+__all__ = [
+    "FORMAT",
+    "MAX_BYTES",
+    "MAX_FRAMES",
+    "MAX_TEXT",
+    "MAX_THREADS",
+    "DebugStacks",
+    "DebugStacksFile",
+    "RankStacks",
+    "StackError",
+    "StackFrame",
+    "StackSource",
+    "ThreadStack",
+    "Unavailable",
+    "debug_stacks_files",
+    "entry_callsite",
+    "fr_callsite_stacks",
+    "nearest_debug_stacks",
+    "parse_debug_stacks",
+    "parse_pyspy_dump",
+    "parse_stacks_record",
+    "read_debug_stacks",
+    "read_stacks_record",
+]
