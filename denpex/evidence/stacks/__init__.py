@@ -23,7 +23,14 @@ from denpex.evidence.stacks.model import (
     Unavailable,
 )
 from denpex.evidence.stacks.pyspy import parse_pyspy_dump
-from denpex.evidence.stacks.records import parse_stacks_record, read_stacks_record
+from denpex.evidence.stacks.records import (
+    STACKS_DIR,
+    CollectedStacks,
+    parse_stacks_record,
+    read_collected_stacks,
+    read_stacks_record,
+    stacks_file_name,
+)
 from denpex.evidence.stacks.torch_debug import (
     DebugStacks,
     DebugStacksFile,
@@ -39,6 +46,8 @@ __all__ = [
     "MAX_FRAMES",
     "MAX_TEXT",
     "MAX_THREADS",
+    "STACKS_DIR",
+    "CollectedStacks",
     "DebugStacks",
     "DebugStacksFile",
     "RankStacks",
@@ -54,6 +63,8 @@ __all__ = [
     "parse_debug_stacks",
     "parse_pyspy_dump",
     "parse_stacks_record",
+    "read_collected_stacks",
     "read_debug_stacks",
     "read_stacks_record",
+    "stacks_file_name",
 ]

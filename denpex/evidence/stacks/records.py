@@ -7,12 +7,62 @@ untrusted: bounded in bytes, trimmed to the model's limits, typed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from denpex.evidence.stacks.bounds import load_json, validated
-from denpex.evidence.stacks.model import MAX_BYTES, RankStacks, StackError
+from pydantic import BaseModel, ConfigDict
 
-__all__ = ["parse_stacks_record", "read_stacks_record"]
+from denpex.evidence.stacks.bounds import load_json, validated
+from denpex.evidence.stacks.model import MAX_BYTES, RankStacks, StackError, StackSource
+
+__all__ = ["CollectedStacks", "STACKS_DIR", "parse_stacks_record", "read_collected_stacks", "read_stacks_record",
+           "stacks_file_name"]
+
+STACKS_DIR = "collector"
+"""Beside the dumps, where dump readers never look (``denpex.collector.layout``)."""
+_NAME = re.compile(r"rank_(\d{1,8})(?:\.(py-spy))?\.stacks\.json")
+
+
+def stacks_file_name(rank: int, source: StackSource = StackSource.COLLECTOR) -> str:
+    """``rank_2.stacks.json`` (the collector's) or ``rank_2.py-spy.stacks.json`` (the sidecar's)."""
+    if source is StackSource.COLLECTOR:
+        return f"rank_{rank}.stacks.json"
+    if source is StackSource.PY_SPY:
+        return f"rank_{rank}.py-spy.stacks.json"
+    raise ValueError(f"no stacks file is written for source {source.value!r}")
+
+
+class CollectedStacks(BaseModel):
+    """The stacks files of a dump folder: the records read, and why the others were refused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    records: list[RankStacks]
+    refused: dict[str, str]
+    """File name -> the reason, one sentence."""
+
+
+def read_collected_stacks(folder: Path) -> CollectedStacks:
+    """Every ``<folder>/collector/rank_<r>[.py-spy].stacks.json``; a file whose record names
+    another rank or source than its name is refused (one rank must not speak for another)."""
+    records: list[RankStacks] = []
+    refused: dict[str, str] = {}
+    for path in sorted((folder / STACKS_DIR).glob("rank_*.stacks.json")):
+        match = _NAME.fullmatch(path.name)
+        if match is None:
+            continue
+        expected = StackSource.PY_SPY if match.group(2) else StackSource.COLLECTOR
+        try:
+            record = read_stacks_record(path)
+        except StackError as exc:
+            refused[path.name] = str(exc)
+            continue
+        if record.rank != int(match.group(1)) or record.source is not expected:
+            refused[path.name] = (f"the record says rank {record.rank}, source {record.source.value}: "
+                                  "not what its name says")
+            continue
+        records.append(record)
+    return CollectedStacks(records=records, refused=refused)
 
 
 def parse_stacks_record(data: bytes, *, what: str = "stacks file") -> RankStacks:
