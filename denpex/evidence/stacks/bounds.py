@@ -31,7 +31,7 @@ def load_json(data: bytes, *, what: str, limit: int = MAX_BYTES) -> Any:
     if not data.strip():
         raise StackError(f"{what} is empty: the file was cut short or never written")
     try:
-        return json.loads(data)
+        return json.loads(data.decode("utf-8"))  # decoded here: json.loads(bytes) would guess UTF-16
     except UnicodeDecodeError as exc:
         raise StackError(f"{what} is not UTF-8 JSON") from exc
     except RecursionError as exc:

@@ -109,12 +109,13 @@ class Unavailable(StrEnum):
 
 
 class StackFrame(BaseModel):
-    """One frame: ``train.py:88 step()``."""
+    """One frame: ``train.py:88 step()``. Numbers and flags are strict: ``"88"`` is refused, as
+    everywhere in this model, since no source writes numbers as text."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     file: Text
-    line: int = Field(ge=0, le=10_000_000)
+    line: int = Field(ge=0, le=10_000_000, strict=True)
     function: Text
 
     def short(self) -> str:
@@ -128,13 +129,13 @@ class ThreadStack(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Text | None = None
-    id: int | None = Field(default=None, ge=0, le=2**64)
-    holds_gil: bool | None = None
+    id: int | None = Field(default=None, ge=0, le=2**64, strict=True)
+    holds_gil: bool | None = Field(default=None, strict=True)
     """None where the source cannot tell (the collector; torch's debug server)."""
-    active: bool | None = None
+    active: bool | None = Field(default=None, strict=True)
     """py-spy's ``active``: running on a CPU rather than waiting. None where unknown."""
     frames: list[StackFrame] = Field(default_factory=list, max_length=MAX_FRAMES)
-    frames_dropped: int = Field(default=0, ge=0)
+    frames_dropped: int = Field(default=0, ge=0, strict=True)
     """Outermost frames left out to stay within :data:`MAX_FRAMES`."""
 
 
@@ -144,12 +145,12 @@ class RankStacks(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     format: Literal["denpex.stacks/1"] = "denpex.stacks/1"
-    rank: int = Field(ge=0, le=10_000_000)
+    rank: int = Field(ge=0, le=10_000_000, strict=True)
     source: StackSource
     taken_at: datetime | None = None
-    pid: int | None = Field(default=None, ge=0, le=2**32)
+    pid: int | None = Field(default=None, ge=0, le=2**32, strict=True)
     threads: list[ThreadStack] = Field(default_factory=list, max_length=MAX_THREADS)
-    threads_dropped: int = Field(default=0, ge=0)
+    threads_dropped: int = Field(default=0, ge=0, strict=True)
     unavailable: Unavailable | None = None
     detail: Text | None = None
     """Why the stacks are unavailable, in the reader's words (bounded)."""
