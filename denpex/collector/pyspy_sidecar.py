@@ -143,7 +143,10 @@ def run_sidecar(options: SidecarOptions, *, max_wait: timedelta | None = None) -
         if not alive and incident_at is None:
             return None  # the job ended; nothing to read
         if incident_at is not None and (not alive or time.time() - incident_at >= options.deadline.total_seconds()):
-            stacks = pyspy_stacks(options.rank, options.pid, py_spy=options.py_spy, timeout=options.pyspy_timeout)
+            # A dead rank's pid may be reused at any moment: never point py-spy at it.
+            stacks = (pyspy_stacks(options.rank, options.pid, py_spy=options.py_spy, timeout=options.pyspy_timeout)
+                      if alive else _unavailable(options.rank, options.pid, datetime.now(UTC), PySpyFailure(
+                          Unavailable.PROCESS_GONE, f"process {options.pid} exited before its stacks were read")))
             path = stacks_path(options.out_dir, options.rank, StackSource.PY_SPY)
             write_atomic(path, stacks.model_dump_json().encode())
             _log.warning("rank %d missed its dump: py-spy's stacks (%s) written to %s", options.rank,
