@@ -11,6 +11,7 @@ their own and exit once their rank is gone.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,13 +28,19 @@ __all__ = ["StacksJob"]
 class StacksJob:
     """``len(roles)`` ranks; ``work`` holds ``collected/`` (the dumps), ``markers/``, ``debug/``, logs."""
 
-    def __init__(self, work: Path, roles: Sequence[str], *, timeout_s: float = 6.0,
+    def __init__(self, work: Path, roles: Sequence[str], *, timeout_s: float = 6.0, trigger_fraction: float = 0.75,
                  sidecar_deadline_s: float | None = None, debug_server: bool = False) -> None:
+        """``timeout_s`` is the collective timeout; the dumps come at ``trigger_fraction`` of it.
+
+        When the timeout passes, the failed collective may count as completed, and the dumper
+        then dumps again (trigger ``recovered``) over the hang's dump and stacks: take the files
+        between the two (:meth:`snapshot`), or give the timeout room."""
         self.work = work
         self.roles = list(roles)
         self.collected = work / "collected"
         self.debug_dir = work / "debug"
         self._timeout_s = timeout_s
+        self._fraction = trigger_fraction
         self._sidecar = sidecar_deadline_s
         self._debug = debug_server
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -46,7 +53,8 @@ class StacksJob:
         for rank, role in enumerate(self.roles):
             argv = [sys.executable, "-m", "testkit.generators.stacks_worker", "--rank", str(rank),
                     "--world-size", str(len(self.roles)), "--work-dir", str(self.work), "--role", role,
-                    "--timeout-s", str(self._timeout_s), "--parent-pid", str(os.getpid())]
+                    "--timeout-s", str(self._timeout_s), "--trigger-fraction", str(self._fraction),
+                    "--parent-pid", str(os.getpid())]
             if self._sidecar is not None:
                 argv += ["--sidecar-deadline-s", str(self._sidecar)]
             if debug_port is not None:
@@ -69,6 +77,11 @@ class StacksJob:
                 pass
         for proc in self.procs:
             proc.wait(timeout=30)
+
+    def snapshot(self, to: Path) -> Path:
+        """A copy of the dump folder as it is now (hidden temporary files left out)."""
+        shutil.copytree(self.collected, to, ignore=shutil.ignore_patterns(".*"))
+        return to
 
     def records(self) -> list[Path]:
         """The dump records written so far (one per rank that dumped)."""

@@ -1,7 +1,7 @@
 """One rank of a real Gloo job that hangs with each rank somewhere known, for the stacks tests.
 
     python -m testkit.generators.stacks_worker --rank R --world-size N --work-dir DIR
-        --role collective|sleep|regex --timeout-s 6 --parent-pid PID
+        --role collective|sleep|regex --timeout-s 6 --parent-pid PID [--trigger-fraction F]
         [--sidecar-deadline-s S] [--debug-port PORT]
 
 The rank joins ``env://`` (``MASTER_ADDR``/``MASTER_PORT`` set by the launcher), runs one
@@ -72,7 +72,7 @@ def run_rank(args: argparse.Namespace) -> int:
         start_debug_server(port=args.debug_port, dump_dir=str(work / "debug"), dump_interval=1.0,
                            enabled_dumps={"stacks"})
     dumper = HangDumper(work / "collected", rank=args.rank, collective_timeout=timeout,
-                        poll_interval=timedelta(seconds=0.25))
+                        trigger_fraction=args.trigger_fraction, poll_interval=timedelta(seconds=0.25))
     tensor = torch.ones(16)
     with dumper:
         step(tensor)
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, required=True)
     p.add_argument("--role", choices=("collective", "sleep", "regex"), required=True)
     p.add_argument("--timeout-s", type=float, default=6.0)
+    p.add_argument("--trigger-fraction", type=float, default=0.75)
     p.add_argument("--parent-pid", type=int, required=True)
     p.add_argument("--sidecar-deadline-s", type=float)
     p.add_argument("--debug-port", type=int)
