@@ -6,8 +6,10 @@
     pyspy         ``py-spy dump --json`` output
     torch_debug   torch's debug server's ``stacks_<time>.txt``
     fr_callsite   a Flight Recorder entry's ``frames``
+    folder        everything one dump folder holds
 """
 
+from denpex.evidence.stacks.folder import StackEvidence, read_stack_evidence
 from denpex.evidence.stacks.fr_callsite import entry_callsite, fr_callsite_stacks
 from denpex.evidence.stacks.model import (
     FORMAT,
@@ -51,6 +53,7 @@ __all__ = [
     "DebugStacks",
     "DebugStacksFile",
     "RankStacks",
+    "StackEvidence",
     "StackError",
     "StackFrame",
     "StackSource",
@@ -65,6 +68,7 @@ __all__ = [
     "parse_stacks_record",
     "read_collected_stacks",
     "read_debug_stacks",
+    "read_stack_evidence",
     "read_stacks_record",
     "stacks_file_name",
 ]
