@@ -208,7 +208,7 @@ def issuing_thread(stacks: RankStacks) -> ThreadStack | None:
     first among several), else MainThread, else the one holding the GIL, else the first with frames."""
     threads = [t for t in stacks.threads
                if t.frames and not (t.name or "").startswith(_OWN_THREAD_PREFIX)]
-    in_collective = [t for t in threads if any(frame_role(f) is FrameRole.COLLECTIVE for f in t.frames)]
+    in_collective = [t for t in threads if any(f.file.endswith(_COLLECTIVES_FILE) for f in t.frames)]
     for pool in (in_collective, threads):
         main = next((t for t in pool if t.name == "MainThread"), None)
         if main is not None:
@@ -247,12 +247,18 @@ def best_stacks(evidence: Iterable[RankStacks]) -> dict[int, RankStacks]:
     chosen: dict[int, RankStacks] = {}
     for record in evidence:
         held = chosen.get(record.rank)
-        usable = record.unavailable is None and issuing_thread(record) is not None
-        held_usable = held is not None and held.unavailable is None and issuing_thread(held) is not None
+        usable = _usable(record)
+        held_usable = held is not None and _usable(held)
         if held is None or (usable and not held_usable) or (
                 usable == held_usable and order[record.source] < order[held.source]):
             chosen[record.rank] = record
     return dict(sorted(chosen.items()))
+
+
+def _usable(record: RankStacks) -> bool:
+    """Whether :func:`issuing_thread` finds a thread (without picking it)."""
+    return record.unavailable is None and any(
+        t.frames and not (t.name or "").startswith(_OWN_THREAD_PREFIX) for t in record.threads)
 
 
 def candidate_stack(stacks: RankStacks) -> CandidateStack | None:

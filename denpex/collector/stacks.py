@@ -58,7 +58,8 @@ def _thread(ident: int, name: str | None, top: FrameType) -> ThreadStack:
         else:
             dropped += 1
         frame = frame.f_back
-    return ThreadStack(name=name, id=ident, frames=frames, frames_dropped=dropped)
+    return ThreadStack(name=clean_text(name) if name is not None else None, id=ident, frames=frames,
+                       frames_dropped=dropped)
 
 
 def write_rank_stacks(out_dir: Path, rank: int, *, taken_at: datetime) -> Path | None:

@@ -6,6 +6,7 @@ py-spy's real output for a regex-wedged process; synthetic stacks only for the e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from denpex.evidence.stacks import (
     Unavailable,
     debug_stacks_files,
     parse_pyspy_dump,
+    parse_stacks_record,
     read_debug_stacks,
 )
 
@@ -174,7 +176,9 @@ def test_best_stacks_prefers_the_collector_then_py_spy_and_keeps_why_there_is_no
 
 def test_markdown_rendering_escapes_what_the_job_controls() -> None:
     evil = "step](http://evil.example)<script>`x`\n# heading"
-    grouping = group_by_stack({0: rank(0, [f("/job/[x](y).py", 1, evil)]), 1: rank(1, IN_ALL_REDUCE)})
+    hostile = parse_stacks_record(json.dumps({"rank": 0, "source": "collector", "threads": [
+        {"name": "MainThread", "frames": [{"file": "/job/[x](y).py", "line": 1, "function": evil}]}]}).encode())
+    grouping = group_by_stack({0: hostile, 1: rank(1, IN_ALL_REDUCE)})
     markdown = stack_groups_markdown(grouping)
     assert "<script>" not in markdown and "](http" not in markdown and "\n#" not in markdown
     assert "\\<script\\>" in markdown and "\\`" in markdown

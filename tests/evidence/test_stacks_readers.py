@@ -181,6 +181,7 @@ def test_strings_with_markdown_and_control_characters_are_flattened_and_cut() ->
     assert len(frame.function) == MAX_TEXT and frame.function.endswith("…")
     assert not any(c in frame.function + frame.file + (stacks.threads[0].name or "") for c in "\n\x00\x1b\u2028")
     assert f"strings over {MAX_TEXT} characters were cut" in stacks.notes
+    assert "control characters in strings became spaces" in stacks.notes
 
 
 def test_too_many_threads_keep_the_main_thread_and_say_so() -> None:
@@ -246,7 +247,10 @@ def test_the_model_itself_holds_the_bounds() -> None:
         ThreadStack(frames=[StackFrame(file="a", line=1, function="f")] * (MAX_FRAMES + 1))
     with pytest.raises(ValueError):
         RankStacks(rank=0, source=StackSource.COLLECTOR, threads=[ThreadStack()] * (MAX_THREADS + 1))
-    assert StackFrame(file="a\nb", line=1, function="f").file == "a b"
+    with pytest.raises(ValueError, match="pattern"):
+        StackFrame(file="a\nb", line=1, function="f")  # readers clean strings; a direct caller must
+    with pytest.raises(ValueError, match="at most 512 characters"):
+        StackFrame(file="a" * (MAX_TEXT + 1), line=1, function="f")
 
 
 def test_no_stacks_file_is_written_for_sources_that_have_none() -> None:

@@ -15,13 +15,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from denpex.evidence.stacks.model import MAX_BYTES, MAX_FRAMES, MAX_NOTES, MAX_TEXT, MAX_THREADS, RankStacks, StackError
+from denpex.evidence.stacks.model import (
+    MAX_BYTES,
+    MAX_FRAMES,
+    MAX_NOTES,
+    MAX_TEXT,
+    MAX_THREADS,
+    RankStacks,
+    StackError,
+    clean_text,
+)
 
-__all__ = ["load_json", "trimmed", "validated"]
+__all__ = ["CONTROL_NOTE", "LONG_STRINGS_NOTE", "load_json", "trimmed", "validated"]
 
-# The deepest a stacks file nests (object > threads > thread > frames > frame) is 5; the scan
-# for long strings never walks further than this.
-_MAX_DEPTH = 8
+LONG_STRINGS_NOTE = f"strings over {MAX_TEXT} characters were cut"
+CONTROL_NOTE = "control characters in strings became spaces"
 
 
 def load_json(data: bytes, *, what: str, limit: int = MAX_BYTES) -> Any:
@@ -47,7 +55,11 @@ def trimmed(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     beyond :data:`MAX_FRAMES` are dropped from the outermost end, since the innermost ones say
     where the thread is. Types are left for the model to check.
     """
-    out = dict(raw)
+    cleaner = _Cleaner()
+    out: dict[str, Any] = {k: cleaner(v) if k == "detail" else v for k, v in raw.items()}
+    own_notes = out.get("notes")
+    if isinstance(own_notes, list):
+        out["notes"] = [cleaner(n) for n in own_notes]
     notes: list[str] = []
     threads = raw.get("threads")
     if isinstance(threads, list):
@@ -61,31 +73,44 @@ def trimmed(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         kept = []
         cut_threads = 0
         for thread in threads:
-            frames = thread.get("frames") if isinstance(thread, dict) else None
+            if not isinstance(thread, dict):
+                kept.append(thread)  # the model refuses it
+                continue
+            frames = thread.get("frames")
             if isinstance(frames, list) and len(frames) > MAX_FRAMES:
                 thread = {**thread, "frames": frames[:MAX_FRAMES],
                           "frames_dropped": len(frames) - MAX_FRAMES}
+                frames = thread["frames"]
                 cut_threads += 1
+            thread = {**thread, "name": cleaner(thread.get("name"))} if "name" in thread else dict(thread)
+            if isinstance(frames, list):
+                thread["frames"] = [{**f, "file": cleaner(f.get("file")), "function": cleaner(f.get("function"))}
+                                    if isinstance(f, dict) else f for f in frames]
             kept.append(thread)
         if cut_threads:
             notes.append(f"{cut_threads} thread(s) had over {MAX_FRAMES} frames: kept the innermost "
                          f"{MAX_FRAMES} of each")
         out["threads"] = kept
-    if _has_long_string(out):
-        notes.append(f"strings over {MAX_TEXT} characters were cut")
+    notes += cleaner.notes()
     return out, notes
 
 
-def _has_long_string(value: object, depth: int = 0) -> bool:
-    if isinstance(value, str):
-        return len(value) > MAX_TEXT
-    if depth > _MAX_DEPTH:
-        return False
-    if isinstance(value, dict):
-        return any(_has_long_string(v, depth + 1) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_long_string(v, depth + 1) for v in value)
-    return False
+class _Cleaner:
+    """Cleans strings (leaving other values to the model's types) and remembers what it changed."""
+
+    def __init__(self) -> None:
+        self.cut = self.flattened = False
+
+    def __call__(self, value: object) -> object:
+        if not isinstance(value, str) or (len(value) <= MAX_TEXT and value.isprintable()):
+            return value
+        cleaned = clean_text(value)
+        self.cut = self.cut or len(clean_text(value, limit=len(value))) > MAX_TEXT
+        self.flattened = self.flattened or not value.isprintable()
+        return cleaned
+
+    def notes(self) -> list[str]:
+        return ([LONG_STRINGS_NOTE] if self.cut else []) + ([CONTROL_NOTE] if self.flattened else [])
 
 
 def validated(raw: object, *, what: str, notes: list[str] | None = None) -> RankStacks:
@@ -99,6 +124,7 @@ def validated(raw: object, *, what: str, notes: list[str] | None = None) -> Rank
     try:
         return RankStacks.model_validate(shaped)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3])
+        problems = clean_text("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                                        for e in exc.errors()[:3]), limit=400)
         more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
         raise StackError(f"{what} is not a valid stacks record: {problems}{more}") from exc

@@ -4,8 +4,8 @@ Every source (the collector inside the rank, py-spy from outside, torch's debug 
 call-site frames) is read into this one model, whatever arrived. The model itself holds the
 bounds: a :class:`RankStacks` never has more than :data:`MAX_THREADS` threads of
 :data:`MAX_FRAMES` frames, and no string longer than :data:`MAX_TEXT` characters or with a
-control character in it (readers trim hostile input to fit and say so in ``notes``; what cannot be
-trimmed is refused with :class:`StackError`). Frames are innermost first, as py-spy prints them
+control character in it (readers trim and clean hostile input to fit and say so in ``notes``;
+what cannot be trimmed is refused with :class:`StackError`). Frames are innermost first, as py-spy prints them
 and as FR records them.
 
 Example (the collector's file for a rank sleeping in its data loader)::
@@ -24,7 +24,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from denpex.evidence.errors import EvidenceError
 
@@ -70,12 +70,11 @@ def clean_text(value: str, limit: int = MAX_TEXT) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _bounded(value: str) -> str:
-    # Readers trim before validating; a model built directly (capture, tests) is held to it too.
-    return clean_text(value)
-
-
-Text = Annotated[str, AfterValidator(_bounded)]
+# Checked in pydantic-core, not in Python: 4,096 ranks' files hold a million strings. Readers
+# clean and cut strings before validating (with a note); a model built directly must pass
+# clean strings (``clean_text``).
+_PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=_PRINTABLE)]
 
 
 class StackSource(StrEnum):

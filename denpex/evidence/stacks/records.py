@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from denpex.evidence.stacks.bounds import load_json, validated
 from denpex.evidence.stacks.model import MAX_BYTES, RankStacks, StackError, StackSource
@@ -66,7 +66,17 @@ def read_collected_stacks(folder: Path) -> CollectedStacks:
 
 
 def parse_stacks_record(data: bytes, *, what: str = "stacks file") -> RankStacks:
-    """``data``, a stacks file's bytes, as a :class:`RankStacks`; :class:`StackError` says why not."""
+    """``data``, a stacks file's bytes, as a :class:`RankStacks`; :class:`StackError` says why not.
+
+    A file within every bound (as the collector writes them) is validated straight from its bytes;
+    any other goes the long way (decode, trim to the bounds with notes, validate) so that what can
+    be trimmed is, and what is refused is refused with its reason.
+    """
+    if len(data) <= MAX_BYTES:
+        try:
+            return RankStacks.model_validate_json(data)
+        except ValidationError:
+            pass  # over a bound, or wrong: the long way says which
     return validated(load_json(data, what=what), what=what)
 
 
