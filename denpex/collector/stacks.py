@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from denpex.collector.layout import stacks_path, write_atomic
-from denpex.evidence.stacks import MAX_FRAMES, MAX_THREADS, RankStacks, StackFrame, StackSource, ThreadStack
+from denpex.evidence.stacks import MAX_FRAMES, MAX_TEXT, MAX_THREADS, RankStacks, StackFrame, StackSource, ThreadStack
 from denpex.evidence.stacks.model import clean_text
 
 __all__ = ["capture_stacks", "write_rank_stacks"]
@@ -53,13 +53,20 @@ def _thread(ident: int, name: str | None, top: FrameType) -> ThreadStack:
     while frame is not None:
         if len(frames) < MAX_FRAMES:
             code = frame.f_code
-            frames.append(StackFrame(file=clean_text(code.co_filename), line=max(frame.f_lineno or 0, 0),
-                                     function=clean_text(code.co_qualname)))
+            # Built without validation: the dump waits for this, and 20,000 validated frames take
+            # half a second. Every value is bounded right here, as the model would require.
+            frames.append(StackFrame.model_construct(file=_text(code.co_filename),
+                                                     line=max(frame.f_lineno or 0, 0),
+                                                     function=_text(code.co_qualname)))
         else:
             dropped += 1
         frame = frame.f_back
     return ThreadStack(name=clean_text(name) if name is not None else None, id=ident, frames=frames,
                        frames_dropped=dropped)
+
+
+def _text(value: str) -> str:
+    return value if len(value) <= MAX_TEXT and value.isprintable() else clean_text(value)
 
 
 def write_rank_stacks(out_dir: Path, rank: int, *, taken_at: datetime) -> Path | None:
