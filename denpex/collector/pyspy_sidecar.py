@@ -7,7 +7,8 @@ stacks from outside, through ptrace, whatever its interpreter does. The sidecar 
 rank at job start (:func:`start_stacks_sidecar`), so it is a separate process that outlives a wedge:
 
 - it watches the dump folder for an incident: the shared request file, or any rank's record,
-  written after the sidecar started;
+  written after the sidecar started (and, for jobs without a shared folder, the request key of a
+  :class:`~denpex.collector.dump_signal.StoreDumpSignal` in the job's TCPStore);
 - when the rank's own record has not appeared ``deadline`` after the incident was seen, it runs
   ``py-spy dump --pid PID --json`` and writes the result beside the dump,
   ``<out>/collector/rank_<r>.py-spy.stacks.json``, with ``source: py-spy``;
@@ -21,6 +22,7 @@ Yama ``ptrace_scope`` 1 lets only a process's ancestors trace it; the sidecar is
 so :func:`start_stacks_sidecar` declares it the rank's tracer (``PR_SET_PTRACER``).
 
     python -m denpex.collector.pyspy_sidecar --out DIR --rank R --pid PID [--deadline-s 20]
+        [--signal-store HOST:PORT] [-- PY-SPY COMMAND]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from denpex.collector.dump_signal import DumpSignal, StoreDumpSignal
 from denpex.collector.layout import COLLECTOR_DIR, record_path, request_path, stacks_path, write_atomic
 from denpex.evidence.stacks import RankStacks, StackError, StackSource, Unavailable, parse_pyspy_dump
 
@@ -127,16 +130,22 @@ class SidecarOptions:
     pyspy_timeout: timedelta = timedelta(seconds=30)
 
 
-def run_sidecar(options: SidecarOptions, *, max_wait: timedelta | None = None) -> Path | None:
+def run_sidecar(options: SidecarOptions, *, signal: DumpSignal | None = None,
+                max_wait: timedelta | None = None) -> Path | None:
     """Watch until the rank dumps by itself, its process ends, or it misses its deadline (then
-    write py-spy's stacks). Returns the file written, if any. ``max_wait`` bounds the whole watch."""
+    write py-spy's stacks). Returns the file written, if any. ``max_wait`` bounds the whole watch.
+
+    ``signal``: the job's :class:`~denpex.collector.dump_signal.DumpSignal` when it is not a file
+    in the dump folder (a :class:`~denpex.collector.dump_signal.StoreDumpSignal`, for ranks
+    without a shared folder); a request there is an incident too.
+    """
     started = time.time()
     incident_at: float | None = None
     while max_wait is None or time.time() - started < max_wait.total_seconds():
         if _newer(record_path(options.out_dir, options.rank), started):
             return None  # the rank dumped by itself, stacks included
         alive = _alive(options.pid)
-        if incident_at is None and _incident(options.out_dir, started):
+        if incident_at is None and (_incident(options.out_dir, started) or _requested(signal)):
             incident_at = time.time()
             _log.info("rank %d: incident seen; py-spy in %.1fs unless it dumps", options.rank,
                       options.deadline.total_seconds())
@@ -170,6 +179,15 @@ def _incident(out_dir: Path, since: float) -> bool:
     return any(_newer(p, since) for p in (out_dir / COLLECTOR_DIR).glob("rank_*.record.json"))
 
 
+def _requested(signal: DumpSignal | None) -> bool:
+    if signal is None:
+        return False
+    try:
+        return signal.receive() is not None
+    except Exception:  # noqa: BLE001 - a store that went away (its host died) is no request
+        return False
+
+
 def default_py_spy() -> tuple[str, ...]:
     """py-spy beside this interpreter (a venv's ``bin/``), else on ``PATH``, else the bare name."""
     beside = Path(sys.executable).parent / "py-spy"
@@ -179,16 +197,17 @@ def default_py_spy() -> tuple[str, ...]:
 
 
 def start_stacks_sidecar(out_dir: Path, rank: int, *, deadline: timedelta = timedelta(seconds=20),
-                         py_spy: Sequence[str] | None = None, log_file: Path | None = None
-                         ) -> subprocess.Popen[bytes]:
+                         py_spy: Sequence[str] | None = None, log_file: Path | None = None,
+                         signal_store: str | None = None) -> subprocess.Popen[bytes]:
     """Start this rank's sidecar (call once, at job start) and allow it to trace this process.
 
-    The caller owns the returned process: it exits by itself when this process ends; terminate it
-    at a clean shutdown.
+    ``signal_store`` (``HOST:PORT``): the TCPStore a :class:`StoreDumpSignal` uses, when the dump
+    folder is not shared. The caller owns the returned process: it exits by itself when this
+    process ends; terminate it at a clean shutdown.
     """
     argv = [sys.executable, "-m", "denpex.collector.pyspy_sidecar", "--out", str(out_dir), "--rank", str(rank),
-            "--pid", str(os.getpid()), "--deadline-s", str(deadline.total_seconds()), "--",
-            *(py_spy or default_py_spy())]
+            "--pid", str(os.getpid()), "--deadline-s", str(deadline.total_seconds()),
+            *(["--signal-store", signal_store] if signal_store else []), "--", *(py_spy or default_py_spy())]
     log = log_file.open("ab") if log_file else subprocess.DEVNULL
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -217,14 +236,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--deadline-s", type=float, default=20.0)
     p.add_argument("--poll-s", type=float, default=0.5)
+    p.add_argument("--signal-store", metavar="HOST:PORT",
+                   help="also watch the job's TCPStore for a dump request (StoreDumpSignal's key)")
     p.add_argument("py_spy", nargs="*", help="the py-spy command (default: beside this Python)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s stacks sidecar rank {args.rank} %(message)s")
     options = SidecarOptions(out_dir=args.out, rank=args.rank, pid=args.pid,
                              deadline=timedelta(seconds=args.deadline_s), poll=timedelta(seconds=args.poll_s),
                              py_spy=tuple(args.py_spy) or default_py_spy())
-    run_sidecar(options)
+    run_sidecar(options, signal=_store_signal(args.signal_store) if args.signal_store else None)
     return 0
+
+
+def _store_signal(address: str) -> StoreDumpSignal:
+    """A client of the job's TCPStore (torch imported only here: the file-watching sidecar needs none)."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    return StoreDumpSignal(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30)))
 
 
 if __name__ == "__main__":

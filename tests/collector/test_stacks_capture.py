@@ -217,3 +217,30 @@ def test_sidecar_exits_with_the_job_and_says_when_the_rank_died_in_an_incident(t
     assert written is not None
     stacks = read_stacks_record(written)
     assert stacks.unavailable is Unavailable.PROCESS_GONE and stacks.threads == []
+
+
+def test_sidecar_without_a_shared_folder_takes_the_request_from_the_job_store(
+        wedged: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """The sidecar's own command line, watching a real TCPStore for StoreDumpSignal's request."""
+    import torch.distributed as dist
+
+    from denpex.collector import DumpRequest, StoreDumpSignal
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    out = tmp_path / "local-only"
+    argv = [sys.executable, "-m", "denpex.collector.pyspy_sidecar", "--out", str(out), "--rank", "4",
+            "--pid", str(wedged.pid), "--deadline-s", "1", "--poll-s", "0.1",
+            "--signal-store", f"127.0.0.1:{store.port}"]
+    sidecar = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)
+        assert sidecar.poll() is None  # no request yet: it waits
+        StoreDumpSignal(store).send(DumpRequest(requested_by="rank 0", reason="stalled",
+                                                requested_at=datetime.now(UTC)))
+        output, _ = sidecar.communicate(timeout=60)
+    finally:
+        sidecar.kill()
+    assert sidecar.returncode == 0, output.decode(errors="replace")
+    stacks = read_stacks_record(stacks_path(out, 4, StackSource.PY_SPY))
+    main = stacks.thread("MainThread")
+    assert main is not None and any(fr.function == "wedge_in_regex" and fr.line == WEDGE_LINE for fr in main.frames)
