@@ -57,7 +57,7 @@ def rank(r: int, frames: list[StackFrame], *, source: StackSource = StackSource.
 
 
 def debug_sample() -> dict[int, RankStacks]:
-    return read_debug_stacks(debug_stacks_files(FIXTURES)[0]).ranks
+    return read_debug_stacks(FIXTURES, debug_stacks_files(FIXTURES)[0]).ranks
 
 
 @pytest.mark.parametrize(("file", "role"), [

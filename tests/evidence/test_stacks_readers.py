@@ -62,7 +62,7 @@ def encode(value: object) -> bytes:
 def test_real_debug_server_file_gives_every_rank_with_its_main_thread() -> None:
     [found] = debug_stacks_files(FIXTURES)
     assert found.taken_at == datetime(2026, 12, 2, 19, 8, 11, tzinfo=UTC)
-    stacks = read_debug_stacks(found)
+    stacks = read_debug_stacks(FIXTURES, found)
     assert sorted(stacks.ranks) == [0, 1, 2, 3]
     assert stacks.notes == []
     rank2 = stacks.ranks[2]
@@ -130,11 +130,11 @@ def test_the_debug_file_nearest_the_dump_time_is_chosen(tmp_path: Path) -> None:
     (tmp_path / "stacks_garbage.txt").write_text("x")
     (tmp_path / "fr_trace_20261202_190800.txt").write_text("x")
     files = debug_stacks_files(tmp_path)
-    assert [f.path.name for f in files] == ["stacks_20261202_190700.txt", "stacks_20261202_190800.txt",
+    assert [f.name for f in files] == ["stacks_20261202_190700.txt", "stacks_20261202_190800.txt",
                                            "stacks_20261202_191500.txt"]
     dump_time = datetime(2026, 12, 2, 19, 8, 30, tzinfo=UTC)
     chosen = nearest_debug_stacks(files, dump_time)
-    assert chosen is not None and chosen.path.name == "stacks_20261202_190800.txt"
+    assert chosen is not None and chosen.name == "stacks_20261202_190800.txt"
     assert nearest_debug_stacks(files, dump_time + timedelta(hours=1)) is None
     assert nearest_debug_stacks([], dump_time) is None
 

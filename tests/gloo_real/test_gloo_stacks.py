@@ -58,7 +58,7 @@ def sleeper_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         files = debug_stacks_files(work / "debug")
         if not files or not (work / "markers" / "hang-2").exists():
             return False
-        ranks = read_debug_stacks(files[-1]).ranks
+        ranks = read_debug_stacks(work / "debug", files[-1]).ranks
         return len(ranks) == 4 and len(group_by_stack(ranks).groups) == 2
 
     # Dumps at 4.5 s, the collective's timeout at 15 s: the hang's files are taken well before it.
@@ -119,7 +119,7 @@ def test_debug_server_stacks_files_are_read_beside_the_dumps(sleeper_job: Path) 
     dumped_at: datetime = read_dump_records(sleeper_job / "hang")[2].dumped_at
     chosen = nearest_debug_stacks(files, dumped_at)
     assert chosen is not None
-    ranks = read_debug_stacks(files[-1]).ranks
+    ranks = read_debug_stacks(sleeper_job / "debug", files[-1]).ranks
     assert all(r.source is StackSource.TORCH_DEBUG for r in ranks.values())
     grouping = group_by_stack(ranks)
     assert [g.ranks for g in grouping.groups] == [[0, 1, 3], [2]]

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.evidence.stacks.model import RankStacks, StackError
 from denpex.evidence.stacks.records import read_collected_stacks
+from denpex.evidence.store import EvidenceStore, open_store
 from denpex.evidence.stacks.torch_debug import debug_stacks_files, nearest_debug_stacks, read_debug_stacks
 
 __all__ = ["StackEvidence", "read_stack_evidence"]
@@ -34,10 +35,12 @@ class StackEvidence(BaseModel):
     """The debug server's file used, if any."""
 
 
-def read_stack_evidence(folder: Path, *, at: datetime | None,
+def read_stack_evidence(location: EvidenceStore | Path, *, at: datetime | None,
                         max_gap: timedelta = timedelta(minutes=5)) -> StackEvidence:
-    """Read ``folder``'s stacks: ``collector/rank_*.stacks.json`` and the ``stacks_<time>.txt``
-    nearest ``at`` (the dump or incident time; the newest when ``at`` is None)."""
+    """Read the stacks of a dump folder or store (``denpex triage``'s PATH, S3 included):
+    ``collector/rank_*.stacks.json`` and the ``stacks_<time>.txt`` nearest ``at`` (the dump or
+    incident time; the newest when ``at`` is None)."""
+    folder = location if not isinstance(location, Path) else open_store(location)
     collected = read_collected_stacks(folder)
     records = list(collected.records)
     refused = dict(collected.refused)
@@ -46,11 +49,11 @@ def read_stack_evidence(folder: Path, *, at: datetime | None,
     chosen = (nearest_debug_stacks(files, at, max_gap) if at is not None else (files[-1] if files else None))
     if chosen is not None:
         try:
-            debug = read_debug_stacks(chosen)
+            debug = read_debug_stacks(folder, chosen)
         except StackError as exc:
-            refused[chosen.path.name] = str(exc)
+            refused[chosen.name] = str(exc)
         else:
             records.extend(debug.ranks.values())
-            notes = [f"{chosen.path.name}: {note}" for note in debug.notes]
+            notes = [f"{chosen.name}: {note}" for note in debug.notes]
     return StackEvidence(records=records, refused=refused, notes=notes,
-                         debug_file=chosen.path.name if chosen else None)
+                         debug_file=chosen.name if chosen else None)

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from denpex.evidence.errors import EvidenceError
 from denpex.evidence.stacks.bounds import load_json, validated
 from denpex.evidence.stacks.model import MAX_BYTES, RankStacks, StackError, StackSource
+from denpex.evidence.store import EvidenceStore, open_store
 
 __all__ = ["CollectedStacks", "STACKS_DIR", "parse_stacks_record", "read_collected_stacks", "read_stacks_record",
            "stacks_file_name"]
@@ -42,24 +44,34 @@ class CollectedStacks(BaseModel):
     """File name -> the reason, one sentence."""
 
 
-def read_collected_stacks(folder: Path) -> CollectedStacks:
-    """Every ``<folder>/collector/rank_<r>[.py-spy].stacks.json``; a file whose record names
-    another rank or source than its name is refused (one rank must not speak for another)."""
+def read_collected_stacks(location: EvidenceStore | Path) -> CollectedStacks:
+    """Every ``collector/rank_<r>[.py-spy].stacks.json`` under ``location`` (a dump folder or any
+    evidence store, S3 included); a file whose record names another rank or source than its name
+    is refused (one rank must not speak for another), as is one over :data:`MAX_BYTES`."""
+    root = location if not isinstance(location, Path) else open_store(location)
     records: list[RankStacks] = []
     refused: dict[str, str] = {}
-    for path in sorted((folder / STACKS_DIR).glob("rank_*.stacks.json")):
-        match = _NAME.fullmatch(path.name)
+    try:
+        folder = open_store(f"{root.uri.rstrip('/')}/{STACKS_DIR}")
+        objects = folder.list()
+    except EvidenceError:
+        return CollectedStacks(records=[], refused={})  # no collector folder: no stacks from it
+    for obj in objects:
+        match = _NAME.fullmatch(obj.name)
         if match is None:
+            continue
+        if obj.size > MAX_BYTES:
+            refused[obj.name] = f"{obj.name} is {obj.size:,} bytes, over the limit of {MAX_BYTES:,}: refused"
             continue
         expected = StackSource.PY_SPY if match.group(2) else StackSource.COLLECTOR
         try:
-            record = read_stacks_record(path)
-        except StackError as exc:
-            refused[path.name] = str(exc)
+            record = parse_stacks_record(folder.read(obj.name, max_bytes=MAX_BYTES), what=obj.name)
+        except EvidenceError as exc:  # StackError, or the store's own (unreadable, grew past the cap)
+            refused[obj.name] = str(exc)
             continue
         if record.rank != int(match.group(1)) or record.source is not expected:
-            refused[path.name] = (f"the record says rank {record.rank}, source {record.source.value}: "
-                                  "not what its name says")
+            refused[obj.name] = (f"the record says rank {record.rank}, source {record.source.value}: "
+                                 "not what its name says")
             continue
         records.append(record)
     return CollectedStacks(records=records, refused=refused)

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from denpex.evidence.errors import EvidenceError
 from denpex.evidence.stacks.bounds import validated
 from denpex.evidence.stacks.model import (
     MAX_BYTES,
@@ -43,6 +44,7 @@ from denpex.evidence.stacks.model import (
     Unavailable,
     clean_text,
 )
+from denpex.evidence.store import EvidenceStore, open_store
 
 __all__ = ["DEBUG_FILE_MAX_BYTES", "DebugStacks", "DebugStacksFile", "debug_stacks_files",
            "nearest_debug_stacks", "parse_debug_stacks", "read_debug_stacks"]
@@ -60,11 +62,12 @@ _ENTRY_FUNCTIONS = {"<module>", "_run_module_as_main"}
 
 
 class DebugStacksFile(BaseModel):
-    """One ``stacks_<time>.txt`` in a folder, and the time its name gives."""
+    """One ``stacks_<time>.txt`` in a folder or store, and the time its name gives."""
 
     model_config = ConfigDict(frozen=True)
 
-    path: Path
+    name: str
+    size: int
     taken_at: datetime
 
 
@@ -78,17 +81,23 @@ class DebugStacks(BaseModel):
     notes: list[str] = Field(default_factory=list, max_length=MAX_NOTES)
 
 
-def debug_stacks_files(folder: Path, *, tz: tzinfo = UTC) -> list[DebugStacksFile]:
-    """The debug server's stacks files directly in ``folder``, oldest first.
+def debug_stacks_files(location: EvidenceStore | Path, *, tz: tzinfo = UTC) -> list[DebugStacksFile]:
+    """The debug server's stacks files directly in ``location`` (a folder or store), oldest first.
 
     ``tz`` is the time zone of rank 0's host (the name holds its local time; clusters run UTC).
+    A location that cannot be listed has none.
     """
+    store = location if not isinstance(location, Path) else open_store(location)
+    try:
+        objects = store.list()
+    except EvidenceError:
+        return []
     found = []
-    for path in folder.glob("stacks_*.txt"):
-        taken_at = debug_stacks_time(path.name, tz=tz)
-        if taken_at is not None and path.is_file():
-            found.append(DebugStacksFile(path=path, taken_at=taken_at))
-    return sorted(found, key=lambda f: (f.taken_at, f.path.name))
+    for obj in objects:
+        taken_at = debug_stacks_time(obj.name, tz=tz)
+        if taken_at is not None:
+            found.append(DebugStacksFile(name=obj.name, size=obj.size, taken_at=taken_at))
+    return sorted(found, key=lambda f: (f.taken_at, f.name))
 
 
 def debug_stacks_time(name: str, *, tz: tzinfo = UTC) -> datetime | None:
@@ -113,14 +122,16 @@ def nearest_debug_stacks(files: list[DebugStacksFile], at: datetime,
     return best if best is not None and abs(best.taken_at - at) <= max_gap else None
 
 
-def read_debug_stacks(file: DebugStacksFile) -> DebugStacks:
-    """:func:`parse_debug_stacks` of ``file``, reading no more than the limit allows."""
+def read_debug_stacks(location: EvidenceStore | Path, file: DebugStacksFile) -> DebugStacks:
+    """:func:`parse_debug_stacks` of ``file`` in ``location``, never reading past the limit."""
+    if file.size > DEBUG_FILE_MAX_BYTES:
+        raise StackError(f"{file.name} is {file.size:,} bytes, over the limit of {DEBUG_FILE_MAX_BYTES:,}: refused")
+    store = location if not isinstance(location, Path) else open_store(location)
     try:
-        with file.path.open("rb") as fh:
-            data = fh.read(DEBUG_FILE_MAX_BYTES + 1)
-    except OSError as exc:
-        raise StackError(f"{file.path.name}: cannot be read ({exc.strerror or exc})") from exc
-    return parse_debug_stacks(data, taken_at=file.taken_at, what=file.path.name)
+        data = store.read(file.name, max_bytes=DEBUG_FILE_MAX_BYTES)
+    except EvidenceError as exc:
+        raise StackError(f"{file.name}: cannot be read ({exc})") from exc
+    return parse_debug_stacks(data, taken_at=file.taken_at, what=file.name)
 
 
 def parse_debug_stacks(data: bytes, *, taken_at: datetime | None = None,
