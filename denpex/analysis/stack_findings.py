@@ -2,8 +2,9 @@
 
 The wiring into :mod:`denpex.analysis.triage` is meant to be a few lines::
 
-    evidence = read_stack_evidence(folder, at=as_of)
-    found = stack_findings(evidence.records, stuck_groups={"0": [0, 1, 2, 3]},
+    evidence = read_stack_evidence(store, at=as_of)             # the triage's PATH, S3 included
+    callsites = read_fr_callsites(candidate_refs, group_name="0", seq_id=16, max_bytes=cap)
+    found = stack_findings([*evidence.records, *callsites.records], stuck_groups={"0": [0, 1, 2, 3]},
                            candidates=[c.rank for c in candidates])
     # each candidate:   "stack": found.candidate_stacks.get(rank)   (CandidateStack | None)
     # the object:       "stack_groups": found.stack_groups

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from denpex.evidence.discovery import DumpRef
 from denpex.evidence.safe_pickle import safe_loads
 from denpex.evidence.stacks import (
     MAX_BYTES,
@@ -34,6 +35,7 @@ from denpex.evidence.stacks import (
     parse_stacks_record,
     read_collected_stacks,
     read_debug_stacks,
+    read_fr_callsites,
     stacks_file_name,
 )
 
@@ -286,3 +288,18 @@ def test_hostile_fr_frames_are_refused(frames: list[object], message: str) -> No
     with pytest.raises(StackError, match=message):
         fr_callsite_stacks(raw, rank=0, group_name="0", seq_id=1)
 
+
+
+def test_call_sites_read_from_a_folder_s_dumps_for_a_few_ranks(tmp_path: Path) -> None:
+    """Rank 0's pickle (the committed real Gloo run) gives its call site; a JSON dump, a hostile
+    pickle and a missing file give none, each with its reason, and nothing in the pickle runs."""
+    (tmp_path / "rank_1.pkl").write_bytes(b"\x80\x02cos\nsystem\n")  # a hostile pickle stands in for a rank
+    refs = [DumpRef(store_uri=str(GLOO), name="rank_0.pkl", rank=0, size=0),
+            DumpRef(store_uri=str(GLOO), name="rank_0.json", rank=5, size=0),
+            DumpRef(store_uri=str(tmp_path), name="rank_1.pkl", rank=1, size=0),
+            DumpRef(store_uri=str(tmp_path), name="rank_9.pkl", rank=9, size=0)]
+    found = read_fr_callsites(refs, group_name="3", seq_id=3, max_bytes=64 << 20)
+    assert [(r.rank, r.threads[0].frames[2].function) for r in found.records] == [(0, "step")]
+    assert "JSON dumps carry none" in found.missing[5]
+    assert "os.system" in found.missing[1] and "nothing in it ran" in found.missing[1]
+    assert sorted(found.missing) == [1, 5, 9]

@@ -10,7 +10,7 @@
 """
 
 from denpex.evidence.stacks.folder import StackEvidence, read_stack_evidence
-from denpex.evidence.stacks.fr_callsite import entry_callsite, fr_callsite_stacks
+from denpex.evidence.stacks.fr_callsite import FrCallsites, entry_callsite, fr_callsite_stacks, read_fr_callsites
 from denpex.evidence.stacks.model import (
     FORMAT,
     MAX_BYTES,
@@ -52,6 +52,7 @@ __all__ = [
     "CollectedStacks",
     "DebugStacks",
     "DebugStacksFile",
+    "FrCallsites",
     "RankStacks",
     "StackEvidence",
     "StackError",
@@ -68,6 +69,7 @@ __all__ = [
     "parse_stacks_record",
     "read_collected_stacks",
     "read_debug_stacks",
+    "read_fr_callsites",
     "read_stack_evidence",
     "read_stacks_record",
     "stacks_file_name",

@@ -17,14 +17,54 @@ where the rank *entered* the op it waits in, not where it is now.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from denpex.evidence.errors import EvidenceError
+from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.stacks.bounds import validated
 from denpex.evidence.stacks.model import RankStacks, StackError, StackSource
+from denpex.evidence.store import open_store
 
-__all__ = ["entry_callsite", "fr_callsite_stacks"]
+if TYPE_CHECKING:  # discovery imports the analysis models; the collector imports this package
+    from denpex.evidence.discovery import DumpRef
+
+__all__ = ["FrCallsites", "entry_callsite", "fr_callsite_stacks", "read_fr_callsites"]
+
+
+class FrCallsites(BaseModel):
+    """The call sites read from some ranks' dumps, and why the others gave none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    records: list[RankStacks] = Field(default_factory=list)
+    missing: dict[int, str] = Field(default_factory=dict)
+    """Rank -> why: no entry for the op (it never called it), a JSON dump (no frames), unreadable."""
+
+
+def read_fr_callsites(refs: Iterable[DumpRef], *, group_name: str, seq_id: int, p2p: bool = False,
+                      max_bytes: int) -> FrCallsites:
+    """The call site of one op in each of ``refs``' dumps (a few ranks: the candidates and some
+    peers; the triage's own pass keeps no frames, so these dumps are decoded once more, with the
+    same safe decoder and budgets)."""
+    records: list[RankStacks] = []
+    missing: dict[int, str] = {}
+    for ref in refs:
+        try:
+            decoded = decode_dump(open_store(ref.store_uri).read(ref.name, max_bytes=max_bytes), source=ref.name)
+            stacks = fr_callsite_stacks(decoded.raw, rank=ref.rank, group_name=group_name, seq_id=seq_id, p2p=p2p)
+        except EvidenceError as exc:  # DumpError, StackError
+            missing[ref.rank] = f"{ref.name}: {exc}"
+            continue
+        if stacks is None:
+            missing[ref.rank] = (f"{ref.name}: no entry of this op with frames (JSON dumps carry none; a rank "
+                                 "that never called the op has no entry)")
+        else:
+            records.append(stacks)
+    return FrCallsites(records=records, missing=missing)
 
 
 def fr_callsite_stacks(raw_dump: Mapping[str, Any], *, rank: int, group_name: str, seq_id: int,
