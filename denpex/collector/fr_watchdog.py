@@ -20,7 +20,8 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
   enqueued at its dump. Without that, its dump would say "behind" for good.
 
 Files (see :mod:`denpex.collector.layout`): ``<out>/rank_<global rank>.pkl`` and ``.json``,
-and a :class:`~denpex.collector.dump_record.DumpRecord` per rank under ``<out>/collector/``, which
+a :class:`~denpex.collector.dump_record.DumpRecord` and the rank's Python stacks
+(:mod:`denpex.collector.stacks`) per rank under ``<out>/collector/``; the record
 :func:`~denpex.collector.dump_record.rank_identities` turns into the manifest's ``ranks``.
 
 Usage, in every rank after ``init_process_group``::
@@ -57,6 +58,7 @@ from denpex.collector.flight_recorder import (
 from denpex.collector.job_identity import JobIdentity, read_job_identity
 from denpex.collector.layout import dump_path, record_path, request_path, write_atomic
 from denpex.collector.moved_past import MovedPast
+from denpex.collector.stacks import write_rank_stacks
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
 
 __all__ = ["HangDumper"]
@@ -211,6 +213,7 @@ class HangDumper:
             path = dump_path(self.out_dir, self.rank, fmt)
             write_atomic(path, data)
             files.append(path.name)
+        write_rank_stacks(self.out_dir, self.rank, taken_at=dumped_at)  # where each thread is; never raises
         job = self._identity()
         record = DumpRecord(rank=self.rank, host=self.host, local_rank=self.local_rank,
                             pid=os.getpid(), dumped_at=dumped_at, trigger=trigger,

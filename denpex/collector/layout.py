@@ -3,6 +3,9 @@
     <out>/rank_<global rank>.pkl          FR pickle, with stack traces
     <out>/rank_<global rank>.json         FR JSON
     <out>/collector/rank_<r>.record.json  who dumped, where, when and why (DumpRecord)
+    <out>/collector/rank_<r>.stacks.json  every Python thread's stack at the dump (RankStacks)
+    <out>/collector/rank_<r>.py-spy.stacks.json  the same read by py-spy from outside, written by
+                                          the stacks sidecar when the rank missed its dump
     <out>/collector/dump-request.json     the shared request (FileDumpSignal)
 
 Evidence readers list only the files directly in ``<out>``, so ``collector/`` never looks like a
@@ -16,10 +19,12 @@ from pathlib import Path
 
 from denpex.collector.flight_recorder import DumpFormat
 from denpex.evidence.files import temporary_name, write_atomic
+from denpex.evidence.stacks import STACKS_DIR, StackSource, stacks_file_name
 
-__all__ = ["COLLECTOR_DIR", "dump_path", "record_path", "request_path", "write_atomic", "write_exclusive"]
+__all__ = ["COLLECTOR_DIR", "dump_path", "record_path", "request_path", "stacks_path", "write_atomic",
+           "write_exclusive"]
 
-COLLECTOR_DIR = "collector"
+COLLECTOR_DIR = STACKS_DIR
 REQUEST_NAME = "dump-request.json"
 
 
@@ -31,6 +36,11 @@ def dump_path(out_dir: Path, rank: int, fmt: DumpFormat) -> Path:
 def record_path(out_dir: Path, rank: int) -> Path:
     """``<out>/collector/rank_<rank>.record.json``."""
     return out_dir / COLLECTOR_DIR / f"rank_{rank}.record.json"
+
+
+def stacks_path(out_dir: Path, rank: int, source: StackSource = StackSource.COLLECTOR) -> Path:
+    """``<out>/collector/rank_<rank>.stacks.json``, or ``.py-spy.stacks.json`` for the sidecar's."""
+    return out_dir / COLLECTOR_DIR / stacks_file_name(rank, source)
 
 
 def request_path(out_dir: Path) -> Path:

@@ -1,0 +1,163 @@
+"""Stacks from real Gloo jobs (issue 19): the collector's own, torch's debug server's, FR's call
+sites, and py-spy's for a rank whose interpreter is wedged.
+
+Job 1, 4 ranks (testkit.generators.stacks_worker): ranks 0, 1, 3 wait in an all_reduce that
+rank 2 never joins, since it sleeps inside ``sleep_in_data_loader``; every rank runs the
+product's HangDumper, and torch's debug server writes ``stacks_<time>.txt`` every second.
+Job 2, 2 ranks: rank 0 waits in the all_reduce, rank 1 holds the GIL in a backtracking regex
+inside ``wedge_in_regex``; its dumper can never run, and its py-spy sidecar reads it from outside.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from denpex.analysis.stack_groups import best_stacks, candidate_stack, group_by_stack, stack_outliers
+from denpex.collector import read_dump_records
+from denpex.collector.layout import stacks_path
+from denpex.evidence.safe_pickle import safe_loads
+from denpex.evidence.stacks import (
+    StackSource,
+    debug_stacks_files,
+    fr_callsite_stacks,
+    nearest_debug_stacks,
+    read_collected_stacks,
+    read_debug_stacks,
+)
+from testkit.generators import stacks_worker
+from testkit.generators.stacks_job import StacksJob
+
+pytestmark = [pytest.mark.timeout(300)]
+
+WORKER_FILE = Path(stacks_worker.__file__).name
+
+
+def line_of(function: Callable[..., object], statement: str) -> int:
+    """The line number of ``statement`` inside ``function``'s source."""
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, text in enumerate(lines) if statement in text)
+
+
+ALL_REDUCE_LINE = line_of(stacks_worker.step, "dist.all_reduce(tensor)")
+SLEEP_LINE = line_of(stacks_worker.sleep_in_data_loader, "time.sleep(seconds)")
+REGEX_LINE = line_of(stacks_worker.wedge_in_regex, "re.match(")
+
+
+@pytest.fixture(scope="module")
+def sleeper_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Job 1's files, once every rank dumped and the debug server wrote the hang."""
+    work = tmp_path_factory.mktemp("sleeper")
+
+    def debug_file_shows_the_hang() -> bool:
+        files = debug_stacks_files(work / "debug")
+        if not files or not (work / "markers" / "hang-2").exists():
+            return False
+        ranks = read_debug_stacks(work / "debug", files[-1]).ranks
+        return len(ranks) == 4 and len(group_by_stack(ranks).groups) == 2
+
+    # Dumps at 4.5 s, the collective's timeout at 15 s: the hang's files are taken well before it.
+    with StacksJob(work, ["collective", "collective", "sleep", "collective"], timeout_s=15, trigger_fraction=0.3,
+                   debug_server=True) as job:
+        job.wait_for(lambda: len(job.records()) == 4, timeout_s=150, what="every rank's dump")
+        job.snapshot(work / "hang")
+        job.wait_for(debug_file_shows_the_hang, timeout_s=60, what="a debug-server file showing the hang")
+    yield work
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_collector_stacks_group_the_peers_and_name_the_sleeper(sleeper_job: Path) -> None:
+    found = read_collected_stacks(sleeper_job / "hang")
+    assert found.refused == {}
+    assert sorted(r.rank for r in found.records) == [0, 1, 2, 3]
+    assert all(r.source is StackSource.COLLECTOR for r in found.records)
+    grouping = group_by_stack(best_stacks(found.records))
+    assert [g.ranks for g in grouping.groups] == [[0, 1, 3], [2]]
+    peers, sleeper = grouping.groups
+    assert peers.collective == "all_reduce"
+    call_site = peers.frames[1]
+    assert (Path(call_site.file).name, call_site.line, call_site.function) == (WORKER_FILE, ALL_REDUCE_LINE, "step")
+    assert peers.summary == f"`all_reduce` from `{WORKER_FILE}:{ALL_REDUCE_LINE} step()`"
+    assert sleeper.summary == f"in `{WORKER_FILE}:{SLEEP_LINE} sleep_in_data_loader()`"
+
+    [outlier] = stack_outliers(grouping, [0, 1, 2, 3])
+    assert outlier.rank == 2 and outlier.majority.ranks == [0, 1, 3]
+    stack = candidate_stack(best_stacks(found.records)[2])
+    assert stack is not None and stack.source is StackSource.COLLECTOR and stack.thread == "MainThread"
+    assert (stack.frames[0].function, stack.frames[0].line) == ("sleep_in_data_loader", SLEEP_LINE)
+
+
+def test_collector_stacks_are_taken_at_the_dump(sleeper_job: Path) -> None:
+    records = read_dump_records(sleeper_job / "hang")
+    for rank, record in records.items():
+        stacks = read_collected_stacks(sleeper_job / "hang").records[rank]
+        assert stacks.taken_at == record.dumped_at and stacks.pid == record.pid
+        assert stacks.thread(f"denpex-hang-dumper-{rank}") is not None  # the dumper's own thread, listed
+    assert stacks_path(sleeper_job / "hang", 2).name == "rank_2.stacks.json"
+
+
+def test_fr_call_sites_of_the_stuck_all_reduce(sleeper_job: Path) -> None:
+    dumps = {r: safe_loads((sleeper_job / "hang" / f"rank_{r}.pkl").read_bytes()) for r in range(4)}
+    stuck = dumps[0]["entries"][-1]
+    assert stuck["retired"] is False
+    group, seq = stuck["process_group"][0], stuck["collective_seq_id"]
+    for rank in (0, 1, 3):
+        stacks = fr_callsite_stacks(dumps[rank], rank=rank, group_name=group, seq_id=seq)
+        assert stacks is not None and stacks.source is StackSource.FR_CALLSITE
+        stack = candidate_stack(stacks)
+        assert stack is not None and stack.summary == f"`all_reduce` from `{WORKER_FILE}:{ALL_REDUCE_LINE} step()`"
+    assert fr_callsite_stacks(dumps[2], rank=2, group_name=group, seq_id=seq) is None  # it never called it
+
+
+def test_debug_server_stacks_files_are_read_beside_the_dumps(sleeper_job: Path) -> None:
+    files = debug_stacks_files(sleeper_job / "debug")
+    dumped_at: datetime = read_dump_records(sleeper_job / "hang")[2].dumped_at
+    chosen = nearest_debug_stacks(files, dumped_at)
+    assert chosen is not None
+    ranks = read_debug_stacks(sleeper_job / "debug", files[-1]).ranks
+    assert all(r.source is StackSource.TORCH_DEBUG for r in ranks.values())
+    grouping = group_by_stack(ranks)
+    assert [g.ranks for g in grouping.groups] == [[0, 1, 3], [2]]
+    assert grouping.groups[1].summary == f"in `{WORKER_FILE}:{SLEEP_LINE} sleep_in_data_loader()`"
+    assert [o.rank for o in stack_outliers(grouping, range(4))] == [2]
+
+
+@pytest.fixture(scope="module")
+def wedged_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Job 2's files, once rank 0 dumped and rank 1's sidecar wrote py-spy's stacks."""
+    work = tmp_path_factory.mktemp("wedged")
+    with StacksJob(work, ["collective", "regex"], timeout_s=15, trigger_fraction=0.3, sidecar_deadline_s=2.0) as job:
+        job.wait_for(lambda: stacks_path(work / "collected", 1, StackSource.PY_SPY).exists()
+                     and stacks_path(work / "collected", 0).exists(), timeout_s=150, what="rank 1's py-spy stacks")
+        job.snapshot(work / "hang")
+        (work / "rank-1-alive").write_text(str(job.procs[1].poll() is None))
+    yield work
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_rank_wedged_in_c_code_gets_its_stack_from_py_spy(wedged_job: Path) -> None:
+    collected = wedged_job / "hang"
+    # Its own dumper wrote nothing: no dump, no record, no stacks of its own.
+    assert not (collected / "rank_1.pkl").exists()
+    assert 1 not in read_dump_records(collected)
+    assert not stacks_path(collected, 1).exists()
+    assert (wedged_job / "rank-1-alive").read_text() == "True"
+
+    found = read_collected_stacks(collected)
+    assert found.refused == {}
+    best = best_stacks(found.records)
+    assert {r: s.source for r, s in best.items()} == {0: StackSource.COLLECTOR, 1: StackSource.PY_SPY}
+    stack = candidate_stack(best[1])
+    assert stack is not None and stack.thread == "MainThread"
+    assert stack.summary == f"`re.match` in `{WORKER_FILE}:{REGEX_LINE} wedge_in_regex()`"
+    main = best[1].thread("MainThread")
+    assert main is not None and main.holds_gil is True
+
+    grouping = group_by_stack(best)
+    [outlier] = stack_outliers(grouping, [0, 1])
+    assert outlier.rank == 1 and outlier.majority.collective == "all_reduce"
