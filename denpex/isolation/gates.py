@@ -24,6 +24,7 @@ from denpex.analysis.models import (
     CandidateHardware,
     CandidateKind,
     HardwareBearing,
+    Membership,
     TriageResult,
     Verdict,
 )
@@ -232,6 +233,14 @@ def evidence_gate(
     blocked: list[BlockedNode] = list(guesses)
     for candidate in candidates:
         host = _host_of(candidate, manifest)
+        if candidate.membership is Membership.INFERRED:
+            # Without a manifest, a rank is only guessed to be in the group it is blamed for:
+            # a hardware signal on its node does not make the guess a fact.
+            blocked.append(BlockedNode(
+                gate=Gate.EVIDENCE, node=host,
+                message=f"rank {candidate.rank}: its membership of the stuck group is a guess (no "
+                        "manifest names the group's members); no node is isolated on a guess"))
+            continue
         if host is None:
             blocked.append(BlockedNode(
                 gate=Gate.UNKNOWN_NODE,

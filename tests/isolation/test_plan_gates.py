@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from denpex.analysis.models import CandidateKind, HardwareBearing, Verdict
+from denpex.analysis.models import CandidateKind, HardwareBearing, Membership, Verdict
 from denpex.evidence.manifest import JobManifest
 from denpex.isolation.breaker import BreakerState
 from denpex.isolation.plan import Gate, IsolationPlan, NodeAction, load_plan, save_plan
@@ -82,6 +82,9 @@ def test_kubernetes_plan_cordons_and_taints() -> None:
                      Gate.EVIDENCE, "program bug", id="mismatch-never"),
         pytest.param(killed_process(hardware=[signal()], host=None), Gate.UNKNOWN_NODE, "no host is known",
                      id="no-host"),
+        pytest.param(result_with(Verdict.INCOMPLETE, [candidate(1, hardware=[signal()]).model_copy(
+                         update={"membership": Membership.INFERRED})]),
+                     Gate.EVIDENCE, "membership of the stuck group is a guess", id="inferred-member-with-xid"),
     ],
 )
 def test_evidence_gates_block_with_a_reason(result, gate: Gate, needle: str) -> None:
