@@ -19,6 +19,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_UI_URL
 from pydantic import ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
@@ -151,12 +152,10 @@ def webhook_url() -> str | None:
 
 
 def report_url(key_prefix: str) -> str | None:
-    """The UI's page of this run's report artifact (the latest under its key), from the run's own
-    UI address; None outside a run or without a UI address."""
-    here = flow_run.ui_url
-    if not here or "/runs/flow-run/" not in here:
-        return None
-    return f"{here.split('/runs/flow-run/')[0]}/artifacts/key/{key_prefix}-report"
+    """The UI's page of the report artifact (the latest under its key); None without a UI address
+    (``PREFECT_UI_URL``, which Prefect derives from the API's address)."""
+    base = PREFECT_UI_URL.value()
+    return f"{str(base).rstrip('/')}/artifacts/key/{key_prefix}-report" if base else None
 
 
 def form_description(report: TriageReport, result: TriageResult, plan: IsolationPlan, charts: list[Chart], *,

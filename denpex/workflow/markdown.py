@@ -53,7 +53,7 @@ def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, p
         - **Why:** rank 3 waits in process group '2' ...: rank 2 never enqueued it
         - **Hardware:** Xid 79 (GPU has fallen off the bus) ... consistent with a hardware fault
         - **Who may approve:** alice, carol, each with their authenticator code
-        - **Plan** `7db66f1cdeb4` (the form carries the full hash) · [full report](URL)
+        - **Plan:** `7db66f1cdeb4` (the form carries the full hash) · [full report](URL)
     """
     lines = [f"**Incident {inline(incident_id)} on {inline(cluster)}: {report.verdict.value}**", ""]
     lines.append("- **Proposed:** " + ", ".join(f"`{a.action.value}` **{inline(a.node)}**" for a in plan.actions))
@@ -75,7 +75,7 @@ def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, p
         who = "nobody: the runbook names no approver for this tenant and cluster, so every answer is refused"
     lines.append(f"- **Who may approve:** {who}")
     link = f" · [full report]({report_link})" if report_link else " · full report: the run's Artifacts tab"
-    lines.append(f"- **Plan** `{plan.content_hash()[:12]}` (the form carries the full hash){link}")
+    lines.append(f"- **Plan:** `{plan.content_hash()[:12]}` (the form carries the full hash){link}")
     if charts:
         lines += ["", charts]
     return "\n".join(lines) + "\n"
