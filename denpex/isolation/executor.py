@@ -234,7 +234,8 @@ class Executor:
         if operation is Operation.ISOLATE:
             report.notes += hung_job_notes(plan.hung_job, [(n.node, n.state_after, n.running_jobs)
                                                            for n in report.nodes],
-                                           scheduler=plan.scheduler, plan_hash=report.plan_hash)
+                                           scheduler=plan.scheduler, plan_hash=report.plan_hash,
+                                           incident_id=plan.incident_id)
 
     def _copy_audit(self, plan: IsolationPlan, report: ExecutionReport) -> None:
         """Extend the cluster's copy, then the incident's. A failed copy is a warning, not a failed

@@ -7,8 +7,9 @@ the job still runs on a node the run isolated::
     -> "job 1234 still runs on gpu-node-002 (MIXED+DRAIN) and, hung, never ends: ..."
     job 1234, nodes [gpu-node-002 IDLE+DRAIN running ()]  -> no note
 
-Worded for whoever reads it (the Prefect UI's operator as much as the CLI's): restarting the job
-elsewhere is the operation ``requeue``, which needs an approval of its own, never a flag.
+Worded for the Prefect UI's operator: restarting the job elsewhere is the operation ``requeue``,
+approved on its own through the same pause and form (the ``requeue-hung-job`` deployment), not a
+command-line flag.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from collections.abc import Sequence
 from denpex.isolation.plan import HungJob
 from denpex.isolation.policy import Scheduler
 
-__all__ = ["hung_job_notes", "runs_the_job"]
+__all__ = ["hung_job_notes", "runs_the_job", "REQUEUE_DEPLOYMENT"]
+
+# The deployment that asks for the requeue's approval (flows/requeue.py serves it under this name).
+REQUEUE_DEPLOYMENT = "requeue-hung-job"
 
 
 def runs_the_job(job: HungJob, running: Sequence[str], scheduler: Scheduler) -> bool:
@@ -31,7 +35,7 @@ def runs_the_job(job: HungJob, running: Sequence[str], scheduler: Scheduler) -> 
 
 
 def hung_job_notes(job: HungJob | None, nodes: Sequence[tuple[str, str, Sequence[str]]], *,
-                   scheduler: Scheduler, plan_hash: str) -> list[str]:
+                   scheduler: Scheduler, plan_hash: str, incident_id: str) -> list[str]:
     """One note when the hung job still runs on any of ``nodes`` ((name, state, running jobs) after
     the run), else none."""
     if job is None:
@@ -46,4 +50,5 @@ def hung_job_notes(job: HungJob | None, nodes: Sequence[tuple[str, str, Sequence
             if scheduler is Scheduler.SLURM else "its pods keep the cordoned node busy and training stays down")
     return [f"job {job.job_id} still runs on {where} and, hung, never ends: {wait}. Restarting it without "
             f"{names} is a separate operation, requeue, which needs a separate approval of plan "
-            f"{plan_hash[:12]}: ask an approver for it the way this isolation was approved."]
+            f"{plan_hash[:12]}: start the {REQUEUE_DEPLOYMENT} deployment for incident {incident_id} in the "
+            "Prefect UI; it pauses for that approval with the same form as the isolation."]

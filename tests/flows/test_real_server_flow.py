@@ -193,10 +193,8 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             # The description box: nothing in it scrolls sideways.
             box = images.first.evaluate(
                 "e => { let p = e.parentElement; while (p && !['auto', 'scroll'].includes(getComputedStyle(p).overflowY))"
-                " p = p.parentElement; return {width: p.clientWidth, height: p.clientHeight, scroll: p.scrollWidth,"
-                " dialog: p.closest('[role=dialog]').getBoundingClientRect().width} }")
-            print(f"dialog {box['dialog']:.0f} px wide; description box {box['width']}x{box['height']} px, "
-                  f"content {box['scroll']} px wide")
+                " p = p.parentElement; return {width: p.clientWidth, height: p.clientHeight, scroll: p.scrollWidth} }")
+            print(f"description box {box['width']}x{box['height']} px, content {box['scroll']} px wide")
             assert box["scroll"] <= box["width"], box
             shown = [images.nth(i).evaluate("e => e.getBoundingClientRect().width") for i in range(images.count())]
             assert all(w <= box["width"] for w in shown), shown
@@ -233,17 +231,20 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             def pick(label: str, choose: Callable[[list[str]], str]) -> str:
                 field(label).locator(".p-select-button__control").click()
                 page.keyboard.press("ArrowDown")
-                options = page.get_by_role("option").all_inner_texts()
-                chosen = choose([o.strip() for o in options])
-                page.get_by_role("option", name=chosen, exact=True).click()
+                visible = page.locator("[role=option]:visible")  # this select's list, not one closed before
+                visible.first.wait_for()
+                options = [o.strip() for o in visible.all_inner_texts()]
+                chosen = choose(options)
+                visible.filter(has_text=chosen).first.click()
+                print(f"{label}: chose {chosen!r} among {options}")
                 return chosen
 
             # The decision: the choice its description names first ("approve or reject ...").
-            decision = pick(titles_of(schema, "decision"), lambda options: next(
-                o for o in options if description(titles_of(schema, "decision")).startswith(o)))
+            decision = pick(titles_of(schema, "decision"), lambda options: [
+                o for o in options if description(titles_of(schema, "decision")).startswith(o)][0])
             # The approver: one whom the dialog names as allowed, among the form's choices.
             allowed = {n.strip() for n in brief["Who may approve"].split(",")}
-            approver = pick(titles_of(schema, "approver"), lambda options: next(o for o in options if o in allowed))
+            approver = pick(titles_of(schema, "approver"), lambda options: [o for o in options if o in allowed][0])
             assert approver in description(titles_of(schema, "approver"))
             # Pre-filled: the plan's hash (the dialog shows its start) and the proposed node.
             hash_box = field(titles_of(schema, "plan_hash")).locator("textarea")
@@ -264,7 +265,10 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             # The full report a link away shows every stuck group's chart.
             page.goto(report_link)
             report_images = page.locator("img")
-            report_images.first.wait_for()
+            try:
+                report_images.first.wait_for(timeout=90_000)
+            finally:
+                page.screenshot(path=str(shots / "report-page.png"))
             page.wait_for_function("() => [...document.querySelectorAll('img')].filter(i => i.src.startsWith('data:'))"
                                    ".every(i => i.complete && i.naturalWidth > 0)")
             charts = [i for i in range(report_images.count())

@@ -20,12 +20,16 @@ JOB = HungJob(job_id="train-7", exclude_nodes=("gpu-node-002",), message="plan's
 ], ids=["slurm-running", "slurm-idle", "slurm-other-job", "k8s-pod-of-job", "k8s-other-pods"])
 def test_the_note_appears_only_while_the_job_runs_on_an_isolated_node(scheduler: Scheduler,
                                                                       running: tuple[str, ...], noted: bool) -> None:
-    notes = hung_job_notes(JOB, [("gpu-node-002", "MIXED+DRAIN", running)], scheduler=scheduler, plan_hash="ab" * 32)
+    notes = hung_job_notes(JOB, [("gpu-node-002", "MIXED+DRAIN", running)], scheduler=scheduler, plan_hash="ab" * 32,
+                           incident_id="inc-1")
     assert bool(notes) is noted
     if noted:
         assert "gpu-node-002 (MIXED+DRAIN)" in notes[0] and "abababababab" in notes[0] and "--" not in notes[0]
+        assert "start the requeue-hung-job deployment for incident inc-1 in the Prefect UI" in notes[0]
 
 
 def test_no_note_for_a_node_the_job_does_not_exclude_or_without_a_hung_job() -> None:
-    assert hung_job_notes(JOB, [("gpu-node-009", "MIXED", ("train-7",))], scheduler=Scheduler.SLURM, plan_hash="0") == []
-    assert hung_job_notes(None, [("gpu-node-002", "MIXED", ("train-7",))], scheduler=Scheduler.SLURM, plan_hash="0") == []
+    assert hung_job_notes(JOB, [("gpu-node-009", "MIXED", ("train-7",))], scheduler=Scheduler.SLURM, plan_hash="0",
+                          incident_id="i") == []
+    assert hung_job_notes(None, [("gpu-node-002", "MIXED", ("train-7",))], scheduler=Scheduler.SLURM, plan_hash="0",
+                          incident_id="i") == []
