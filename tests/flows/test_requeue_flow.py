@@ -5,6 +5,7 @@ on the node there is no such note: ``test_triage_flow.test_alert_event_to_drain_
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 from uuid import UUID
@@ -55,8 +56,10 @@ def test_the_hung_job_note_leads_to_the_requeue_deployment(flow_rig: FlowRig, la
 
     incident = "inc-hung-job"
     job = hung_job_on(lab, CULPRIT_NODE)
+    # The manifest names the job (its id wins over the alert's): here the Slurm job that hung.
+    manifest = {**json.loads(manifest_with_gpus(SCENARIO)), "job_id": job}
     evidence = upload(flow_rig.s3_endpoint, incident, SCENARIO,
-                      extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
+                      extra={"manifest.json": json.dumps(manifest).encode(), "kernel.log": xid79_log()})
     run_id = start_manual(alert(incident, evidence, job_id=job))
     assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
     answer(run_id, flow_rig, incident, approver="alice")
