@@ -184,7 +184,8 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             page.get_by_role("button", name="Resume", exact=True).click()
             dialog = page.get_by_role("dialog")
             expect(dialog.get_by_text("Resume Flow Run")).to_be_visible()
-            # The essentials first, as short lines (item 2).
+            # The essentials first, as short lines (item 2); the description renders after the title.
+            dialog.get_by_text("Who may approve:").wait_for(state="attached")
             brief = {line.split(":", 1)[0].strip("- "): line.split(":", 1)[1].strip()
                      for line in dialog.get_by_role("listitem").all_inner_texts() if ":" in line}
             assert {"Proposed", "Culprit", "Why", "Hardware", "Who may approve", "Plan"} <= set(brief), brief
@@ -288,7 +289,9 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
     assert len(charts) == 1 + len(report["stuck"])  # the overview and one chart per stuck group
     # Beside the form: the overview and one group chart, and a line naming where the rest are.
     assert beside_form == 2 and (len(report["stuck"]) > 1) is (rest == 1)
-    assert sorted(p.name for p in shots.glob("*.png")) >= ["completed-run.png", "form-filled.png", "paused-run.png"]
+    saved = {p.name for p in shots.glob("*.png")}
+    assert {"paused-run.png", "form-brief.png", "form-filled.png", "completed-run.png", "report.png"} <= saved
+    assert len([n for n in saved if "chart" in n]) == beside_form + len(charts)
 
     # Whoever saw carol's code (over her shoulder, in the run's stored input) cannot use it again.
     plan = saved_plan(pg_rig.flows.state_dir, replay)
