@@ -178,6 +178,8 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             page.goto(f"{ui}/runs")
             page.get_by_role("link", name=run_name, exact=True).first.click()
             page.wait_for_url(f"**/runs/flow-run/{run_id}")
+            # The run page, not the list it came from (the URL changes before the page renders).
+            expect(page.get_by_role("button", name="Resume", exact=True)).to_be_visible()
             expect(page.locator(".state-badge").filter(has_text="Paused").first).to_be_visible()
             page.screenshot(path=str(shots / "paused-run.png"))
 
