@@ -29,7 +29,8 @@ from denpex.terminal_progress import dump_progress
 
 __all__ = ["app", "main"]
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# Plain help (rich_markup_mode=None): typer's rich panels tag every flag, even --help, as <bool>.
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Find the ranks behind a distributed-training hang.")
 
 EXIT_UNUSABLE = 2

@@ -19,34 +19,52 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
-from pydantic import Field, create_model
+from prefect.settings import PREFECT_UI_URL
+from pydantic import ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
 from blocks.notify import DenpexApprovalWebhook
 from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, runbook_path
 from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget, block_name_for
+from denpex.analysis.models import TriageResult
+from denpex.charts import Chart, charts_section
 from denpex.isolation.config import IsolationSettings
 from denpex.evidence.store import open_store
 from denpex.isolation.errors import AuditChainError, StoreError
 from denpex.isolation.operator import resolve_audit_store, state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
-from denpex.isolation.policy import IsolationPolicy, Scheduler
+from denpex.isolation.policy import IsolationPolicy, Scheduler, SecondFactor
 from denpex.isolation.runbook import Runbook, load_runbook
 from denpex.isolation.second_factor import TotpStore
+from denpex.report import TriageReport
 from denpex.state_dir import resolve_state_dir
 from denpex.tenancy import judge_target, read_ownership
 from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
 from denpex.workflow.decision_audit import record_decision
+from denpex.workflow.markdown import approval_markdown
 
 __all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "approval_form", "ask_approval",
            "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
-           "run_id", "artifact_prefix"]
+           "run_id", "artifact_prefix", "form_description", "report_url", "FORM_GROUP_CHARTS"]
+
+# Beside the form (about 470 px wide): the overview and the group chart nearest the culprit.
+FORM_GROUP_CHARTS = 1
 
 B = TypeVar("B", bound=Block)
 
 
+def _required_stay_required(schema: dict[str, Any]) -> None:
+    """A pre-filled field has a default, which JSON schema reads as optional (the UI then labels it
+    "(Optional)"); the answer needs it all the same, so it stays in ``required``."""
+    needed = {name for name, field in ApprovalAnswer.model_fields.items() if field.is_required()}
+    needed |= set(schema.get("required", []))
+    schema["required"] = [name for name in schema.get("properties", {}) if name in needed]
+
+
 class ApprovalInput(ApprovalAnswer, RunInput):
     """The form beside the paused run (pre-filled with the plan's hash and nodes)."""
+
+    model_config = ConfigDict(json_schema_extra=_required_stay_required)
 
 
 @dataclass(frozen=True)
@@ -133,6 +151,25 @@ def webhook_url() -> str | None:
     return block.url.get_secret_value() if block else os.environ.get("DENPEX_APPROVAL_WEBHOOK_URL") or None
 
 
+def report_url(key_prefix: str) -> str | None:
+    """The UI's page of the report artifact (the latest under its key); None without a UI address
+    (``PREFECT_UI_URL``, which Prefect derives from the API's address)."""
+    base = PREFECT_UI_URL.value()
+    return f"{str(base).rstrip('/')}/artifacts/key/{key_prefix}-report" if base else None
+
+
+def form_description(report: TriageReport, result: TriageResult, plan: IsolationPlan, charts: list[Chart], *,
+                     incident_id: str, cluster: str, policy: IsolationPolicy, key_prefix: str) -> str:
+    """The short plan shown above the approval form, with who may approve and a link to the report."""
+    link = report_url(key_prefix)
+    where = f"[the full report]({link})" if link else "the report artifact (Artifacts tab)"
+    return approval_markdown(
+        report, incident_id=incident_id, cluster=cluster, plan=plan, report_link=link,
+        approvers=sorted(policy.approval.approvers_for(plan.tenant, plan.cluster)),
+        code_needed=policy.approval.second_factor is SecondFactor.TOTP,
+        charts=charts_section(charts, result, groups=FORM_GROUP_CHARTS, rest_at=where))
+
+
 def approval_form(plan: IsolationPlan, description: str, *, policy: IsolationPolicy) -> type[ApprovalInput]:
     """The form beside the paused run: the plan's hash and nodes pre-filled, and the approver a
     choice among the runbook's approvers for the plan's tenant and cluster (a name typed freely
@@ -149,10 +186,15 @@ def approval_form(plan: IsolationPlan, description: str, *, policy: IsolationPol
         # Member keys of our own: a runbook's names are values, whatever they look like ("_x", "name").
         choice = Enum("Approver", {f"a{i}": name for i, name in enumerate(names)}, type=str)  # type: ignore[misc]
         fields["approver"] = (choice, Field(description="who approves: one of the runbook's approvers for this "
-                                                        "tenant and cluster"))
+                                                        f"tenant and cluster ({_listed(names)})"))
     form = create_model("ApprovalInput", __base__=ApprovalInput, **fields)
     form._description = description  # what Prefect shows above the form (as with_initial_data sets it)
     return form
+
+
+def _listed(names: list[str], limit: int = 10) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
 def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation, policy: IsolationPolicy,

@@ -1,7 +1,7 @@
 """Serve the deployments locally with a Prefect runner (no work pool): ``denpex serve``.
 
-The same four deployments as ``prefect.yaml``: triage on the alert event, the nightly replay,
-manual triage, and return to service.
+The same five deployments as ``prefect.yaml``: triage on the alert event, the nightly replay,
+manual triage, return to service, and the requeue of an incident's hung job.
 
 Each flow is handed to the runner as a flow object (``Runner.add_flow``), not as a deployment
 to load from storage (what ``prefect.serve`` does): the runner then starts a run from the flow it
@@ -26,6 +26,7 @@ from prefect.runner import Runner
 from denpex.workflow.alert_event import ALERT_EVENT
 from flows.forked_runs import use_forked_flow_runs
 from flows.replay import replay
+from flows.requeue import REQUEUE_DEPLOYMENT, requeue_hung_job
 from flows.return_to_service import return_to_service
 from flows.triage import triage
 
@@ -60,6 +61,7 @@ def served_deployments(only: set[str] | None = None) -> list[ServedDeployment]:
         ServedDeployment(triage, "on-alert", {"triggers": [alert_trigger()], "tags": ["denpex", "alert"]}),
         ServedDeployment(triage, "manual", {"tags": ["denpex", "manual"], "enforce_parameter_schema": True}),
         ServedDeployment(return_to_service, "return-to-service", {"tags": ["denpex"], "enforce_parameter_schema": True}),
+        ServedDeployment(requeue_hung_job, REQUEUE_DEPLOYMENT, {"tags": ["denpex"], "enforce_parameter_schema": True}),
         ServedDeployment(replay, "nightly-replay", {"cron": "0 3 * * *", "tags": ["denpex", "replay"],
                                                     "parameters": {"catalog": "incidents/catalog.json"}}),
     ]

@@ -25,6 +25,7 @@ from denpex.analysis.batch import split_batches
 from denpex.analysis.workers import usable_cpus
 from denpex.analysis.models import TriageResult
 from denpex.analysis.triage import EvidenceInventory
+from denpex.charts import charts_section
 from denpex.evidence.files import write_atomic
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
 from denpex.isolation.policy import Scheduler
@@ -45,6 +46,7 @@ from flows.approval import (
     emit,
     ensure_limit,
     find_target,
+    form_description,
     load_runbook_for_flow,
     record_not_done,
     remediation_limit,
@@ -55,7 +57,7 @@ from flows.approval import (
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
 from tasks.layout import derive_slurm_layout
-from tasks.charts import charts_markdown, publish_charts, render_charts
+from tasks.charts import publish_charts, render_charts
 from tasks.notify import notify_approvers
 from tasks.parse import release_parse_workers, summarize_dumps, warm_parse_workers
 from tasks.remediate import execute_plan
@@ -141,7 +143,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                                    tenant=target.tenant, cluster=target.cluster_name, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
-                               chart=charts_markdown(charts))
+                               chart=charts_section(charts, result))
     publish_report(report, plan, markdown, key)
     publish_charts(charts, key)
     if found.refused:
@@ -156,7 +158,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         notify_approvers(url, approval_notice(report, incident_id=incident_id, cluster=cluster,
                                               run_url=flow_run.ui_url, plan_hash=plan.content_hash()))
     log.info("waiting for approval of plan %s: %s", plan.content_hash()[:12], flow_run.ui_url)
-    answer = ask_approval(plan, markdown, operation=Operation.ISOLATE, policy=runbook.policy(),
+    brief = form_description(report, result, plan, charts, incident_id=incident_id, cluster=cluster,
+                             policy=runbook.policy(), key_prefix=key)
+    answer = ask_approval(plan, brief, operation=Operation.ISOLATE, policy=runbook.policy(),
                           timeout=timing.approval_timeout, poll=timing.approval_poll)
     if answer is None:
         why = f"nobody answered within {timing.approval_timeout}; nothing was done"

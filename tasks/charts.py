@@ -1,20 +1,17 @@
-"""Render the triage's PNG charts and publish them as image artifacts (core: ``denpex.charts``)."""
+"""Render the triage's PNG charts and publish them as artifacts (core: ``denpex.charts``)."""
 
 from __future__ import annotations
 
 from prefect import task
-from prefect.artifacts import create_image_artifact
+from prefect.artifacts import create_markdown_artifact
 
 from denpex.analysis.batch import RankOutcome
 from denpex.analysis.job_progress import job_progress
 from denpex.analysis.models import TriageResult
+from denpex.charts import Chart, png_markdown, triage_charts
 from denpex.markdown_text import inline
-from denpex.charts import Chart, png_data_uri, png_markdown, triage_charts
 
-__all__ = ["render_charts", "publish_charts", "charts_markdown", "CHARTS_BESIDE_FORM"]
-
-# The overview and the chart of the group waiting directly on the culprit; the rest are artifacts.
-CHARTS_BESIDE_FORM = 2
+__all__ = ["render_charts", "publish_charts"]
 
 
 @task(name="render-charts")
@@ -26,12 +23,9 @@ def render_charts(result: TriageResult, batches: list[list[RankOutcome]], world_
 
 @task(name="publish-charts")
 def publish_charts(charts: list[Chart], key_prefix: str) -> None:
-    """One image artifact per chart (a data-URI PNG renders in the UI)."""
+    """One artifact per chart. A markdown image, not an image artifact: Prefect prints an image
+    artifact's URL as its link text, which for a data-URI PNG is the whole picture in base64."""
     for chart in charts:
-        create_image_artifact(image_url=png_data_uri(chart.png), key=f"{key_prefix}-chart-{chart.name}",
-                              description=chart.title)
-
-
-def charts_markdown(charts: list[Chart], limit: int = CHARTS_BESIDE_FORM) -> str:
-    """Markdown images for the report artifact and the approval form."""
-    return "\n\n".join(f"**{inline(c.title, limit=200)}**\n\n{png_markdown(c.png, c.title)}" for c in charts[:limit])
+        image = png_markdown(chart.png, chart.title)
+        create_markdown_artifact(markdown=f"**{inline(chart.title, limit=200)}**\n\n{image}\n",
+                                 key=f"{key_prefix}-chart-{chart.name}", description=chart.title)

@@ -631,12 +631,14 @@ def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: d
         why.append(f"{ranks_phrase(idle)} {'is' if len(idle) == 1 else 'are'} idle")
     if missing:
         why.append(f"{ranks_phrase(tuple(sorted(missing)))} left no evidence")
-    where = (f"; its other members are among {ranks_phrase(suspects)} ({'; '.join(why)})"
+    among = "member can only be" if len(suspects) == 1 else "members are among"
+    where = (f"; its other {among} {ranks_phrase(suspects)} ({'; '.join(why)})"
              if suspects else "; no rank could be one (none idle, none built a subgroup)")
+    they = "mentions the group, and it waits" if len(waiting) == 1 else "mention the group, and all of them wait"
     return Blockage(name, seq, BlockageKind.UNKNOWN_MEMBERS, op.signature.describe(), waiting, suspects,
                     undecided=True,
-                    detail=f"membership is unknown: only {ranks_phrase(waiting)} mention the group, "
-                           f"and all of them wait in it{where}. Pass a manifest with process_groups"
+                    detail=f"membership is unknown: only {ranks_phrase(waiting)} {they} in it{where}. "
+                           "Pass a manifest with process_groups"
                     ), [(r, o) for r, o in ops.items() if o is not None]
 
 

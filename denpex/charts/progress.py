@@ -11,6 +11,7 @@ process group); ``rank_marks`` places each rank::
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from denpex.analysis.job_progress import JobProgress
 from denpex.analysis.models import CandidateKind, StuckCollective, TriageResult
 
-__all__ = ["RankState", "RankMark", "rank_marks", "stuck_placement"]
+__all__ = ["RankState", "RankMark", "rank_marks", "role_in", "stuck_placement"]
 
 
 class RankState(StrEnum):
@@ -27,7 +28,11 @@ class RankState(StrEnum):
     CULPRIT = "culprit"
     """A candidate of the triage: a rank behind the hang."""
     WAITING = "waiting"
-    """It entered a stuck op and waits in it for others."""
+    """It entered a stuck op and waits in it for others (a stuck op's ``waiting_ranks``)."""
+    BEHIND = "behind"
+    """It never entered a stuck op that others wait in (``behind_ranks``), and is not a candidate."""
+    UNKNOWN = "unknown"
+    """Its part in a stuck op cannot be told (``unknown_ranks``): it may be a member that is behind."""
     CLEAR = "clear"
     """It is in no stuck op (it ran on, or its groups are not stuck)."""
     NO_EVIDENCE = "no_evidence"
@@ -66,11 +71,31 @@ def stuck_placement(result: TriageResult) -> dict[int, StuckCollective]:
     return placement
 
 
+def role_in(rank: int, stuck: Sequence[StuckCollective], *, candidates: Collection[int],
+            no_evidence: Collection[int]) -> RankState:
+    """The rank's role in ``stuck`` (one stuck op for a group's chart, all of them for the
+    overview), read off the triage JSON's lists; the first that holds wins: a candidate, no usable
+    dump (``missing_ranks``, ``stale_ranks``), waiting in a stuck op, behind in one, unknown in one,
+    clear::
+
+        stuck: group "4" #3 waiting (1,), behind (3,); candidates (2,)
+        -> rank 1 waiting, rank 2 culprit, rank 3 behind, rank 0 clear
+    """
+    if rank in candidates:
+        return RankState.CULPRIT
+    if rank in no_evidence:
+        return RankState.NO_EVIDENCE
+    for state, ranks in ((RankState.WAITING, lambda s: s.waiting_ranks), (RankState.BEHIND, lambda s: s.behind_ranks),
+                         (RankState.UNKNOWN, lambda s: s.unknown_ranks)):
+        if any(rank in ranks(s) for s in stuck):
+            return state
+    return RankState.CLEAR
+
+
 def rank_marks(result: TriageResult, progress: JobProgress) -> list[RankMark]:
     """One mark per rank of the job, in rank order."""
     culprits = {c.rank: c for c in result.candidates}
     no_evidence = set(result.missing_ranks) | set(result.stale_ranks)
-    waiting = {r for s in result.stuck for r in s.waiting_ranks}
     placement = stuck_placement(result)
     marks = []
     for rank in range(result.world_size):
@@ -78,14 +103,7 @@ def rank_marks(result: TriageResult, progress: JobProgress) -> list[RankMark]:
         position = (progress.positions.get(rank, {}).get(stuck.process_group)
                     if stuck is not None else None)
         candidate = culprits.get(rank)
-        if candidate is not None:
-            state = RankState.CULPRIT
-        elif rank in no_evidence:
-            state = RankState.NO_EVIDENCE
-        elif rank in waiting:
-            state = RankState.WAITING
-        else:
-            state = RankState.CLEAR
+        state = role_in(rank, result.stuck, candidates=culprits, no_evidence=no_evidence)
         marks.append(RankMark(
             rank=rank, state=state, culprit_kind=candidate.kind if candidate else None,
             host=candidate.host if candidate else None,

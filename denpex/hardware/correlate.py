@@ -194,6 +194,8 @@ def correlate(
     other = _aggregate(other_readings, host=None)
 
     notes = list(result.notes) + _notes(window, telemetry, len(telemetry.events) - len(in_window))
+    if any(c.hardware for c in candidates) and CAVEAT not in notes:
+        notes.append(CAVEAT)  # once for the report, not a reason of each candidate
     verdict = result.verdict
     factor = 1.0
     if (elsewhere_in_job or elsewhere_outside) and hosts_unknown:
@@ -328,8 +330,6 @@ def _reasons(
         if host_key(gap.host, domain) == host_key(place.host, domain) and (gap.gpu is None or same_gpu(gap.gpu, place.gpu) is not False):
             link = f" link {gap.link}" if gap.link is not None else ""
             reasons.append(f"{gap.what}{link} was not available on {place.host} ({gap.detail}): not available, not healthy.")
-    if hardware:
-        reasons.append(CAVEAT)
     return list(dict.fromkeys(reasons))
 
 

@@ -39,6 +39,7 @@ from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.errors import AuditChainError, AuditError, OutcomeUnknownError, RemoteError, StoreError
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner
 from denpex.isolation.gates import blast_radius_gate, node_gate
+from denpex.isolation.hung_job_note import hung_job_notes
 from denpex.isolation.plan import HungJob, IsolationPlan, NodeAction, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy
 
@@ -201,10 +202,9 @@ class Executor:
             mode=mode, operation=operation, incident_id=plan.incident_id, plan_hash=digest,
             approver=approver, nodes=[], blocked=blocked, recovered=recovered,
         )
-        if operation is Operation.ISOLATE and plan.hung_job is not None:
-            report.notes.append(plan.hung_job.message)
         if mode is RunMode.DRY_RUN:
             report.nodes = [self._outcome(p, operation) for p in pending]
+            self._note_hung_job(plan, operation, report)
             return report
         if trip:
             self._trip(plan, digest, operation, approver, trip)
@@ -226,7 +226,16 @@ class Executor:
             raise self._interrupted(exc, plan, digest, operation, report, pending[index:]) from exc
         finally:
             self._copy_audit(plan, report)
+        self._note_hung_job(plan, operation, report)
         return report
+
+    def _note_hung_job(self, plan: IsolationPlan, operation: Operation, report: ExecutionReport) -> None:
+        """The hung-job note, only when the facts read for this run show the job on an isolated node."""
+        if operation is Operation.ISOLATE:
+            report.notes += hung_job_notes(plan.hung_job, [(n.node, n.state_after, n.running_jobs)
+                                                           for n in report.nodes],
+                                           scheduler=plan.scheduler, plan_hash=report.plan_hash,
+                                           incident_id=plan.incident_id)
 
     def _copy_audit(self, plan: IsolationPlan, report: ExecutionReport) -> None:
         """Extend the cluster's copy, then the incident's. A failed copy is a warning, not a failed

@@ -5,13 +5,19 @@ Pure text: the flow publishes it as artifacts and as the description beside the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from denpex.analysis.models import HardwareBearing
 from denpex.isolation.plan import IsolationPlan
 from denpex.markdown_text import code_block, inline
 from denpex.report import TriageReport, render_text
 
-__all__ = ["report_markdown", "candidate_rows", "decision_markdown", "group_lines"]
+__all__ = ["report_markdown", "approval_markdown", "candidate_rows", "decision_markdown", "group_lines"]
+
+# The approval dialog is about 470 px wide: a few short lines, the rest a link away.
+MAX_CULPRITS_BESIDE_FORM = 3
+_WHY_LIMIT = 160
 
 
 def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, plan: IsolationPlan | None,
@@ -56,6 +62,46 @@ def group_lines(report: TriageReport) -> list[str]:
     if len(report.groups) > MAX_GROUPS_SHOWN:
         lines.append(f"- … and {len(report.groups) - MAX_GROUPS_SHOWN} more")
     return lines
+
+
+def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, plan: IsolationPlan,
+                      approvers: Sequence[str], code_needed: bool, report_link: str | None, charts: str = "") -> str:
+    """What the approval dialog shows above the form, essentials first and short: the action and
+    node, the culprit, the one-line why, the hardware evidence, who may approve; the full report
+    a link away; then the charts (``charts``, markdown drawn for the dialog's width)::
+
+        **Incident inc-7 on lab: localized**
+        - **Proposed:** `drain` **gpu-node-003**
+        - **Culprit:** rank 2 on gpu-node-003 (not_entered, confidence 0.90)
+        - **Why:** rank 3 waits in process group '2' ...: rank 2 never enqueued it
+        - **Hardware:** Xid 79 (GPU has fallen off the bus) ... consistent with a hardware fault
+        - **Who may approve:** alice, carol, each with their authenticator code
+        - **Plan:** `7db66f1cdeb4` (the form carries the full hash) · [full report](URL)
+    """
+    lines = [f"**Incident {inline(incident_id)} on {inline(cluster)}: {report.verdict.value}**", ""]
+    lines.append("- **Proposed:** " + ", ".join(f"`{a.action.value}` **{inline(a.node)}**" for a in plan.actions))
+    for c in report.candidates[:MAX_CULPRITS_BESIDE_FORM]:
+        on = f" on {inline(c.host, limit=100)}" if c.host else ""
+        lines.append(f"- **Culprit:** rank {c.rank}{on} ({c.kind.value}, confidence {c.confidence:.2f})")
+        if c.reasons:
+            lines.append(f"  - **Why:** {inline(c.reasons[0], limit=_WHY_LIMIT)}")
+        signals = [h.summary for h in c.hardware if h.bearing is not HardwareBearing.UNRELATED]
+        lines.append(f"  - **Hardware:** {inline(signals[0], limit=_WHY_LIMIT) if signals else 'no signal on its node'}"
+                     + (f" (and {len(signals) - 1} more)" if len(signals) > 1 else ""))
+    more = len(report.candidates) - MAX_CULPRITS_BESIDE_FORM
+    if more > 0:
+        lines.append(f"- {more} more candidate{'s' if more != 1 else ''} in the full report")
+    if approvers:
+        who = ", ".join(inline(n, limit=60) for n in approvers)
+        who += ", each with their authenticator code" if code_needed else ""
+    else:
+        who = "nobody: the runbook names no approver for this tenant and cluster, so every answer is refused"
+    lines.append(f"- **Who may approve:** {who}")
+    link = f" · [full report]({report_link})" if report_link else " · full report: the run's Artifacts tab"
+    lines.append(f"- **Plan:** `{plan.content_hash()[:12]}` (the form carries the full hash){link}")
+    if charts:
+        lines += ["", charts]
+    return "\n".join(lines) + "\n"
 
 
 def candidate_rows(report: TriageReport, plan: IsolationPlan | None) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
         served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for_deployments(prefect_api, ["on-alert", "manual", "return-to-service"], served, log,
+        wait_for_deployments(prefect_api, ["on-alert", "manual", "return-to-service", "requeue-hung-job"], served, log,
                              automations=["denpex-alert"])
         yield FlowRig(prefect_api, state, runbooks, s3_endpoint, slurm_lab, served, log)
     finally:

@@ -27,7 +27,8 @@ def test_the_approver_is_a_choice_among_the_runbooks_approvers_for_the_tenant_an
     form = approval_form(plan, "the plan", policy=policy)
     schema = form.model_json_schema()
     assert schema["$defs"]["Approver"]["enum"] == ["_odd", "alice", "name"]  # names as values, any spelling
-    assert schema["additionalProperties"] is False and set(schema["required"]) == {"decision", "approver"}
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {"decision", "plan_hash", "nodes",
+                                                                                "approver"}
     props = schema["properties"]
     assert props["plan_hash"]["default"] == plan.content_hash() and props["nodes"]["default"] == ["gpu-node-002"]
     assert "authenticator" in props["code"]["description"] and props["code"]["maxLength"] == 32
@@ -41,3 +42,20 @@ def test_a_runbook_naming_nobody_leaves_a_free_name_that_the_review_refuses() ->
     policy = IsolationPolicy(approval=ApprovalRule())
     form = approval_form(_plan(policy), "the plan", policy=policy)
     assert form.model_json_schema()["properties"]["approver"]["type"] == "string"
+
+
+def test_every_field_keeps_its_description_and_required_fields_stay_required_in_the_schema_the_ui_gets() -> None:
+    """Issue 20 item 1: the schema Prefect stores for the UI (``create_v2_schema``, as
+    ``RunInput.save`` makes it), not only the model's own."""
+    from prefect._internal.pydantic.v2_schema import create_v2_schema
+
+    policy = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice", "carol"})))
+    plan = _plan(policy)
+    form = approval_form(plan, "the plan", policy=policy)
+    schema = create_v2_schema(form.__name__, model_base=form)
+    props = schema["properties"]
+    assert [name for name, prop in props.items() if not prop.get("description")] == []
+    # Pre-filled, yet required: the answer must carry them (the UI then shows no "(Optional)").
+    assert schema["required"] == ["decision", "plan_hash", "nodes", "approver"]
+    assert props["plan_hash"]["default"] == plan.content_hash()
+    assert "alice, carol" in props["approver"]["description"]  # the form says who may approve

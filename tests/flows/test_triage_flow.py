@@ -101,13 +101,17 @@ def approvers_webhook() -> Iterator[list[dict[str, Any]]]:
         server.server_close()
 
 
-def _artifact_keys(run_id: Any) -> set[str]:
+def _artifacts(run_id: Any) -> dict[str, Any]:
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
-    return {a.key for a in found if a.key}
+    return {a.key: a for a in found if a.key}
+
+
+def _artifact_keys(run_id: Any) -> set[str]:
+    return set(_artifacts(run_id))
 
 
 def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
@@ -136,6 +140,17 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert report["approval"]["channel"] == "prefect-ui" and report["approval"]["flow_run_id"] == str(run_id)
     assert drained_nodes(lab) == {CULPRIT_NODE}
     assert reason_of(lab, CULPRIT_NODE).startswith(f"denpex:{incident} rank 2: xid 79")
+    # The notes follow the facts: job gloo-withheld_one runs on no node of the lab, so nothing
+    # waits for it and no "never ends" note is due (issue 20 item 4).
+    [node] = report["execution"]["nodes"]
+    assert node["running_jobs"] == [] and "never ends" not in " ".join(report["execution"]["notes"])
+    # The report shows every stuck group's chart; each chart is a markdown image, never an image
+    # artifact whose link text would be the whole data URI (issue 20 item 3).
+    artifacts = _artifacts(run_id)
+    images = artifacts[f"denpex-{incident}-report"].data.count("](data:image/png;base64,")
+    assert images == 1 + len(report["stuck"]) >= 3
+    charts = [a for key, a in artifacts.items() if "-chart-" in key]
+    assert len(charts) == images and {a.type for a in charts} == {"markdown"}
 
     audit = keyed_audit_log(flow_rig.state_dir)
     mine = [r for r in audit.records() if r.incident_id == incident]

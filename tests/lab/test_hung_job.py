@@ -45,7 +45,7 @@ def test_the_hung_job_is_requeued_with_the_drained_node_excluded(rig: Rig) -> No
     assert "DRAIN of" in plan.hung_job.message and "waits forever" in plan.hung_job.message
 
     isolated = rig.execute(plan)
-    assert isolated.nodes[0].outcome is Outcome.APPLIED and plan.hung_job.message in isolated.notes
+    assert isolated.nodes[0].outcome is Outcome.APPLIED and any(f"job {job} still runs on {node}" in n for n in isolated.notes)
     assert rig.lab.state_of(node) in ("MIXED+DRAIN", "ALLOCATED+DRAIN")  # draining, forever
     # Approving the drain did not approve restarting the job.
     with pytest.raises(ApprovalError, match="is for isolate, not requeue"):
@@ -119,3 +119,35 @@ def test_a_requeue_cut_short_is_settled_from_the_jobs_state_and_finished(lab: Sl
     assert shown is not None and node in shown.excluded and not shown.held
     # The requeue's records reach the evidence store, like an isolation's.
     assert (tmp_path / "store" / "audit" / "inc-lab" / "audit.jsonl").read_bytes() == rig.audit.path.read_bytes()
+
+
+def idle_node(lab: SlurmLab) -> str:
+    """A node no job runs on (IDLE), for the note that must not appear."""
+    busy = set(lab.run(["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%N"]).stdout.split())
+    idle = [n for n in lab.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split() if n not in busy]
+    assert idle, "the lab has no idle node"
+    return idle[0]
+
+
+def test_no_never_ends_note_when_the_hung_job_does_not_run_on_the_drained_node(rig: Rig) -> None:
+    """Issue 20 item 4: the execution's notes are derived from its facts. The job runs elsewhere,
+    so the drained node is IDLE+DRAIN at once and nothing waits for the job."""
+    job, busy = submit_anywhere(rig.lab)
+    node = idle_node(rig.lab)
+    assert node != busy
+    plan = rig.plan(xid79(node), job_id=job)
+    assert plan.hung_job is not None
+    report = rig.execute(plan)
+    assert report.nodes[0].outcome is Outcome.APPLIED and not report.nodes[0].running_jobs
+    assert report.nodes[0].state_after == "IDLE+DRAIN"
+    assert not [n for n in report.notes if "never ends" in n or "waits forever" in n], report.notes
+
+
+def test_the_never_ends_note_names_the_separate_requeue_approval_not_a_cli_flag(rig: Rig) -> None:
+    job, node = submit_anywhere(rig.lab)
+    plan = rig.plan(xid79(node), job_id=job)
+    report = rig.execute(plan)
+    [note] = [n for n in report.notes if "never ends" in n]
+    assert f"job {job} still runs on {node}" in note
+    assert "requeue" in note and "separate approval" in note and plan.content_hash()[:12] in note
+    assert "--" not in note and "`denpex" not in note, note  # no CLI flag: the UI operator reads it too

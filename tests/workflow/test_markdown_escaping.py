@@ -128,3 +128,29 @@ def test_the_per_group_verdicts_keep_group_names_literal(hostile: str) -> None:
     assert not any(line.startswith("## Safe to approve") for line in outside)
     # The text report inside the fence lists them too.
     assert "Verdict per stuck group:" in markdown and "localized: rank 2" in markdown
+
+
+@pytest.mark.parametrize("hostile", [FENCE_BREAK, PRINTABLE_BREAK])
+def test_the_dialog_brief_keeps_evidence_text_literal_and_short(hostile: str) -> None:
+    """Issue 20 item 2: beside the form, the essentials as short lines (no code block to scroll
+    sideways), evidence text escaped and cut, who may approve, the full report a link away."""
+    from denpex.isolation.plan import utc_now
+    from denpex.isolation.planner import plan_isolation
+    from denpex.isolation.policy import IsolationPolicy, Scheduler
+    from denpex.workflow.markdown import approval_markdown
+    from lab.rig import xid79_on
+
+    result = xid79_on(["gpu-node-002"])
+    plan = plan_isolation(result, None, IsolationPolicy(), None, Scheduler.SLURM, "inc-1", result.as_of or utc_now(),
+                          cluster="lab")
+    report = _report(hostile * 3, "gpu-node-002")
+    brief = approval_markdown(report, incident_id="inc-1", cluster="lab", plan=plan, approvers=["alice", "carol"],
+                              code_needed=True, report_link="http://ui/artifacts/key/denpex-inc-1-report")
+    lines = brief.splitlines()
+    assert "```" not in brief and all(len(line) < 400 for line in lines)
+    keys = [re.match(r"\s*- \*\*([^*]+):\*\*", line).group(1) for line in lines if re.match(r"\s*- \*\*", line)]
+    assert keys == ["Proposed", "Culprit", "Why", "Hardware", "Who may approve", "Plan"]
+    [why] = [line for line in lines if "**Why:**" in line]
+    assert why.strip() == f"- **Why:** {inline(hostile * 3, limit=160)}"
+    assert "alice, carol, each with their authenticator code" in brief
+    assert brief.rstrip().endswith("[full report](http://ui/artifacts/key/denpex-inc-1-report)")

@@ -1,0 +1,60 @@
+"""What the follow-up flows share: an incident's saved plan, a second operation on it (rollback,
+requeue of the hung job), approved through the same pause and form as the isolation, then run.
+
+Each operation needs its own approval of the plan: approving the drain approved neither undoing it
+nor restarting the job elsewhere (``execute_approved`` checks the approval's operation).
+"""
+
+# No `from __future__ import annotations`: see flows/triage.py.
+
+from typing import Any, Callable
+
+from prefect.concurrency.sync import concurrency
+
+from denpex.isolation.plan import IsolationPlan, Operation, load_plan
+from denpex.state_paths import state_path
+from denpex.workflow.approval_answer import AnswerVerdict
+from denpex.workflow.flow_parameters import check_flow_parameters
+from flows.approval import (
+    ask_approval,
+    emit,
+    ensure_limit,
+    find_target,
+    load_runbook_for_flow,
+    record_not_done,
+    remediation_limit,
+    state_dir,
+)
+from tasks.remediate import execute_plan
+
+__all__ = ["approve_then_run"]
+
+
+def approve_then_run(cluster: str, incident_id: str, operation: Operation,
+                     describe: Callable[[IsolationPlan], str]) -> dict[str, Any]:
+    """Pause for approval of ``operation`` on the incident's saved plan (``describe`` writes what
+    the dialog shows), then run it on what was approved; the outcome as a dict."""
+    check_flow_parameters(cluster=cluster, incident_id=incident_id)
+    runbook, runbook_file = load_runbook_for_flow()
+    plan = load_plan(state_path(state_dir(), "plans", f"{incident_id}.json"))
+    # The saved plan's tenant is the owner the triage run found; the registry must still agree.
+    target = find_target(cluster, runbook_file, tenant=plan.tenant).target_or_raise(cluster)
+    answer = ask_approval(plan, describe(plan), operation=operation, policy=runbook.policy(),
+                          timeout=runbook.workflow.approval_timeout, poll=runbook.workflow.approval_poll)
+    if answer is None or answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
+        outcome = "timed_out" if answer is None else answer.verdict.value
+        reason = "nobody answered" if answer is None else answer.reason
+        record_not_done(plan, operation=operation, outcome=outcome, reason=reason,
+                        approver=(answer.approver or None) if answer else None, cluster=cluster)
+        return {"incident_id": incident_id, "outcome": outcome, "reason": reason}
+    limit = remediation_limit(cluster)
+    ensure_limit(limit)
+    with concurrency(limit, occupy=1, strict=True):
+        report = execute_plan.with_options(retries=runbook.workflow.remediation_retries)(
+            plan, answer.approval, target.settings, operation)
+    for node in report.nodes:
+        emit("denpex.remediation.result", incident_id, cluster,
+             {"node": node.node, "operation": operation.value, "decision": node.decision.value,
+              "outcome": node.outcome.value if node.outcome else None})
+    return {"incident_id": incident_id, "outcome": "executed", "reason": answer.reason,
+            "execution": report.model_dump(mode="json")}
