@@ -133,3 +133,6 @@ class TriageResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
     # Hardware events in the hang's window on hosts that run no candidate (denpex.hardware).
     other_hardware: list[CandidateHardware] = Field(default_factory=list)
+    # The files read as telemetry (kernel logs, collector output): given on the command line, found
+    # beside the dumps (denpex.workflow.telemetry_files), or filed by the ingest service.
+    telemetry_files: list[str] = Field(default_factory=list)
