@@ -1,0 +1,109 @@
+"""SIGTERM or SIGHUP to the demo tears everything down as Ctrl-C does: within 15 s none of the
+processes it started (the Prefect server, moto, `flows.serve` with its paused run, `serve-api`,
+slurmctld, slurmd, munged, sshd) is alive and none of their ports is listened on.
+
+The processes and ports are read off the running demo (its process tree and their listening
+sockets), not taken from anything the demo says about itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Sized to what it starts: every service of the demo, up to the approval pause.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+TEARDOWN_S = 15.0
+
+
+def _started(demo: psutil.Process) -> dict[int, str]:
+    """Every process below the demo, by pid, with its name."""
+    found = {}
+    for child in demo.children(recursive=True):
+        try:
+            found[child.pid] = " ".join(child.cmdline()[:3]) or child.name()
+        except psutil.Error:
+            continue
+    return found
+
+
+def _listening(pids: set[int]) -> set[int]:
+    return {c.laddr.port for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for_line(log: Path, proc: subprocess.Popen[bytes], text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.5)
+    raise AssertionError(f"no {text!r} within {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.mark.parametrize(
+    ("signum", "when", "expected"),
+    [
+        # At the approval pause: flows.serve holds the paused run.
+        pytest.param(signal.SIGTERM, "[demo] PAUSED for approval", {"flows.serve", "serve-api", "prefect",
+                                                                      "moto_server", "slurmctld", "slurmd",
+                                                                      "munged", "sshd"}, id="sigterm-paused"),
+        # While the services still start: the Slurm lab and the ones before it are up.
+        pytest.param(signal.SIGHUP, "[demo] slurm: ", {"prefect", "moto_server", "slurmctld", "slurmd",
+                                                       "munged", "sshd"}, id="sighup-starting"),
+    ],
+)
+def test_a_signal_tears_down_everything_the_demo_started(tmp_path: Path, signum: signal.Signals, when: str,
+                                                         expected: set[str]) -> None:
+    log = tmp_path / "demo.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "demo.py"), "--out", str(tmp_path / "out")],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        _wait_for_line(log, proc, when, 300)
+        time.sleep(1)  # what the line announced has started
+        started = _started(psutil.Process(proc.pid))
+        ports = _listening(set(started))
+        names = " ".join(started.values())
+        assert all(n in names for n in expected), names
+        assert ports, started
+        proc.send_signal(signum)
+        stop = time.monotonic()
+        deadline = stop + TEARDOWN_S
+        while time.monotonic() < deadline and (
+                proc.poll() is None or any(_alive(p) for p in started) or _listening_anywhere(ports)):
+            time.sleep(0.2)
+        took = time.monotonic() - stop
+        left = {p: n for p, n in started.items() if _alive(p)}
+        assert not left, f"alive {took:.1f} s after {signum.name}: {left}"
+        assert not _listening_anywhere(ports), f"ports still listened on: {_listening_anywhere(ports)}"
+        assert proc.poll() == 128 + signum, log.read_text()[-2000:]
+        assert f"[demo] stopped ({signum.name}); everything was torn down" in log.read_text()
+        print(f"{signum.name}: {len(started)} processes and {len(ports)} ports gone in {took:.1f} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _listening_anywhere(ports: set[int]) -> set[int]:
+    return {c.laddr.port for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
