@@ -91,6 +91,7 @@ class Services:
 
     def __init__(self) -> None:
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._last: list[subprocess.Popen[bytes]] = []
         self._handles: list[IO[bytes]] = []
         self._also: list[Callable[[], None]] = []
 
@@ -102,21 +103,30 @@ class Services:
         self._procs.append(proc)
         return proc
 
-    def adopt(self, proc: subprocess.Popen[bytes]) -> None:
-        """A process group started elsewhere (the Prefect server)."""
-        self._procs.append(proc)
+    def adopt_last(self, proc: subprocess.Popen[bytes]) -> None:
+        """A process group started elsewhere, stopped after the others: the Prefect server, which
+        flows.serve and serve-api still talk to while they stop."""
+        self._last.append(proc)
 
     def also_stop(self, stop: Callable[[], None]) -> None:
         """Something with its own stop (the Slurm lab), run beside the signals."""
         self._also.append(stop)
 
     def stop(self) -> None:
-        alive = [p for p in self._procs if p.poll() is None]
-        for proc in alive:
-            _signal_group(proc, signal.SIGTERM)
         others = [threading.Thread(target=stop, daemon=True) for stop in self._also]
         for thread in others:
             thread.start()
+        self._stop_together(self._procs)
+        self._stop_together(self._last)
+        for thread in others:
+            thread.join(timeout=20)
+        for handle in self._handles:
+            handle.close()
+
+    def _stop_together(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        alive = [p for p in procs if p.poll() is None]
+        for proc in alive:
+            _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.GRACE_S
         for proc in alive:
             try:
@@ -129,10 +139,6 @@ class Services:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        for thread in others:
-            thread.join(timeout=20)
-        for handle in self._handles:
-            handle.close()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -450,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as failed:
             raise SystemExit(f"demo: the prefect server did not start; its log: {prefect.log}\n{failed}") from None
         if prefect.process is not None:
-            services.adopt(prefect.process)  # stopped with the others, at once
+            services.adopt_last(prefect.process)
         _say(f"prefect server (SQLite under {prefect.home}): {prefect.url} (the UI's login asks for the API's "
              f"auth string: {prefect.auth_string})")
         store_uri = _start_store(services, run_dir, args.store, env)
