@@ -1,7 +1,7 @@
 """The triage report: the JSON contract of ``denpex triage`` and its text form for people.
 
 The JSON keys ``verdict``, ``world_size``, ``ranks_with_evidence``, ``missing_ranks``,
-``candidates`` and ``plan`` are the contract (ARCHITECTURE.md); the rest is extra context.
+``candidates`` and ``plan`` are the contract (docs/contracts.md); the rest is extra context.
 The text form answers, for an on-call operator: which group, which collective, who waits, who is
 behind, and why.
 """

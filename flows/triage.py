@@ -1,7 +1,7 @@
 """The incident flow: alert in, evidence coverage, parse fan-out, triage, plan, approval pause,
 recovery check, remediation, audit.
 
-Parameters are exactly the alert event's payload (ARCHITECTURE.md "Alert event"). The flow
+Parameters are exactly the alert event's payload (docs/contracts.md "Alert event"). The flow
 executes the runbook a ``DenpexRunbook`` block names (default ``hang-triage``) and acts on the
 cluster whose target block is named after ``cluster``; with no target it triages and reports only.
 """

@@ -1,6 +1,6 @@
 """What a triage concludes: verdicts, candidates and the reasons behind them.
 
-These models are the JSON contract of ``denpex triage --format json`` (ARCHITECTURE.md).
+These models are the JSON contract of ``denpex triage --format json`` (docs/contracts.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Find the dumps in a store and decide which rank each belongs to.
 
 The rank comes from the manifest (``ranks[r].dump_file``), else from the trailing number of the
-file name, ignoring an extension such as ``.json`` or ``.pkl`` (ARCHITECTURE.md)::
+file name, ignoring an extension such as ``.json`` or ``.pkl`` (docs/contracts.md)::
 
     comm_lib_trace_rank_12   -> 12        rank_1.pkl -> 1        dump-007.json -> 7
     manifest.json, notes.txt -> skipped and reported, never fatal

@@ -1,6 +1,6 @@
 """The job manifest: who each rank is and which process groups exist.
 
-Every field except ``world_size`` is optional (ARCHITECTURE.md). Unknown fields are refused so
+Every field except ``world_size`` is optional (docs/contracts.md). Unknown fields are refused so
 that a typo such as ``"hots"`` fails loudly instead of silently dropping a rank's host.
 
 Example::
