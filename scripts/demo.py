@@ -281,8 +281,8 @@ def _through_the_service(services: Services, incident: IncidentFolder, run_dir: 
     for path in incident.telemetry:
         for line in path.read_text(errors="replace").splitlines():
             events = parse_telemetry_lines([line]).events
-            host = events[0].host if events and events[0].host else ""
-            lines_by_host.setdefault(host, []).append(line)
+            line_host = events[0].host if events and events[0].host else ""
+            lines_by_host.setdefault(line_host, []).append(line)
     job_key = registry.create_key("acme", "lab")
     ranks = manifest.get("ranks", {})
     for rank, dump in incident.dumps.items():
@@ -332,8 +332,12 @@ def _start_slurm(services: Services, incident: IncidentFolder) -> Any:
     from testkit.services.slurm import SlurmLab
 
     lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=_lab_size(incident))
+    def stop_lab() -> None:
+        lab.stop()
+        shutil.rmtree(lab.root, ignore_errors=True)
+
     # Registered before it starts: a signal during start-up stops what already runs.
-    services.also_stop(lambda: (lab.stop(), shutil.rmtree(lab.root, ignore_errors=True)))
+    services.also_stop(stop_lab)
     lab.start()
     _say(f"slurm: slurmctld + {len(lab.nodes)} slurmd + sshd on 127.0.0.1:{lab.ssh_port} (ClusterName=lab)")
     return lab
