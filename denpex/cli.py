@@ -1,7 +1,7 @@
 """The ``denpex`` command line: parse, call the core, render, pick the exit code.
 
 Exit status 0 whenever triage ran, whatever the verdict; 2 for unusable input, with one clear line
-on stderr (ARCHITECTURE.md).
+on stderr (docs/contracts.md).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ and never acts: executing a plan is ``denpex.isolation.executor``'s job, after a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +31,7 @@ from denpex.isolation.plan import IsolationPlan
 from denpex.isolation.planner import plan_for_triage
 from denpex.isolation.policy import Scheduler
 from denpex.report import PlanView, TriageReport
+from denpex.workflow.telemetry_files import telemetry_files_in_store
 
 __all__ = ["Investigation", "investigate"]
 
@@ -57,9 +59,13 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     ``progress`` is told (dumps read, dumps in all) while dumps are read; ``keep_progress`` keeps
     where each rank stands (``Investigation.progress``) for the charts.
 
-    Telemetry stored with the incident by the ingest service (``telemetry.json``) is used too:
-    a node agent's telemetry about its own host like a ``--telemetry`` file; anything else only as
-    a note, since it may never support isolation (``denpex.hardware.stored_telemetry``).
+    Telemetry in the evidence is read by the flow's rule (``denpex.workflow.telemetry_files``):
+    the ``*.log`` and ``*.jsonl`` files beside the dumps (and under ``telemetry/``) like
+    ``--telemetry`` files, since a folder or store the operator names is the operator's own
+    evidence. Telemetry stored with the incident by the ingest service (``telemetry.json``): a node
+    agent's telemetry about its own host likewise; anything else only as a note, since it may never
+    support isolation (``denpex.hardware.stored_telemetry``). ``report.telemetry_files`` lists
+    every file read as telemetry.
     """
     store = open_store(path)
     job = resolve_manifest(store, manifest)
@@ -71,11 +77,17 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     # Hosts and GPUs for correlation and planning: the collector's records serve as a manifest.
     job = job or inventory.manifest
     stored = load_stored_telemetry(store)
-    supporting = load_telemetry(list(telemetry)) if telemetry else TelemetryParseResult()
+    in_evidence = telemetry_files_in_store(store)
+    # A file given with --telemetry that lies in the folder too is read once.
+    read = {os.path.realpath(source) for source in in_evidence.sources if not source.startswith("s3://")}
+    given = [p for p in telemetry if os.path.realpath(p) not in read]
+    supporting = load_telemetry(given) if given else TelemetryParseResult()
+    supporting = supporting.merged(in_evidence)
     if stored is not None:
         supporting = supporting.merged(stored.trusted)
-    if telemetry or (stored is not None and stored.trusted.sources):
+    if supporting.sources:
         result = correlate(result, job, supporting, options=CorrelationOptions(host_domain=host_domain))
+    result = result.model_copy(update={"telemetry_files": list(supporting.sources)})
     if stored is not None and stored.shown_only:
         result = result.model_copy(update={"notes": [*result.notes, *untrusted_notes(stored.shown_only)]})
     report = TriageReport(**dict(result))

@@ -1,7 +1,7 @@
 """The triage report: the JSON contract of ``denpex triage`` and its text form for people.
 
 The JSON keys ``verdict``, ``world_size``, ``ranks_with_evidence``, ``missing_ranks``,
-``candidates`` and ``plan`` are the contract (ARCHITECTURE.md); the rest is extra context.
+``candidates`` and ``plan`` are the contract (docs/contracts.md); the rest is extra context.
 The text form answers, for an on-call operator: which group, which collective, who waits, who is
 behind, and why.
 """
@@ -155,6 +155,9 @@ def _evidence_lines(report: TriageReport) -> list[str]:
         lines.append(f"  skipped {skipped.path}: {skipped.reason}")
     if len(problems) > 20:
         lines.append(f"  ... and {len(problems) - 20} more skipped files")
+    lines += [f"  telemetry read: {source}" for source in report.telemetry_files[:20]]
+    if len(report.telemetry_files) > 20:
+        lines.append(f"  ... and {len(report.telemetry_files) - 20} more telemetry files")
     if report.other_hardware:
         lines.append("  hardware signals on ranks that are not candidates (the culprit may be elsewhere):")
         lines += [f"    - {describe_hardware(event)}" for event in report.other_hardware[:20]]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,20 @@ def alert_trigger() -> DeploymentEventTrigger:
     )
 
 
+class _Runner(Runner):
+    """Prefect's runner, stopped by SIGTERM as by Ctrl-C: at once.
+
+    Prefect's own SIGTERM handler shuts down "gracefully": it cancels every run in flight and
+    gives each up to 30 s to exit, so a run paused for approval held serve for 20 s and more after
+    a SIGTERM (the demo's teardown waited on it), and the paused run was marked Cancelled though
+    nobody cancelled it. Stopped as by Ctrl-C, the run is left to the signal its process group
+    got with serve, as on Ctrl-C.
+    """
+
+    def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+        raise TerminationSignal(signal=signal.SIGTERM)
+
+
 @dataclass(frozen=True)
 class ServedDeployment:
     """One deployment: its flow and the options ``Runner.add_flow`` takes (as ``to_deployment`` does)."""
@@ -72,7 +87,7 @@ async def serve_deployments(chosen: list[ServedDeployment]) -> None:
     """Serve ``chosen`` with one runner until stopped."""
     # No cap on concurrent runs, as prefect.serve(): a triage run waits in its own process for
     # approval (up to the runbook's timeout), and a cap would leave later alerts Late meanwhile.
-    runner = Runner(pause_on_shutdown=True, limit=None)
+    runner = _Runner(pause_on_shutdown=True, limit=None)
     for served in chosen:
         await runner.aadd_flow(served.flow, name=served.name, **served.options)
     names = ", ".join(f"{d.flow.name}/{d.name}" for d in chosen)

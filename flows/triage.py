@@ -1,7 +1,7 @@
 """The incident flow: alert in, evidence coverage, parse fan-out, triage, plan, approval pause,
 recovery check, remediation, audit.
 
-Parameters are exactly the alert event's payload (ARCHITECTURE.md "Alert event"). The flow
+Parameters are exactly the alert event's payload (docs/contracts.md "Alert event"). The flow
 executes the runbook a ``DenpexRunbook`` block names (default ``hang-triage``) and acts on the
 cluster whose target block is named after ``cluster``; with no target it triages and reports only.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 from prefect import flow, unmapped
 from prefect.concurrency.sync import concurrency
-from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Completed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from denpex.analysis.batch import split_batches
@@ -38,6 +38,7 @@ from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
 from denpex.workflow.recovery import check_recovery, newer_dumps
+from denpex.workflow.run_story import execution_line, plain, plan_line, state_message, verdict_line
 from flows import DASK_ADDRESS_ENV
 from flows.approval import (
     Target,
@@ -54,6 +55,7 @@ from flows.approval import (
     state_dir,
     webhook_url,
 )
+from flows.run_log import incident_log, incident_run
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
 from tasks.layout import derive_slurm_layout
@@ -98,12 +100,15 @@ def _triage(inventory: EvidenceInventory, batches: list[Any], as_of: datetime | 
 _RUNNER: Any = ThreadPoolTaskRunner(max_workers=max(2, 2 * _CPUS))
 
 
-@flow(name="denpex-triage", task_runner=_RUNNER)
+@flow(name="denpex-triage", task_runner=_RUNNER, flow_run_name=incident_run)
 def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time: datetime, evidence: str,
            world_size: int | None = None, reported_by_rank: int | None = None,
-           alert_id: str = "") -> dict[str, Any]:
-    """Triage one incident; pause for approval; act only on what a person approved."""
-    log = get_run_logger()
+           alert_id: str = "") -> State[dict[str, Any]]:
+    """Triage one incident; pause for approval; act only on what a person approved.
+
+    The run is named ``<cluster>/<incident>``, logs its own steps at INFO and ends Completed with
+    the verdict and the outcome as its state message; the value is the final report."""
+    log = incident_log()
     # Anyone who reaches the Prefect API can start a run: its parameters are checked as a request's.
     check_flow_parameters(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
                           alert_id=alert_id or None, evidence=evidence)
@@ -117,6 +122,8 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
             warm_parse_workers()
         inventory = wait_for_evidence(evidence, world_size, timing.evidence_grace, timing.coverage_poll,
                                       f"{key}-coverage")
+        log.info("coverage: dumps of %d of %d ranks in %s", len(inventory.dumps), inventory.world_size,
+                 plain(evidence))
         batches = _summaries(inventory)
     finally:
         # Also when the evidence cannot be read: a run process joins its live child processes
@@ -128,6 +135,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         # Ranks nobody placed (died before registering, no registration): Slurm's job record guesses.
         inventory = derive_slurm_layout(inventory, target.settings, job_id)
     result = mark_derived_candidates(_triage(inventory, batches, alert_time), inventory.manifest)
+    log.info("verdict: %s", verdict_line(result))
     charts = render_charts(result, batches, inventory.world_size)
     del batches  # only the compact counters live on, inside the charts' data
     report = TriageReport(**dict(result))
@@ -142,6 +150,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         plan = plan_isolation_task(result, inventory, target.scheduler, runbook_file, incident_id=incident_id,
                                    tenant=target.tenant, cluster=target.cluster_name, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
+    log.info("plan: %s", plan_line(report.plan, plan))
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
                                chart=charts_section(charts, result))
     publish_report(report, plan, markdown, key)
@@ -162,6 +171,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                              policy=runbook.policy(), key_prefix=key)
     answer = ask_approval(plan, brief, operation=Operation.ISOLATE, policy=runbook.policy(),
                           timeout=timing.approval_timeout, poll=timing.approval_poll)
+    if answer is not None:
+        log.info("approval: %s by %s: %s", answer.verdict.value, plain(answer.approver or "nobody named", 64),
+                 plain(answer.reason))
     if answer is None:
         why = f"nobody answered within {timing.approval_timeout}; nothing was done"
         record_not_done(plan, operation=Operation.ISOLATE, outcome="timed_out", reason=why, approver=None,
@@ -188,7 +200,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
 
 
 def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, target: Target,
-               answer: ReviewedAnswer, key: str, retries: int, recovery_note: str = "") -> dict[str, Any]:
+               answer: ReviewedAnswer, key: str, retries: int, recovery_note: str = "") -> State[dict[str, Any]]:
     approval = answer.approval
     if approval is None:
         raise RuntimeError("remediation without an approval")
@@ -206,6 +218,7 @@ def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, targ
         emit("denpex.remediation.failed", ref.incident_id, ref.cluster, {"reason": why})
         return _finish(ref, report, IncidentStage.FAILED, why, plan, key, approval=approval)
     execution = state.result()
+    incident_log().info("ran: %s", execution_line(execution))
     for node in execution.nodes:
         emit("denpex.remediation.result", ref.incident_id, ref.cluster,
              {"node": node.node, "decision": node.decision.value,
@@ -224,7 +237,7 @@ def _save_plan(plan: IsolationPlan) -> None:
 
 
 def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason: str,
-            plan: IsolationPlan | None, key: str, **extra: Any) -> dict[str, Any]:
+            plan: IsolationPlan | None, key: str, **extra: Any) -> State[dict[str, Any]]:
     outcome = IncidentOutcome(incident=ref, report=report, outcome=stage, reason=reason,
                               plan_hash=plan.content_hash() if plan else None, **extra)
     publish_decision(ref.incident_id, stage.value, reason, key)
@@ -233,4 +246,6 @@ def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
     data["report_path"] = str(path)
-    return data
+    incident_log().info("outcome: %s: %s (report %s)", stage.value, plain(reason, 400), path)
+    # The verdict in the run's state message: the runs list then says what each incident was.
+    return Completed(message=state_message(report, stage.value, reason), data=data)

@@ -11,7 +11,9 @@ report. Fresh state under out/demo/<time>/.
     make demo DEMO_APPROVE=1       # approves unattended, drains the culprit's node, exits
     make demo DEMO=path/to/folder  # another incident: per-rank dumps, manifest.json, *.log, *.jsonl
 
-Ctrl-C tears everything down. The last line is `report: PATH` (the final report JSON).
+Ctrl-C, SIGTERM or SIGHUP tear everything down. With --approve the last line is `report: PATH` (the final
+report JSON); without it, once the run is done the demo prints `report: PATH` and keeps everything up
+until Ctrl-C (exit 0).
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,22 +58,99 @@ def _wait_http(url: str, what: str, proc: subprocess.Popen[bytes], log: Path, ti
         raise SystemExit(f"demo: {what} did not come up; its log: {log}\n{failed}") from None
 
 
-def _spawn(stack: ExitStack, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    handle = log.open("wb")
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+class Stopped(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP: unwind, tearing everything down, as Ctrl-C always did."""
 
-    def stop() -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signals() -> None:
+    """Turn the first stop signal into ``Stopped`` and ignore the later ones: a second signal must
+    not cut short the teardown the first one started (a service would be left running)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        for each in _STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for each in _STOP_SIGNALS:
+        signal.signal(each, stop)
+
+
+class Services:
+    """Every process group the demo started, stopped together: SIGTERM to all at once, one shared
+    grace, then SIGKILL to any group still there. Stopping them one after another, each with its
+    own grace, took minutes when one lingered; a signal's teardown must take seconds."""
+
+    GRACE_S = 6.0
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._last: list[subprocess.Popen[bytes]] = []
+        self._handles: list[IO[bytes]] = []
+        self._also: list[Callable[[], None]] = []
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        handle = log.open("wb")
+        self._handles.append(handle)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self._procs.append(proc)
+        return proc
+
+    def adopt_last(self, proc: subprocess.Popen[bytes]) -> None:
+        """A process group started elsewhere, stopped after the others: the Prefect server, which
+        flows.serve and serve-api still talk to while they stop."""
+        self._last.append(proc)
+
+    def also_stop(self, stop: Callable[[], None]) -> None:
+        """Something with its own stop (the Slurm lab), run beside the signals."""
+        self._also.append(stop)
+
+    def stop(self) -> None:
+        others = [threading.Thread(target=stop, daemon=True) for stop in self._also]
+        for thread in others:
+            thread.start()
+        self._stop_together(self._procs)
+        self._stop_together(self._last)
+        for thread in others:
+            thread.join(timeout=20)
+        for handle in self._handles:
+            handle.close()
+
+    def _stop_together(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        alive = [p for p in procs if p.poll() is None]
+        for proc in alive:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.GRACE_S
+        for proc in alive:
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        handle.close()
+                _say(f"{_name(proc)} did not stop within {self.GRACE_S:g} s of SIGTERM; killed")
+            # Its children too (a forked run, worker processes), whether or not the leader is gone.
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
 
-    stack.callback(stop)
-    return proc
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group is gone
+
+
+def _name(proc: subprocess.Popen[bytes]) -> str:
+    args = proc.args if isinstance(proc.args, list) else [str(proc.args)]
+    return " ".join(Path(str(a)).name if i == 0 else str(a) for i, a in enumerate(args[:4]))
 
 
 def _demo_runbooks(folder: Path) -> None:
@@ -98,15 +180,60 @@ def _enroll_demo_operator(state: Path, env: dict[str, str]) -> str:
     return f"{sys.executable} -c \"{program}\""
 
 
-def _alert_time(incident: Path) -> datetime:
-    """A few seconds after the newest dump time in the manifest (when the watchdog alerted)."""
-    manifest = json.loads((incident / "manifest.json").read_text())
-    times = [datetime.fromisoformat(r["dumped_at"].replace("Z", "+00:00"))
-             for r in manifest.get("ranks", {}).values() if r.get("dumped_at")]
-    return (max(times) if times else datetime.now(UTC)) + timedelta(seconds=6)
+@dataclass(frozen=True)
+class IncidentFolder:
+    """An incident folder checked before anything starts: its dumps found by the core's rule
+    (``denpex.evidence.discovery``: the manifest's ``dump_file``, else the name's trailing number,
+    so torch's ``comm_lib_trace_rank_3`` as well as ``rank_3.pkl``), its telemetry by the flow's
+    (``denpex.workflow.telemetry_files``), and when the watchdog alerted."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    dumps: dict[int, Path]
+    telemetry: list[Path]
+    alert_time: datetime
 
 
-def _start_store(stack: ExitStack, run_dir: Path, store: str, env: dict[str, str]) -> str:
+def check_incident(folder: Path) -> IncidentFolder:
+    """Read the folder as triage would; one clear line (SystemExit) when it cannot be demonstrated.
+
+    The alert time is a few seconds after the evidence's newest time (the manifest's dump times,
+    else the dumps' own entries, as ``denpex triage`` judges staleness): an alert at the wall clock
+    would find every rank of an older folder stale.
+    """
+    from denpex.analysis.triage import summarize_inventory, take_inventory, triage_outcomes
+    from denpex.evidence.errors import EvidenceError
+    from denpex.evidence.store import open_store
+    from denpex.workflow.telemetry_files import telemetry_names
+
+    def unusable(why: str) -> SystemExit:
+        return SystemExit(f"demo: {folder} cannot be demonstrated: {why}")
+
+    if not (folder / "manifest.json").is_file():
+        raise unusable("no manifest.json (an incident folder holds per-rank dumps, manifest.json with the "
+                       "world size and each rank's host, and optional *.log / *.jsonl telemetry)")
+    store = open_store(folder)
+    try:
+        inventory = take_inventory(store)
+        if not inventory.dumps:
+            skipped = "; ".join(f"{s.path}: {s.reason}" for s in inventory.skipped[:5]) or "the folder holds none"
+            raise unusable("no Flight Recorder dumps found (a dump is named by the manifest's ranks[r].dump_file "
+                           f"or ends in its rank, as comm_lib_trace_rank_3 or rank_3.pkl; {skipped})")
+        outcomes = summarize_inventory(store, inventory)
+        evidence_time = triage_outcomes(inventory, outcomes).as_of
+        telemetry = [folder / name for name in telemetry_names(store)]
+    except EvidenceError as exc:
+        raise unusable(str(exc)) from None
+    if inventory.manifest is None or not any(i.host for i in inventory.manifest.ranks.values()):
+        raise unusable("manifest.json names no rank's host; the local Slurm drains the culprit's host")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return IncidentFolder(folder=folder, manifest=manifest,
+                          dumps={r: folder / ref.name for r, ref in sorted(inventory.dumps.items())},
+                          telemetry=telemetry,
+                          alert_time=(evidence_time or datetime.now(UTC)) + timedelta(seconds=6))
+
+
+def _start_store(services: Services, run_dir: Path, store: str, env: dict[str, str]) -> str:
     """The evidence store the ingest service writes to: moto's S3 server, or a folder."""
     if store == "folder":
         target = run_dir / "evidence"
@@ -115,7 +242,7 @@ def _start_store(stack: ExitStack, run_dir: Path, store: str, env: dict[str, str
     port = free_port()
     moto = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
     log = run_dir / "moto.log"
-    proc = _spawn(stack, [moto, "-H", "127.0.0.1", "-p", str(port)], env, log)
+    proc = services.spawn([moto, "-H", "127.0.0.1", "-p", str(port)], env, log)
     endpoint = f"http://127.0.0.1:{port}"
     _wait_http(endpoint, "moto S3 server", proc, log)
     env["DENPEX_S3_ENDPOINT_URL"] = endpoint
@@ -131,8 +258,8 @@ def _start_store(stack: ExitStack, run_dir: Path, store: str, env: dict[str, str
 _IDENTITY_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id", "dumped_at")
 
 
-def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_uri: str, env: dict[str, str],
-                         incident_id: str) -> None:
+def _through_the_service(services: Services, incident: IncidentFolder, run_dir: Path, store_uri: str,
+                         env: dict[str, str], incident_id: str) -> None:
     """Run ``denpex serve-api``; upload every rank's dump with a signed request (each host's telemetry
     with that host's node-agent key) and send the alert through the Alertmanager webhook."""
     from denpex.hardware import parse_telemetry_lines
@@ -145,28 +272,22 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = run_dir / "serve-api.log"
-    proc = _spawn(stack, [sys.executable, "-m", "denpex", "serve-api", "--port", str(port), "--store", store_uri],
-                  env, log)
+    proc = services.spawn([sys.executable, "-m", "denpex", "serve-api", "--port", str(port), "--store", store_uri],
+                          env, log)
     _wait_http(f"{url}/healthz", "denpex serve-api", proc, log)
-    manifest = json.loads((incident / "manifest.json").read_text())
-    job_id = manifest.get("job_id") or incident.name
+    manifest = incident.manifest
+    job_id = manifest.get("job_id") or incident.folder.name
     lines_by_host: dict[str, list[str]] = {}
-    for path in sorted(incident.iterdir()):
-        if path.suffix in (".log", ".jsonl"):
-            for line in path.read_text(errors="replace").splitlines():
-                events = parse_telemetry_lines([line]).events
-                host = events[0].host if events and events[0].host else ""
-                lines_by_host.setdefault(host, []).append(line)
+    for path in incident.telemetry:
+        for line in path.read_text(errors="replace").splitlines():
+            events = parse_telemetry_lines([line]).events
+            line_host = events[0].host if events and events[0].host else ""
+            lines_by_host.setdefault(line_host, []).append(line)
     job_key = registry.create_key("acme", "lab")
     ranks = manifest.get("ranks", {})
     _register_layout(IngestClient(url, key_id=job_key.key_id, secret=job_key.secret, tenant="acme", cluster="lab"),
                      job_id, manifest)
-    uploaded = 0
-    for rank in range(manifest["world_size"]):
-        dump = next((p for p in (incident / f"rank_{rank}.pkl", incident / f"rank_{rank}.json") if p.is_file()), None)
-        if dump is None:
-            continue
-        uploaded += 1
+    for rank, dump in incident.dumps.items():
         ident = {k: v for k, v in ranks.get(str(rank), {}).items() if k in _IDENTITY_FIELDS}
         host = ident.get("host")
         telemetry = lines_by_host.pop(host, []) if host else []
@@ -191,12 +312,12 @@ def _through_the_service(stack: ExitStack, incident: Path, run_dir: Path, store_
         if response.status_code >= 300:
             raise SystemExit(f"demo: the telemetry of {host} was refused: {response.text}")
         _say(f"{host} left no dump; its node agent sent its kernel log alone")
-    _say(f"uploaded {uploaded} of {manifest['world_size']} ranks' dumps with signed requests to {url} "
+    _say(f"uploaded {len(incident.dumps)} of {manifest['world_size']} ranks' dumps with signed requests to {url} "
          f"-> {store_uri}/acme/lab/{job_id}/{incident_id}")
     time.sleep(1.5)  # the service writes the incident's manifest.json within a second
     token = registry.create_token("acme", "lab")
     alert = {"version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
-        "status": "firing", "startsAt": _alert_time(incident).isoformat().replace("+00:00", "Z"),
+        "status": "firing", "startsAt": incident.alert_time.isoformat().replace("+00:00", "Z"),
         "labels": {"alertname": "NCCLWatchdogTimeout", "tenant": "acme", "cluster": "lab", "job_id": job_id,
                    "incident_id": incident_id, "rank": "0", "world_size": str(manifest["world_size"])}}]}
     request = urllib.request.Request(f"{url}/v1/alerts", data=json.dumps(alert).encode(), method="POST",
@@ -224,19 +345,30 @@ def _register_layout(client: Any, job_id: str, manifest: dict[str, Any]) -> None
     _say(f"registered job {job_id}'s layout ({len(ranks)} ranks) as its collectors would at start")
 
 
-def _start_slurm(stack: ExitStack, incident: Path) -> Any:
+def _lab_size(incident: IncidentFolder) -> int:
+    """The local Slurm's node count; the manifest's hosts must be among its names (checked before
+    anything starts)."""
+    hosts = sorted({r.get("host") for r in incident.manifest.get("ranks", {}).values() if r.get("host")})
+    # 16 nodes as in the tests: draining one stays inside the runbook's 10% blast radius.
+    size = max(16, len(hosts))
+    missing = [h for h in hosts if h not in {f"gpu-node-{i:03d}" for i in range(1, size + 1)}]
+    if missing:
+        raise SystemExit(f"demo: {incident.folder} cannot be demonstrated: the local Slurm names its nodes "
+                         f"gpu-node-001..gpu-node-{size:03d}; the manifest's hosts {missing} are not among them")
+    return size
+
+
+def _start_slurm(services: Services, incident: IncidentFolder) -> Any:
     from testkit.services.slurm import SlurmLab
 
-    manifest = json.loads((incident / "manifest.json").read_text())
-    hosts = sorted({r.get("host") for r in manifest.get("ranks", {}).values() if r.get("host")})
-    # 16 nodes as in the tests: draining one stays inside the runbook's 10% blast radius.
-    lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=max(16, len(hosts)))
-    missing = [h for h in hosts if h not in lab.nodes]
-    if missing:
-        raise SystemExit(f"demo: the local Slurm names its nodes gpu-node-001..; the manifest's hosts "
-                         f"{missing} are not among them")
+    lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=_lab_size(incident))
+    def stop_lab() -> None:
+        lab.stop()
+        shutil.rmtree(lab.root, ignore_errors=True)
+
+    # Registered before it starts: a signal during start-up stops what already runs.
+    services.also_stop(stop_lab)
     lab.start()
-    stack.callback(lambda: (lab.stop(), shutil.rmtree(lab.root, ignore_errors=True)))
     _say(f"slurm: slurmctld + {len(lab.nodes)} slurmd + sshd on 127.0.0.1:{lab.ssh_port} (ClusterName=lab)")
     return lab
 
@@ -327,10 +459,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=["s3", "folder"], default="s3")
     parser.add_argument("--out", default=str(ROOT / "out" / "demo"))
     args = parser.parse_args(argv)
-    incident = Path(args.incident).resolve()
-    if not (incident / "manifest.json").is_file():
-        raise SystemExit(f"demo: {incident} has no manifest.json; an incident folder holds per-rank dumps, "
-                         "manifest.json and optional *.log / *.jsonl telemetry")
+    _stop_on_signals()
+    # Checked before anything starts: an unusable folder is one line, not a failed run later.
+    incident = check_incident(Path(args.incident).resolve())
+    _lab_size(incident)
+    _say(f"incident {incident.folder}: dumps of ranks {', '.join(map(str, incident.dumps))} "
+         f"({', '.join(p.name for p in incident.dumps.values())}); telemetry: "
+         f"{', '.join(p.name for p in incident.telemetry) or 'none'}; alert at {incident.alert_time.isoformat()}")
     run_dir = Path(args.out).resolve() / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir.mkdir(parents=True)
     # The Prefect server the tests use (testkit.services.prefect): SQLite in run_dir/prefect-home,
@@ -344,23 +479,28 @@ def main(argv: list[str] | None = None) -> int:
                       AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo", AWS_DEFAULT_REGION="us-east-1")
     _demo_runbooks(run_dir / "runbooks")
     code_command = _enroll_demo_operator(run_dir / "state", env)
+    services = Services()
+    stopped_after_the_run = False
     with ExitStack() as stack:
         _say(f"state: {run_dir}")
         stack.callback(prefect.stop)
+        stack.callback(services.stop)
         try:
             prefect.start()
         except RuntimeError as failed:
             raise SystemExit(f"demo: the prefect server did not start; its log: {prefect.log}\n{failed}") from None
+        if prefect.process is not None:
+            services.adopt_last(prefect.process)
         _say(f"prefect server (SQLite under {prefect.home}): {prefect.url} (the UI's login asks for the API's "
              f"auth string: {prefect.auth_string})")
-        store_uri = _start_store(stack, run_dir, args.store, env)
+        store_uri = _start_store(services, run_dir, args.store, env)
         os.environ.update(env)  # this process talks to the same API and store from here on
-        lab = _start_slurm(stack, incident)
+        lab = _start_slurm(services, incident)
         _register_blocks(lab)
-        served = _spawn(stack, [sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
+        served = services.spawn([sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
         incident_id = f"demo-{run_dir.name.lower()}"
         _wait_for_trigger(api, served, run_dir / "serve.log", headers=prefect.headers)
-        _through_the_service(stack, incident, run_dir, store_uri, env, incident_id)
+        _through_the_service(services, incident, run_dir, store_uri, env, incident_id)
         run_id = _find_run(incident_id)
         ui = f"{prefect.url}/runs/flow-run/{run_id}"
         state = _wait_state(run_id, {"PAUSED", "COMPLETED"})
@@ -403,6 +543,11 @@ def main(argv: list[str] | None = None) -> int:
         if audit.exists():
             _say(f"audit log {audit}:")
             print(audit.read_text(), end="", flush=True)
+        if not args.approve:
+            stopped_after_the_run = _keep_up_until_stopped(reports[-1], ui)
+    if stopped_after_the_run:
+        _say("stopped; everything was torn down")
+        return 0
     # Printed once everything is torn down, so that it stays the last line of the output whatever
     # the teardown prints (callers, CI among them, read the report's path from the last line).
     print(f"report: {reports[-1]}", flush=True)
@@ -410,9 +555,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not args.approve or final["outcome"] == "executed" else 1
 
 
+def _keep_up_until_stopped(report: Path, ui: str) -> bool:
+    """Interactive: the run is done; keep the UI (and the decision and report artifacts) up until
+    the person stops the demo. True once stopped (Ctrl-C, SIGTERM or SIGHUP): a normal end."""
+    print(f"report: {report}", flush=True)
+    _say(f"the run is done; everything stays up so that you can look at it in the UI ({ui}). "
+         "Ctrl-C stops the demo and tears everything down.")
+    try:
+        while True:
+            signal.pause()
+    except Stopped:
+        print(flush=True)
+        return True
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
-        print("\n[demo] stopped; everything was torn down", flush=True)
-        sys.exit(130)
+    except Stopped as stopped:
+        print(f"\n[demo] stopped ({signal.Signals(stopped.signum).name}); everything was torn down", flush=True)
+        sys.exit(128 + stopped.signum)

@@ -32,9 +32,9 @@ def compare_ranks(inventory: EvidenceInventory, batches: list[list[RankOutcome]]
 def correlate_telemetry(result: TriageResult, inventory: EvidenceInventory) -> TriageResult:
     """Line hardware signals from the incident's telemetry files up with the candidates."""
     telemetry = telemetry_in_store(open_store(inventory.store_uri))
-    if not telemetry.events:
-        return result
-    return correlate(result, inventory.manifest, telemetry)
+    if telemetry.events:
+        result = correlate(result, inventory.manifest, telemetry)
+    return result.model_copy(update={"telemetry_files": list(telemetry.sources)})
 
 
 @task(name="plan-isolation")

@@ -1,6 +1,6 @@
 """What a triage concludes: verdicts, candidates and the reasons behind them.
 
-These models are the JSON contract of ``denpex triage --format json`` (ARCHITECTURE.md).
+These models are the JSON contract of ``denpex triage --format json`` (docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -174,3 +174,6 @@ class TriageResult(BaseModel):
     groups: list[GroupVerdict] = Field(default_factory=list)
     # Hardware events in the hang's window on hosts that run no candidate (denpex.hardware).
     other_hardware: list[CandidateHardware] = Field(default_factory=list)
+    # The files read as telemetry (kernel logs, collector output): given on the command line, found
+    # beside the dumps (denpex.workflow.telemetry_files), or filed by the ingest service.
+    telemetry_files: list[str] = Field(default_factory=list)

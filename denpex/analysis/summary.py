@@ -1,6 +1,6 @@
 """Reduce one rank's Flight Recorder dump to a compact progress summary.
 
-This is the scale rule of ARCHITECTURE.md: one streaming pass over the entries keeps, per process
+This is the scale rule: one streaming pass over the entries keeps, per process
 group, only the sequence counters and the ops still in flight. Entries are read once and dropped;
 only ``RankSummary`` objects cross process or task boundaries.
 

@@ -35,7 +35,7 @@ class NodeAgentError(Exception):
 
 
 def journalctl_argv(since: datetime | None, until: datetime | None) -> list[str]:
-    """``journalctl -k`` in the kernel-log format Denpex parses (ARCHITECTURE.md, telemetry input)."""
+    """``journalctl -k`` in the kernel-log format Denpex parses (docs/contracts.md, Telemetry)."""
     argv = ["journalctl", "-k", "-o", "short-iso", "--no-pager"]
     if since is not None:
         argv += ["--since", since.strftime("%Y-%m-%d %H:%M:%S UTC")]

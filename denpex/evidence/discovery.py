@@ -1,10 +1,11 @@
 """Find the dumps in a store and decide which rank each belongs to.
 
 The rank comes from the manifest (``ranks[r].dump_file``), else from the trailing number of the
-file name, ignoring an extension such as ``.json`` or ``.pkl`` (ARCHITECTURE.md)::
+file name, ignoring an extension such as ``.json`` or ``.pkl`` (docs/contracts.md)::
 
     comm_lib_trace_rank_12   -> 12        rank_1.pkl -> 1        dump-007.json -> 7
     manifest.json, notes.txt -> skipped and reported, never fatal
+    kernel.log, gpu.jsonl    -> telemetry (``is_telemetry_name``), read as such, never a dump
 
 Two files for one rank are both refused (a rank must not look healthy on borrowed evidence),
 except the same dump in both encodings (``rank_3.pkl`` and ``rank_3.json``): the pickle is kept.
@@ -21,11 +22,14 @@ from denpex.analysis.models import SkippedFile
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest
 from denpex.evidence.store import StoredObject
 
-__all__ = ["DumpRef", "Inventory", "rank_from_file_name", "is_candidate_name", "discover_dumps",
-           "NOT_EVIDENCE"]
+__all__ = ["DumpRef", "Inventory", "rank_from_file_name", "is_candidate_name", "is_telemetry_name",
+           "discover_dumps", "NOT_EVIDENCE", "TELEMETRY_SUFFIXES"]
 
 # Names Denpex itself writes next to dumps; they are not dumps and not worth a warning.
 NOT_EVIDENCE = frozenset({"manifest.json", "expected.json", "telemetry.json"})
+# Telemetry that travels with the dumps: kernel logs and collector output. One rule for the CLI,
+# the flow and the demo (denpex.workflow.telemetry_files reads them).
+TELEMETRY_SUFFIXES = (".log", ".jsonl")
 _EXTENSIONS = (".json", ".pkl", ".pickle", ".pt", ".bin", ".dump")
 _TRAILING_NUMBER = re.compile(r"([0-9]+)$")
 # More digits than any rank has; such a number is not converted (int() refuses > 4,300 digits).
@@ -61,6 +65,11 @@ def is_candidate_name(name: str) -> bool:
     return name not in NOT_EVIDENCE and not name.startswith(".") and not name.endswith(".tmp")
 
 
+def is_telemetry_name(name: str) -> bool:
+    """A kernel log (``*.log``) or collector output (``*.jsonl``): telemetry, not a dump."""
+    return name.lower().endswith(TELEMETRY_SUFFIXES)
+
+
 def rank_from_file_name(name: str) -> int | None:
     """The trailing number of ``name`` without a known extension, or None."""
     match = _TRAILING_NUMBER.search(_stem(name))
@@ -86,6 +95,8 @@ def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobMan
         if not is_candidate_name(obj.name):
             continue
         rank = by_file.get(obj.name)
+        if rank is None and is_telemetry_name(obj.name):
+            continue  # read as telemetry, and listed as such, not skipped as "not a dump"
         if rank is None:
             rank = rank_from_file_name(obj.name)
         if rank is None:

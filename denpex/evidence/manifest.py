@@ -1,6 +1,6 @@
 """The job manifest: who each rank is and which process groups exist.
 
-Every field except ``world_size`` is optional (ARCHITECTURE.md). Unknown fields are refused so
+Every field except ``world_size`` is optional (docs/contracts.md). Unknown fields are refused so
 that a typo such as ``"hots"`` fails loudly instead of silently dropping a rank's host.
 
 Example::
@@ -48,7 +48,7 @@ HostName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-
 
 
 class HostSource(StrEnum):
-    """Where a rank's placement came from (ARCHITECTURE.md, the manifest contract)."""
+    """Where a rank's placement came from (docs/contracts.md, Manifest)."""
 
     MANIFEST = "manifest"
     """Written by whoever made the manifest (the CLI's ``manifest.json``)."""

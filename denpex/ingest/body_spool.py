@@ -6,7 +6,7 @@ bounds hold whatever the senders do:
 
 - **bodies in flight** (``max_in_flight``): one more is refused at once, before a byte is read,
   with 503 and ``Retry-After``. 503 rather than 429: it is the service's capacity that is
-  spent, not one tenant's rate (ARCHITECTURE.md keeps 429 for a tenant's or cluster's limit).
+  spent, not one tenant's rate (docs/contracts.md keeps 429 for a tenant's or cluster's limit).
   One source (the key id a signed request names, or a bearer token's tenant and cluster) holds
   at most ``max_in_flight_per_source`` of them, so a stranger who learned one key id cannot
   take the whole pool (it can deny that one key: its slots are taken before any signature is

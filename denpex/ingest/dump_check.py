@@ -33,7 +33,7 @@ class DumpCheck:
 
 
 def encoding_of_filename(filename: str) -> DumpEncoding:
-    """``.json`` says JSON; no extension or ``.pkl`` says pickle (ARCHITECTURE.md)."""
+    """``.json`` says JSON; no extension or ``.pkl`` says pickle (docs/contracts.md)."""
     return DumpEncoding.JSON if filename.lower().endswith(".json") else DumpEncoding.PICKLE
 
 

@@ -60,7 +60,7 @@ _log = logging.getLogger(__name__)
 
 
 class UploadReceipt(BaseModel):
-    """The answer to an upload (ARCHITECTURE.md), plus how many telemetry files were new."""
+    """The answer to an upload (docs/contracts.md), plus how many telemetry files were new."""
 
     stored: bool
     sha256: str

@@ -1,4 +1,4 @@
-"""Starting the incident flow: the alert event of ARCHITECTURE.md, behind one small interface.
+"""Starting the incident flow: the alert event of docs/contracts.md, behind one small interface.
 
 The event is ``denpex.workflow.alert_event``'s, the one definition the flow's trigger, the
 ``denpex`` commands and this service share (event ``denpex.alert.nccl-timeout``, id

@@ -2,7 +2,7 @@
 
 A rank that dies without a dump (its GPU fell off the bus, the host OOM-killed it) never uploads,
 so the incident's manifest could not say where it ran; its collector registered it at start.
-The body is a manifest fragment (ARCHITECTURE.md's manifest, without ``job_id``)::
+The body is a manifest fragment (docs/contracts.md's Manifest, without ``job_id``)::
 
     {"world_size": 4,
      "ranks": {"1": {"host": "gpu-node-002", "local_rank": 0, "pid": 4242,

@@ -1,4 +1,4 @@
-"""Signed requests: HMAC-SHA256 over a canonical string, as ARCHITECTURE.md fixes it.
+"""Signed requests: HMAC-SHA256 over a canonical string, as docs/contracts.md fixes it.
 
     v1\\n{METHOD}\\n{PATH}\\n{tenant}\\n{cluster}\\n{timestamp}\\n{nonce}\\n{sha256 hex of body}
 

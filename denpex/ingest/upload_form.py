@@ -37,7 +37,7 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class FormCaps:
-    """Caps on the parts (the dump's is ARCHITECTURE.md's 256 MiB by default)."""
+    """Caps on the parts (the dump's is docs/contracts.md's 256 MiB by default)."""
 
     max_dump_bytes: int
     max_telemetry_bytes: int

@@ -1,6 +1,6 @@
 """Approvals: a person's consent to one operation on one plan, for named nodes on one cluster.
 
-One record for every channel (ARCHITECTURE.md "Approvals")::
+One record for every channel (docs/contracts.md "Approvals")::
 
     {"plan_hash", "operation", "incident_id", "cluster", "nodes", "approver", "comment",
      "channel": "cli-signed | prefect-ui", "flow_run_id", "approved_at", "expires_at", "signature",

@@ -2,7 +2,7 @@
 
 A plan decides; it never acts. Approvals and audit records refer to its content hash, so a plan
 edited after approval no longer matches its approval. ``contract_view()`` is the ``plan`` object
-of ``denpex triage --format json`` (ARCHITECTURE.md)::
+of ``denpex triage --format json`` (docs/contracts.md)::
 
     {"recommend_isolation": true,
      "actions": [{"node": "gpu-node-002", "action": "drain"}],

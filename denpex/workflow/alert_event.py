@@ -1,4 +1,4 @@
-"""The alert event that starts the incident flow (ARCHITECTURE.md "Alert event").
+"""The alert event that starts the incident flow (docs/contracts.md "Alert event").
 
 The event's payload is exactly the flow's parameters; its id is derived from ``alert_id``, so a
 re-sent alert is the same event and starts no second run (the server drops an event id it has

@@ -12,7 +12,7 @@ The paused run shows the plan and a form (``flows/``: a Prefect ``RunInput`` bui
     ApprovalAnswer(decision=reject, approver="alice", no code)
                                          -> REJECTED, "rejected by an unverified answer naming 'alice' ..."
 
-The approval is the one model of ARCHITECTURE.md "Approvals" (``denpex.isolation.approval``,
+The approval is the one model of docs/contracts.md "Approvals" (``denpex.isolation.approval``,
 channel ``prefect-ui``, the flow run's id), built with ``ui_approval``. Who may approve is read
 from the operator's runbook (``approvers_for(tenant, cluster)``), never from the form, and
 ``execute_approved`` checks it all again before acting.

@@ -166,3 +166,11 @@ def test_a_run_whose_parameters_climb_out_of_the_state_directory_does_nothing(st
         triage(tenant="b", cluster=A_CLUSTER, job_id="j", incident_id="../../x", alert_time=ALERT_TIME,
                evidence="/a/../b")
     assert not list(tmp_path.glob("x-*.json"))  # no report beside it (state/reports/../../x-RUN.json)
+    # The run's name is made of the untrusted parameters, bounded and sanitized.
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=[f"{A_CLUSTER}/.._.._x"])))
+    assert runs and all(r.state is not None and r.state.is_failed() for r in runs)

@@ -8,6 +8,8 @@ untouched, with the reason in the report, the audit log and the event feed.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -158,6 +160,34 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert all(r.approver == "alice" and r.node == CULPRIT_NODE for r in mine)
     wanted = {"denpex.remediation.intent", "denpex.remediation.result"}
     assert wanted <= _event_names(incident, wanted)
+    _the_run_page_tells_the_story(run_id, incident)
+
+
+def _the_run_page_tells_the_story(run_id: Any, incident: str) -> None:
+    """The run is named after the incident, its state message gives the verdict, and its Logs tab
+    shows the flow's own steps at INFO although Prefect's level is WARNING (as in the demo)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    assert os.environ["PREFECT_LOGGING_LEVEL"] == "WARNING"  # what the served flows inherit
+    wanted = ("coverage: dumps of 4 of 4 ranks", "verdict: localized: rank 2 (not_entered) on gpu-node-003",
+              f"plan: drain {CULPRIT_NODE} (plan ", "approval: approved by alice: approved by alice",
+              f"ran: {CULPRIT_NODE}: act, applied, now IDLE+DRAIN", "outcome: executed: approved by alice")
+    deadline = time.monotonic() + 30
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        while True:  # the run's log handler sends in batches
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            mine = [(log.level, log.message) for log in logs if log.name == "prefect.flow_runs.denpex"]
+            if all(any(m.startswith(w) for _, m in mine) for w in wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    assert run.name == f"lab/{incident}"
+    assert run.state is not None and run.state.message is not None
+    assert run.state.message.startswith("localized: rank 2 (not_entered) on gpu-node-003; 4 of 4 ranks reported. "
+                                        "executed: approved by alice"), run.state.message
+    for line in wanted:
+        assert any(level == logging.INFO and m.startswith(line) for level, m in mine), f"{line!r} not in {mine}"
 
 
 @pytest.mark.parametrize("answer, outcome, why", [
