@@ -28,7 +28,6 @@ from denpex.analysis.triage import EvidenceInventory
 from denpex.charts import charts_section
 from denpex.evidence.files import write_atomic
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
-from denpex.isolation.policy import Scheduler
 from denpex.isolation.slurm_layout import mark_derived_candidates
 from denpex.report import PlanView, TriageReport
 from denpex.state_paths import state_path
@@ -58,7 +57,7 @@ from flows.approval import (
 from flows.run_log import incident_log, incident_run
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
-from tasks.layout import derive_slurm_layout
+from tasks.layout import derive_layout
 from tasks.charts import publish_charts, render_charts
 from tasks.notify import notify_approvers
 from tasks.parse import release_parse_workers, summarize_dumps, warm_parse_workers
@@ -131,9 +130,10 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         release_parse_workers()
     found = find_target(cluster, runbook_file, tenant=tenant)
     target = found.target
-    if target is not None and target.scheduler is Scheduler.SLURM:
-        # Ranks nobody placed (died before registering, no registration): Slurm's job record guesses.
-        inventory = derive_slurm_layout(inventory, target.settings, job_id)
+    if target is not None:
+        # Ranks nobody placed (died before registering, no registration): the scheduler's record
+        # of the job (Slurm's job record, the Kubernetes job's pods) guesses.
+        inventory = derive_layout(inventory, target.scheduler, target.settings, job_id, alert_time)
     result = mark_derived_candidates(_triage(inventory, batches, alert_time), inventory.manifest)
     log.info("verdict: %s", verdict_line(result))
     charts = render_charts(result, batches, inventory.world_size)

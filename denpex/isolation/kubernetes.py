@@ -44,6 +44,7 @@ from denpex.isolation.errors import (
     TransientRemoteError,
 )
 from denpex.isolation.facts import ClusterFacts, NodeFacts, ReasonOwner, owned_reason_prefix
+from denpex.isolation.k8s_layout import JobPod
 from denpex.isolation.plan import HungJob, NodeAction, Operation, utc_now
 from denpex.isolation.policy import ActionKind, EvictionRule, Scheduler
 from denpex.isolation.ssh import Backoff
@@ -190,6 +191,21 @@ class KubernetesAdapter:
         except NotFoundException:
             return NodeFacts(name=node, exists=False)
         return self._facts(found, self._pods_on(node))
+
+    def job_pods(self, job_id: str) -> list[JobPod]:
+        """Every pod a job label names ``job_id`` (finished ones too: a dead rank's pod may have
+        failed), one entry per pod, for the derived layout."""
+        found: dict[str, JobPod] = {}
+        for key in JOB_LABELS:
+            pods = self._read(partial(self.core.list_pod_for_all_namespaces, label_selector=f"{key}={job_id}",
+                                      _request_timeout=self.request_timeout_s), f"list pods of job {job_id}")
+            for pod in pods.items or []:
+                meta = pod.metadata
+                found[meta.uid or f"{meta.namespace}/{meta.name}"] = JobPod(
+                    name=meta.name, namespace=meta.namespace, node=pod.spec.node_name if pod.spec else None,
+                    phase=pod.status.phase if pod.status else None, labels=dict(meta.labels or {}),
+                    created=meta.creation_timestamp)
+        return list(found.values())
 
     def _pods_on(self, node: str) -> list[Any]:
         pods = self._read(

@@ -8,7 +8,7 @@ It serves exactly what the adapter uses, with the API server's semantics for the
   whose result carries a ``resourceVersion`` other than the stored one fails with 409 Conflict,
   which is how the real server turns a read-modify-patch into an optimistic-concurrency update;
   a taint value that is not a label value fails with 422 Invalid, as the server validates it;
-- ``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=...``;
+- ``GET /api/v1/pods`` with ``fieldSelector=spec.nodeName=...`` and equality ``labelSelector``s;
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction``: 429 while a PodDisruptionBudget
   (``policy/v1``, ``matchLabels``) allows no disruption, else the pod is deleted (201);
   ``fail_evictions`` answers chosen ones with 500 first;
@@ -52,7 +52,7 @@ def make_node(name: str, *, labels: dict[str, str] | None = None, unschedulable:
 
 def make_pod(namespace: str, name: str, node: str, *, labels: dict[str, str] | None = None,
              daemonset: bool = False, owner: str | None = "ReplicaSet", empty_dir: bool = False,
-             mirror: bool = False) -> dict[str, Any]:
+             mirror: bool = False, phase: str = "Running", created: str | None = None) -> dict[str, Any]:
     """A running pod; by default managed by a ReplicaSet (``owner=None``: a bare pod)."""
     kind = "DaemonSet" if daemonset else owner
     owners = [{"apiVersion": "apps/v1", "kind": kind, "name": f"{name}-owner", "uid": f"{name}-owner-1",
@@ -63,9 +63,9 @@ def make_pod(namespace: str, name: str, node: str, *, labels: dict[str, str] | N
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
                      "labels": labels or {}, "ownerReferences": owners, "resourceVersion": "1",
-                     "annotations": annotations},
+                     "annotations": annotations, **({"creationTimestamp": created} if created else {})},
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer:1"}], "volumes": volumes},
-        "status": {"phase": "Running"},
+        "status": {"phase": phase},
     }
 
 
@@ -246,7 +246,13 @@ class FakeApiServer:
                             self._send(200, node)
                     elif parts == ["api", "v1", "pods"]:
                         selector = parse_qs(url.query).get("fieldSelector", [""])[0]
+                        labels = parse_qs(url.query).get("labelSelector", [""])[0]
                         items = api.pods
+                        if labels:
+                            # Equality selectors only ("k=v,k2=v2"), the form the adapter sends.
+                            wanted = dict(term.split("=", 1) for term in labels.split(","))
+                            items = [p for p in items if all(p["metadata"].get("labels", {}).get(k) == v
+                                                             for k, v in wanted.items())]
                         if selector:
                             field, _, value = selector.partition("=")
                             if field != "spec.nodeName":
