@@ -25,7 +25,7 @@ from denpex.ingest.registry import IssuedKey
 from denpex.ingest.signing import signed_headers
 from denpex.investigate import investigate
 from denpex.isolation.policy import Scheduler
-from ingest.conftest import Lab, make_lab
+from ingest.conftest import Engine, Lab, make_lab
 from testkit.services.ingest import ROOT
 from testkit.services.s3 import MotoS3
 
@@ -267,3 +267,22 @@ def test_telemetry_without_a_dump_needs_a_node_agents_key(lab: Lab) -> None:
     refused(client(lab, lab.node_key).upload_telemetry({"job_id": "other-job", "incident_id": incident}, [xid79()]),
             409, "belongs to job")
     assert not [k for k in lab.s3.keys(f"{lab.prefix}/acme/c1/{job}/{incident}/") if "/telemetry" in k]
+
+
+def test_an_incident_opened_by_an_alert_alone_takes_its_manifest_from_the_registration(
+        tmp_path: Path, s3: MotoS3, engine: Engine) -> None:
+    """No rank uploaded anything yet (all wedged, or the watchdog fired first): the alert opens the
+    incident and starts its run (the real Prefect engine's probe deployment), and the incident's
+    manifest already places every registered rank."""
+    lab = make_lab(tmp_path, s3, engine, prefix=f"alert-only-{uuid.uuid4().hex[:6]}")
+    try:
+        job, incident = new_ids()
+        assert client(lab, lab.key).register(job, registration()).status_code == 201
+        answer = client(lab, lab.key).alert({"job_id": job, "incident_id": incident, "rank": 0, "world_size": 4,
+                                             "alert_time": "2026-11-29T20:30:22Z"})
+        assert answer.status_code == 200 and answer.json()["alerts"][0]["run_started"] is True, answer.text
+        manifest = manifest_of(lab, job, incident, 4)
+    finally:
+        lab.api.stop(signal.SIGTERM)
+    assert {r: (e["host"], e["host_source"]) for r, e in manifest["ranks"].items()} == {
+        str(r): (MANIFEST["ranks"][str(r)]["host"], "registered") for r in range(4)}
