@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import SecretStr
 
 from denpex.isolation.config import KubernetesSettings
 from denpex.isolation.k8s_layout import COMPLETION_INDEX, KUBEFLOW_INDEX, KUBEFLOW_TYPE, JobPod, derive_pod_hosts
@@ -82,7 +83,7 @@ def api() -> Iterator[FakeApiServer]:
 
 
 def test_the_adapter_lists_the_jobs_pods_once_each_through_the_real_client(api: FakeApiServer) -> None:
-    settings = KubernetesSettings(host=api.url, token="test-token", request_timeout_s=5,
+    settings = KubernetesSettings(host=api.url, token=SecretStr("test-token"), request_timeout_s=5,
                                   backoff=Backoff(attempts=2, initial_s=0.02, max_s=0.05))
     with KubernetesAdapter.connect(settings, opt_out_label="denpex.io/opt-out") as adapter:
         pods = adapter.job_pods("job-7")
