@@ -227,8 +227,15 @@ def correlate(
             c.model_copy(update={"confidence": round(c.confidence * factor, 4), "reasons": [*c.reasons, lowered]})
             for c in candidates
         ]
+    groups = result.groups
+    if elsewhere_in_job and not hosts_unknown:
+        # The isolation gates act per group: a group left localized would still drain its rank's
+        # node though the hang may have started on the faulty rank outside it.
+        groups = [g.model_copy(update={"verdict": Verdict.AMBIGUOUS}) if g.verdict is Verdict.LOCALIZED else g
+                  for g in groups]
     return result.model_copy(
-        update={"candidates": candidates, "other_hardware": other, "verdict": verdict, "notes": notes}
+        update={"candidates": candidates, "other_hardware": other, "verdict": verdict, "notes": notes,
+                "groups": groups}
     )
 
 

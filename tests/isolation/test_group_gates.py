@@ -123,3 +123,31 @@ def test_the_cli_prints_the_groups_in_json_and_text(tmp_path: Path) -> None:
     assert f"group {tp21.name!r} ({tp21.desc}) collective #" in text.stdout
     assert "Verdict per stuck group:" in text.stdout
     assert "localized: rank 21" in text.stdout and "ambiguous: ranks 6, 7" in text.stdout
+
+
+def test_a_fault_on_a_rank_outside_the_candidates_makes_each_localized_group_ambiguous_too(tmp_path: Path) -> None:
+    """Hostile review, finding 1: correlation turned the incident's verdict ambiguous (an Xid on a
+    GPU of a rank that is not a candidate: the hang may have started there) but left the groups'
+    own verdicts localized, and the per-group gate then drained the candidate's node anyway.
+    Real Gloo ``withheld_one``: rank 2 on gpu-node-003 never enters its tp all_reduce; Xid 79 on
+    gpu-node-003 and on rank 0's gpu-node-001."""
+    import shutil
+    from datetime import datetime
+
+    folder = tmp_path / "withheld_one"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "gloo" / "withheld_one", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for rank in manifest["ranks"].values():
+        rank["gpu_pci_bus_id"] = "0000:3b:00.0"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    newest = max(datetime.fromisoformat(r["dumped_at"].replace("Z", "+00:00"))
+                 for r in manifest["ranks"].values() if r.get("dumped_at"))
+    stamp = (newest - timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S+0000")
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"{stamp} {host} kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, "
+                           "GPU has fallen off the bus.\n" for host in ("gpu-node-003", "gpu-node-001")))
+    found = investigate(folder, telemetry=[log], scheduler=Scheduler.SLURM, cluster="c1")
+    assert found.report.verdict is Verdict.AMBIGUOUS
+    assert found.report.groups and {g.verdict for g in found.report.groups} == {Verdict.AMBIGUOUS}
+    assert found.plan is not None and found.plan.actions == ()
+    assert [b.gate for b in found.plan.blocked] == [Gate.VERDICT]
