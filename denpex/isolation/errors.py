@@ -127,6 +127,11 @@ class CommandFailedError(RemoteError):
     """The command ran and failed; the message carries its rc and output."""
 
 
+class UnreadableRecordError(RemoteError):
+    """The command ran, but its answer cannot be read safely (a field named twice by the user's own
+    text, a hostile host list); nothing is decided on it."""
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the same call later may succeed: a dropped or refused connection, or another
     run holding the lock. Refusals, bad input and rejected credentials are never transient.

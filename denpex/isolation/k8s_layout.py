@@ -19,7 +19,7 @@ too: neither is guessed at.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
@@ -63,15 +63,18 @@ def node_rank_of(labels: Mapping[str, str], *, has_master: bool) -> int | None:
 def derive_pod_hosts(pods: Sequence[JobPod], world_size: int, job_id: str,
                      as_of: datetime | None) -> tuple[dict[int, str], str | None]:
     """Rank -> node by the pods' node ranks, or ``({}, why not)``."""
+    if as_of is not None:
+        as_of = as_of if as_of.tzinfo else as_of.replace(tzinfo=UTC)  # a run started by hand, naive
+        pods = [p for p in pods if p.created is None or _utc(p.created) <= as_of]
+    # Only pods that could have held the ranks count: one another namespace made later, or never
+    # placed, says nothing about this job (and must not block its derivation).
+    pods = [p for p in pods if p.node]
+    if not pods:
+        return {}, f"job {job_id} has no pod placed on a node before the incident"
     namespaces = sorted({p.namespace for p in pods})
     if len(namespaces) > 1:
         return {}, (f"job {job_id} names pods in more than one namespace ({', '.join(namespaces[:4])}): "
                     "another tenant's job shares the name, so no layout is guessed")
-    if as_of is not None:
-        pods = [p for p in pods if p.created is None or p.created <= as_of]
-    pods = [p for p in pods if p.node]
-    if not pods:
-        return {}, f"job {job_id} has no pod placed on a node before the incident"
     has_master = any(p.labels.get(KUBEFLOW_TYPE, "").lower() == "master" for p in pods)
     by_rank: dict[int, list[JobPod]] = {}
     for pod in pods:
@@ -93,6 +96,10 @@ def derive_pod_hosts(pods: Sequence[JobPod], world_size: int, job_id: str,
         return {}, (f"job {job_id}: {world_size} ranks do not split evenly over its {len(nodes)} pods, "
                     "so no block layout is guessed")
     return {rank: nodes[rank // per_pod] for rank in range(world_size)}, None
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _node_of(rank: int, pods: list[JobPod], job_id: str) -> tuple[str | None, str | None]:

@@ -17,17 +17,22 @@ named itself is not used at all.
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import TriageResult
 from denpex.evidence.manifest import HostSource, JobManifest, RankIdentity
-from denpex.isolation.slurm_parse import _fields, expand_hostlist
+from denpex.isolation.slurm_parse import hosts_of, record_fields
 
 __all__ = ["SlurmJobLayout", "parse_job_layout", "derive_hosts", "with_derived_hosts", "mark_derived_candidates",
            "DERIVED_NOTE"]
 
 DERIVED_NOTE = ("derived from the scheduler's job record (block distribution), a guess: it supports a drain "
                 "only with a hardware signal from that node's own agent")
+
+
+_PLACING = ("JobId", "JobState", "NodeList", "NumTasks")
 
 
 class SlurmJobLayout(BaseModel):
@@ -42,17 +47,17 @@ class SlurmJobLayout(BaseModel):
 
 
 def parse_job_layout(text: str) -> SlurmJobLayout | None:
-    """``scontrol -o show job -d J`` -> its nodes (allocation order) and task count; None without a record."""
+    """``scontrol -o show job -d J`` -> its nodes (allocation order) and task count; None without a
+    record. UnreadableRecordError when the record cannot be read safely (a field named twice, a hostile node list)."""
     line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
     if line is None:
         return None
-    fields = _fields(" ".join(line.split()))
+    fields = record_fields(line, _PLACING)
     # A value ends at the next "Key="; "CPUs/Task=1" is not one (a "/" precedes it), so keep the first word.
-    nodes = next(iter(fields.get("NodeList", "").split()), "")
     tasks = next(iter(fields.get("NumTasks", "").split()), "")
     return SlurmJobLayout(job_id=fields.get("JobId", ""), state=fields.get("JobState", ""),
-                          nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
-                          tasks=int(tasks) if tasks.isdigit() else None)
+                          nodes=hosts_of(fields, "NodeList"),
+                          tasks=int(tasks) if re.fullmatch(r"[0-9]{1,9}", tasks) else None)
 
 
 def derive_hosts(layout: SlurmJobLayout, world_size: int) -> tuple[dict[int, str], str | None]:

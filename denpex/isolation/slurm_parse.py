@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from denpex.isolation.errors import UnreadableRecordError
 from denpex.isolation.facts import NodeFacts
 
 __all__ = [
@@ -91,6 +92,30 @@ def _list_field(value: str | None) -> tuple[str, ...]:
     return tuple(item for item in value.split(",") if item)
 
 
+def record_fields(line: str, unique: tuple[str, ...]) -> dict[str, str]:
+    """One ``scontrol -o`` record's fields; UnreadableRecordError when a field in ``unique`` appears
+    twice. The job's name, comment, command and paths are the user's own text, printed among the
+    fields: a name such as ``x NodeList=victim-[01-02]`` would otherwise choose the nodes."""
+    flat = " ".join(line.split())
+    named = [key for key in unique if len(re.findall(rf"(?:^|(?<=\s)){key}=", flat)) > 1]
+    if named:
+        raise UnreadableRecordError(
+            f"Slurm's record of the job names {', '.join(named)} more than once (the job's name or comment holds "
+            "such text), so it cannot be read safely")
+    return _fields(flat)
+
+
+def hosts_of(fields: dict[str, str], key: str) -> tuple[str, ...]:
+    """The expanded host list of field ``key``; UnreadableRecordError when it is hostile."""
+    value = next(iter(fields.get(key, "").split()), "")
+    if not value or value == _NULL:
+        return ()
+    try:
+        return tuple(expand_hostlist(value))
+    except ValueError as exc:
+        raise UnreadableRecordError(f"Slurm's {key} cannot be read: {exc}") from exc
+
+
 def _fields(flat: str) -> dict[str, str]:
     keys = list(_KEY.finditer(flat))
     fields: dict[str, str] = {}
@@ -132,16 +157,11 @@ def parse_show_job(text: str) -> SlurmJob | None:
     line = next((ln for ln in text.splitlines() if ln.startswith("JobId=")), None)
     if line is None:
         return None
-    fields = _fields(" ".join(line.split()))
+    fields = record_fields(line, ("JobId", "JobState", "Reason", "NodeList", "ExcNodeList"))
     reason = fields.get("Reason", "")
-
-    def hosts(key: str) -> tuple[str, ...]:
-        value = fields.get(key, "")
-        return tuple(expand_hostlist(value)) if value and value != _NULL else ()
-
     return SlurmJob(
         job_id=fields.get("JobId", ""), state=fields.get("JobState", ""), reason=reason,
-        nodes=hosts("NodeList"), excluded=hosts("ExcNodeList"),
+        nodes=hosts_of(fields, "NodeList"), excluded=hosts_of(fields, "ExcNodeList"),
         held=reason == "job_requeued_in_held_state",
     )
 
@@ -220,29 +240,43 @@ def _split_top_level(text: str) -> list[str]:
     return [p for p in (part.strip() for part in parts) if p]
 
 
-def _expand_one(expr: str) -> list[str]:
-    match = re.search(r"\[([^\[\]]*)\]", expr)
-    if match is None:
-        return [expr]
-    head, tail = expr[: match.start()], expr[match.end():]
-    names = []
-    for item in match.group(1).split(","):
-        low, _, high = item.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise ValueError(f"bad range {item!r} in host list {expr!r}")
-        width = len(low)
-        for number in range(int(low), int(high or low) + 1):
-            names.extend(_expand_one(f"{head}{number:0{width}d}{tail}"))
-    return names
 
 
-def expand_hostlist(text: str) -> list[str]:
+MAX_HOSTLIST_NAMES = 65_536
+"""More names than any cluster has: a longer list is hostile or broken (``n[0-999999999]``)."""
+_NUMBER = re.compile(r"[0-9]+")
+
+
+def expand_hostlist(text: str, *, limit: int = MAX_HOSTLIST_NAMES) -> list[str]:
     """Slurm host-list syntax to names, as ``scontrol show hostnames`` does.
 
     ``"gpu-node-[001-003,007],login1"`` -> ``["gpu-node-001", "gpu-node-002", "gpu-node-003",
     "gpu-node-007", "login1"]``; ``"r[1-2]n[1-2]"`` -> ``["r1n1", "r1n2", "r2n1", "r2n2"]``.
+    A list of more than ``limit`` names is refused (ValueError) before it is built.
     """
-    return [name for part in _split_top_level(text.strip()) for name in _expand_one(part)]
+    names: list[str] = []
+    for part in _split_top_level(text.strip()):
+        _expand_one(part, names, limit)
+    return names
+
+
+def _expand_one(expr: str, names: list[str], limit: int) -> None:
+    match = re.search(r"\[([^\[\]]*)\]", expr)
+    if match is None:
+        if len(names) >= limit:
+            raise ValueError(f"host list names more than {limit} nodes")
+        names.append(expr)
+        return
+    head, tail = expr[: match.start()], expr[match.end():]
+    for item in match.group(1).split(","):
+        low, _, high = item.partition("-")
+        if not _NUMBER.fullmatch(low) or (high and not _NUMBER.fullmatch(high)):
+            raise ValueError(f"bad range {item!r} in host list {expr!r}")
+        if int(high or low) - int(low) >= limit:
+            raise ValueError(f"host list names more than {limit} nodes")
+        width = len(low)
+        for number in range(int(low), int(high or low) + 1):
+            _expand_one(f"{head}{number:0{width}d}{tail}", names, limit)
 
 
 def parse_jobs_by_node(text: str) -> dict[str, tuple[str, ...]]:

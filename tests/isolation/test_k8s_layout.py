@@ -67,6 +67,15 @@ def test_what_is_not_guessed(pods: list[JobPod], world: int, needle: str) -> Non
     assert hosts == {} and why is not None and needle in why
 
 
+def test_a_later_or_unplaced_pod_of_another_namespace_does_not_block_and_a_naive_time_is_utc() -> None:
+    """Hostile review, finding 9: another namespace's pending pod made after the incident, with
+    the same job label, turned a valid derivation into a refusal; a naive time raised TypeError."""
+    pods = [pod(0, "gpu-node-003"), pod(1, "gpu-node-004"),
+            pod(0, "gpu-node-009", namespace="other", created=INCIDENT + timedelta(minutes=5))]
+    assert derive_pod_hosts(pods, 2, "job-7", INCIDENT) == ({0: "gpu-node-003", 1: "gpu-node-004"}, None)
+    assert derive_pod_hosts(pods, 2, "job-7", INCIDENT.replace(tzinfo=None))[1] is None
+
+
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:

@@ -47,3 +47,31 @@ def test_a_derivation_that_contradicts_a_ranks_own_host_is_not_used() -> None:
     manifest = JobManifest(world_size=2, ranks={0: RankIdentity(host="gpu-node-002")})
     same, filled, why = with_derived_hosts(manifest, 2, {0: "gpu-node-001", 1: "gpu-node-002"})
     assert same is manifest and filled == [] and why is not None and "ran on gpu-node-002" in why
+
+
+def test_a_job_name_that_names_fields_is_not_read_and_a_huge_or_odd_node_list_is_refused() -> None:
+    """Hostile review, finding 8: the job's name is the user's own text, printed among the fields
+    (``scontrol -o``): a name such as ``x NodeList=victim-[01-02]`` chose the nodes; a range of a
+    billion names exhausted memory; a non-ASCII digit escaped as an uncaught error."""
+    import pytest
+
+    from denpex.isolation.errors import UnreadableRecordError
+    from denpex.isolation.slurm_parse import expand_hostlist, parse_show_job
+
+    hostile = RECORD.replace("JobName=wrap", "JobName=train NodeList=victim-[01-02] NumTasks=2")
+    with pytest.raises(UnreadableRecordError, match="names NodeList, NumTasks more than once"):
+        parse_job_layout(hostile)
+    with pytest.raises(ValueError, match="more than 65536 nodes"):
+        expand_hostlist("n[0-999999999]")
+    with pytest.raises(ValueError, match="more than 65536 nodes"):
+        expand_hostlist("r[0-999]n[0-999]")
+    with pytest.raises(ValueError, match="bad range"):
+        expand_hostlist("n[\u00b2-3]")
+    odd = parse_job_layout(RECORD.replace("NumTasks=3", "NumTasks=\u00b2"))
+    assert odd is not None and odd.tasks is None
+    assert parse_job_layout(RECORD.replace("JobName=wrap", "JobName=ReqNodeList=x")) is not None
+    # The requeue reads the same record: a name cannot fake the job's state or its nodes there either.
+    with pytest.raises(UnreadableRecordError, match="names JobState more than once"):
+        parse_show_job(RECORD.replace("JobName=wrap", "JobName=x JobState=PENDING"))
+    with pytest.raises(UnreadableRecordError, match="NodeList cannot be read"):
+        parse_job_layout(RECORD.replace("NodeList=gpu-node-[001-002,007]", "NodeList=n[0-999999999]"))
