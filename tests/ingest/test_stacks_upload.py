@@ -221,3 +221,38 @@ def test_the_total_body_cap_counts_both_stacks_parts(lab: Lab, tmp_path: Path) -
 
     config = ServiceConfig(state_dir=tmp_path, store="file:///x")
     assert config.max_upload_bytes >= config.max_dump_bytes + config.max_telemetry_bytes + 2 * MAX_BYTES
+
+
+def test_the_uploader_sends_the_ranks_stacks_files_beside_each_dump(lab: Lab, tmp_path: Path) -> None:
+    """The collector's and the sidecar's files go with rank 2's dump (pickle and JSON, one version);
+    rank 3's file names another rank: its dump goes without it (a stacks file never costs a dump)."""
+    from denpex.collector import Backoff, DumpRecord, DumpRequest, DumpTrigger, EvidenceUploader, UploadTarget
+    from denpex.collector.layout import stacks_path
+    from denpex.collector.uploader import incident_id_for
+
+    dumps = tmp_path / "dumps"
+    (dumps / "collector").mkdir(parents=True)
+    for name in ("rank_2.pkl", "rank_2.json", "rank_3.pkl"):
+        (dumps / name).write_bytes((FIXTURE / name).read_bytes())
+    stacks_path(dumps, 2).write_bytes(stacks(2))
+    stacks_path(dumps, 2, StackSource.PY_SPY).write_bytes(pyspy(2))
+    stacks_path(dumps, 3).write_bytes(stacks(1))  # names rank 1
+    job = "job-1"
+    target = UploadTarget(url=lab.url, key_id=lab.key.key_id, secret=lab.key.secret,  # type: ignore[arg-type]
+                          tenant="acme", cluster="c1", job_id=job)
+    uploader = EvidenceUploader(target, dump_dir=dumps, spool_dir=tmp_path / "spool", attach_nvml=False,
+                                identity={"world_size": 4}, backoff=Backoff(first_s=0.1, max_s=0.5))
+    now = datetime.now(UTC)
+    request = DumpRequest(requested_by="rank 2", reason="test", requested_at=now)
+    for rank, files in ((2, ["rank_2.pkl", "rank_2.json"]), (3, ["rank_3.pkl"])):
+        record = DumpRecord(rank=rank, host=f"gpu-node-00{rank + 1}", pid=1, dumped_at=now, trigger=DumpTrigger.STALL,
+                            reason="test", files=files, dump_seconds=0.0)
+        uploader.submit(record, request)
+    assert uploader.spool.pending() == [] and uploader.spool.rejected() == [] and uploader.delivered == 3
+    incident = incident_id_for(request)
+    held = objects(lab, incident)
+    assert {"rank_2.pkl", "rank_2.json", "rank_3.pkl", "versions/rank_2/v1.stacks.json",
+            "versions/rank_2/v1.py-spy.stacks.json"} <= held, sorted(held)
+    assert lab.s3.read(f"{base(lab, incident)}/collector/rank_2.stacks.json") == stacks_path(dumps, 2).read_bytes()
+    assert lab.s3.read(f"{base(lab, incident)}/collector/rank_2.py-spy.stacks.json") == pyspy(2)
+    assert "collector/rank_3.stacks.json" not in held
