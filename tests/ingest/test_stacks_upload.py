@@ -256,3 +256,17 @@ def test_the_uploader_sends_the_ranks_stacks_files_beside_each_dump(lab: Lab, tm
     assert lab.s3.read(f"{base(lab, incident)}/collector/rank_2.stacks.json") == stacks_path(dumps, 2).read_bytes()
     assert lab.s3.read(f"{base(lab, incident)}/collector/rank_2.py-spy.stacks.json") == pyspy(2)
     assert "collector/rank_3.stacks.json" not in held
+
+
+def test_the_contract_docs_stacks_examples_pass_the_services_check() -> None:
+    """docs/contracts.md's multipart example of the stacks parts is what the service takes."""
+    import re
+
+    from denpex.ingest.stacks_check import check_stacks_part
+
+    doc = (ROOT / "docs" / "contracts.md").read_text()
+    section = doc[doc.index("### Stacks parts"):doc.index("## Alert event")]
+    bodies = re.findall(r'name="(stacks(?:_pyspy)?)"; filename="[^"]+"\n\n(\{.*?\})\n--b', section, re.S)
+    assert [name for name, _ in bodies] == ["stacks", "stacks_pyspy"]
+    for (name, body), source in zip(bodies, (StackSource.COLLECTOR, StackSource.PY_SPY), strict=True):
+        assert check_stacks_part(body.encode(), source, 2).source is source, name
