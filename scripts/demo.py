@@ -3,13 +3,15 @@
 Starts a local Prefect server on SQLite, a moto S3 server (or uses a folder) for the evidence, a
 real Slurm (slurmctld + slurmd + sshd on loopback, the lab the tests use, with the manifest's hosts
 as nodes), `flows/serve.py` and the ingest service (`denpex serve-api`); uploads every rank's dump
-with a signed request (a host's telemetry with that host's node-agent key), sends the alert through
+with a signed request (with its Python stacks when the folder holds them, a host's telemetry with
+that host's node-agent key), sends the alert through
 the Alertmanager webhook, and shows the run reaching the approval pause with its UI URL and the
 report. Fresh state under out/demo/<time>/.
 
     make demo                      # waits for you to approve in the UI (or the printed command)
     make demo DEMO_APPROVE=1       # approves unattended, drains the culprit's node, exits
-    make demo DEMO=path/to/folder  # another incident: per-rank dumps, manifest.json, *.log, *.jsonl
+    make demo DEMO=path/to/folder  # another incident: per-rank dumps, manifest.json, *.log, *.jsonl,
+                                   # optional collector/rank_<r>[.py-spy].stacks.json
 
 Ctrl-C, SIGTERM or SIGHUP tear everything down. With --approve the last line is `report: PATH` (the final
 report JSON); without it, once the run is done the demo prints `report: PATH` and keeps everything up
@@ -156,8 +158,9 @@ def _name(proc: subprocess.Popen[bytes]) -> str:
 def _demo_runbooks(folder: Path) -> None:
     """The shipped hang-triage runbook, with the plan-age limit widened for a recorded incident.
 
-    The bundled dumps were recorded on 2026-11-29; the shipped runbook refuses to act on evidence
-    older than six hours, which is right for production and would refuse the demo.
+    The bundled dumps were recorded on 2026-12-03 (their dump times are the plan's evidence time); the
+    shipped runbook refuses to act on evidence older than six hours, which is right for production
+    and would refuse the demo.
     """
     import yaml
 
@@ -262,6 +265,7 @@ def _through_the_service(services: Services, incident: IncidentFolder, run_dir: 
                          env: dict[str, str], incident_id: str) -> None:
     """Run ``denpex serve-api``; upload every rank's dump with a signed request (each host's telemetry
     with that host's node-agent key) and send the alert through the Alertmanager webhook."""
+    from denpex.collector.uploader import stacks_parts
     from denpex.hardware import parse_telemetry_lines
     from denpex.ingest.client import IngestClient
     from denpex.ingest.plans import PlanTier
@@ -298,7 +302,11 @@ def _through_the_service(services: Services, incident: IncidentFolder, run_dir: 
         identity = {**ident, "job_id": job_id, "incident_id": incident_id, "rank": rank,
                     "world_size": manifest["world_size"], "process_groups": manifest.get("process_groups", {})}
         body = [("\n".join(telemetry) + "\n").encode()] if telemetry else []
-        response = client.upload(identity, dump.read_bytes(), dump.name, body)
+        # The rank's Python stacks at its dump (collector/rank_<r>.stacks.json, and the py-spy
+        # sidecar's), as its collector's uploader sends them: with the dump, in the same request.
+        stacks = stacks_parts(incident.folder, rank)
+        response = client.upload(identity, dump.read_bytes(), dump.name, body, stacks=stacks.get("stacks"),
+                                 stacks_pyspy=stacks.get("stacks_pyspy"))
         if response.status_code >= 300:
             raise SystemExit(f"demo: the upload of rank {rank} was refused: {response.text}")
     for host, telemetry in sorted(lines_by_host.items()):
@@ -314,6 +322,7 @@ def _through_the_service(services: Services, incident: IncidentFolder, run_dir: 
         _say(f"{host} left no dump; its node agent sent its kernel log alone")
     _say(f"uploaded {len(incident.dumps)} of {manifest['world_size']} ranks' dumps with signed requests to {url} "
          f"-> {store_uri}/acme/lab/{job_id}/{incident_id}")
+    _say_stored_stacks(f"{store_uri}/acme/lab/{job_id}/{incident_id}")
     time.sleep(1.5)  # the service writes the incident's manifest.json within a second
     token = registry.create_token("acme", "lab")
     alert = {"version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
@@ -326,6 +335,23 @@ def _through_the_service(services: Services, incident: IncidentFolder, run_dir: 
     with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (our loopback service)
         receipt = json.loads(answer.read())
     _say(f"alert through the Alertmanager webhook: {receipt['alerts'][0]}")
+
+
+def _say_stored_stacks(incident_uri: str) -> None:
+    """Which ranks' Python stacks the service stored, read back from the store as triage reads them."""
+    from denpex.evidence.stacks import read_stack_evidence
+    from denpex.evidence.store import open_store
+
+    evidence = read_stack_evidence(open_store(incident_uri), at=None)
+    by_source: dict[str, list[int]] = {}
+    for record in evidence.records:
+        by_source.setdefault(record.source.value, []).append(record.rank)
+    if by_source:
+        held = "; ".join(f"{source}: ranks {', '.join(map(str, sorted(ranks)))}" for source, ranks in
+                         sorted(by_source.items()))
+        _say(f"the service stored the ranks' Python stacks beside their dumps ({held}) in {incident_uri}/collector")
+    for name, why in sorted(evidence.refused.items()):
+        _say(f"stacks file {name} set aside: {why}")
 
 
 _REGISTERED_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id", "gpu_index")

@@ -3,6 +3,8 @@
     <spool>/<entry>/identity.json          the identity part
     <spool>/<entry>/dump/<file name>       the dump's bytes, under the name that says its encoding
     <spool>/<entry>/telemetry-<i>.log      optional telemetry parts
+    <spool>/<entry>/stacks/<part>.json     optional stacks parts (``stacks``, ``stacks_pyspy``), copied
+                                           at the dump, so a retry sends the bytes the dump came with
     <spool>/rejected/<entry>/error.txt     an upload the service refused for good (4xx), kept for a person
 
 An entry is written under a hidden temporary name and renamed into place, so a rank killed
@@ -16,6 +18,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,11 @@ class SpoolEntry:
     def telemetry(self) -> list[bytes]:
         return [p.read_bytes() for p in sorted(self.path.glob("telemetry-*.log"))]
 
+    def stacks(self) -> dict[str, bytes]:
+        """The stacks parts by part name (``stacks``, ``stacks_pyspy``); empty for an entry without them."""
+        folder = self.path / "stacks"
+        return {p.stem: p.read_bytes() for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
 
 class Spool:
     """A folder of pending uploads; safe for one writer and one deliverer per folder."""
@@ -46,8 +54,10 @@ class Spool:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def put(self, identity: dict[str, Any], dump_file: Path, telemetry: list[bytes]) -> SpoolEntry:
-        """Copy one dump (and its telemetry) into the spool, whole, and return its entry."""
+    def put(self, identity: dict[str, Any], dump_file: Path, telemetry: list[bytes],
+            stacks: Mapping[str, bytes] | None = None) -> SpoolEntry:
+        """Copy one dump (and its telemetry and stacks parts, by part name) into the spool, whole,
+        and return its entry."""
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         tmp = self.root / f".{name}.tmp"
         (tmp / "dump").mkdir(parents=True)
@@ -55,6 +65,10 @@ class Spool:
         shutil.copyfile(dump_file, tmp / "dump" / dump_file.name)
         for index, data in enumerate(telemetry):
             (tmp / f"telemetry-{index}.log").write_bytes(data)
+        if stacks:
+            (tmp / "stacks").mkdir()
+            for part, data in stacks.items():
+                (tmp / "stacks" / f"{part}.json").write_bytes(data)
         _fsync_tree(tmp)
         final = self.root / name
         os.replace(tmp, final)

@@ -5,7 +5,8 @@
                                 the job's layout is known even if this rank dies without a dump
     HangDumper --after_dump--> EvidenceUploader.submit(record, request)
         -> registers again (the same identity costs nothing; a restart elsewhere is a recorded move)
-        -> one spool entry per dump file (identity + bytes + NVML telemetry when present)
+        -> one spool entry per dump file (identity + bytes + NVML telemetry when present + the rank's
+           stacks files, the collector's and the py-spy sidecar's, when present and within bounds)
         -> a delivery thread sends each entry with a signed request (``denpex.ingest.client``)
            2xx: acknowledged, removed     5xx / 429 / no answer: retried with backoff
            other 4xx: refused for good, set aside in ``rejected/`` (a bad key is never retried)
@@ -38,12 +39,15 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from denpex.collector.dump_record import DumpRecord
 from denpex.collector.dump_signal import DumpRequest
+from denpex.collector.layout import stacks_path
 from denpex.collector.scheduler_env import node_name, scheduler_job_id
 from denpex.collector.spool import Spool, SpoolEntry
+from denpex.evidence.stacks import MAX_BYTES as MAX_STACKS_BYTES
+from denpex.evidence.stacks import RankStacks, StackSource
 from denpex.ingest.client import IngestClient
 
 __all__ = ["UploadTarget", "Backoff", "EvidenceUploader", "incident_id_for", "torch_identity", "nvml_snapshot",
-           "registration_body"]
+           "registration_body", "stacks_parts"]
 
 _log = logging.getLogger(__name__)
 _ENV = {"url": "DENPEX_INGEST_URL", "key_id": "DENPEX_INGEST_KEY_ID", "secret": "DENPEX_INGEST_SECRET",
@@ -158,6 +162,44 @@ def nvml_snapshot(host: str) -> bytes | None:
     return out.getvalue().encode()
 
 
+_STACKS_PARTS = {StackSource.COLLECTOR: "stacks", StackSource.PY_SPY: "stacks_pyspy"}
+
+
+def stacks_parts(dump_dir: Path, rank: int) -> dict[str, bytes]:
+    """The rank's stacks files under ``dump_dir`` as upload parts (part name -> bytes).
+
+    Only a file the service will take goes: within the byte limit, a valid record of this rank and
+    of the source its name says. Anything else is left out (logged): the service would refuse the
+    whole upload for it, and a stacks file must never cost the dump.
+    """
+    parts: dict[str, bytes] = {}
+    for source, part in _STACKS_PARTS.items():
+        path = stacks_path(dump_dir, rank, source)
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(MAX_STACKS_BYTES + 1)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            _log.warning("rank %d: %s cannot be read (%s); uploading without it", rank, path.name, exc)
+            continue
+        if len(data) > MAX_STACKS_BYTES:
+            _log.warning("rank %d: %s is over %d bytes; uploading without it", rank, path.name, MAX_STACKS_BYTES)
+            continue
+        try:
+            record = RankStacks.model_validate_json(data)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            _log.warning("rank %d: %s is not a valid stacks record (%s); uploading without it", rank, path.name,
+                         str(exc)[:200])
+            continue
+        if record.rank != rank or record.source is not source:
+            _log.warning("rank %d: %s holds rank %d from %s; uploading without it", rank, path.name, record.rank,
+                         record.source.value)
+            continue
+        parts[part] = data
+    return parts
+
+
 class EvidenceUploader:
     """Spools a rank's dumps and delivers them in a background thread until acknowledged."""
 
@@ -258,7 +300,8 @@ class EvidenceUploader:
         """Spool every file of ``record`` and wake the delivery thread; return the entries."""
         identity = self._identity_for(record, incident_id_for(request))
         telemetry = [t for t in [nvml_snapshot(record.host or socket.gethostname())] if t] if self._attach_nvml else []
-        entries = [self.spool.put(identity, self.dump_dir / name, telemetry) for name in record.files]
+        stacks = stacks_parts(self.dump_dir, record.rank)
+        entries = [self.spool.put(identity, self.dump_dir / name, telemetry, stacks) for name in record.files]
         self._wake.set()
         return entries
 
@@ -292,7 +335,9 @@ class EvidenceUploader:
     def _deliver(self, entry: SpoolEntry) -> bool:
         """False when the entry must be retried later (the service or the network is down)."""
         try:
-            response = self._client.upload(entry.identity, entry.dump(), entry.dump_name, entry.telemetry())
+            stacks = entry.stacks()
+            response = self._client.upload(entry.identity, entry.dump(), entry.dump_name, entry.telemetry(),
+                                           stacks=stacks.get("stacks"), stacks_pyspy=stacks.get("stacks_pyspy"))
         except httpx.HTTPError as exc:
             _log.warning("upload of %s failed (%s); it stays in the spool", entry.path.name, exc)
             return False

@@ -88,7 +88,8 @@ def create_app(service: IngestService) -> FastAPI:
                                                form.telemetry)
                 return JSONResponse(sent.model_dump(), status_code=201 if sent.stored else 200)
             identity = parse_identity(form.identity)
-            receipt = await run_in_threadpool(service.evidence.accept, caller, identity, form.dump, form.telemetry)
+            receipt = await run_in_threadpool(service.evidence.accept, caller, identity, form.dump, form.telemetry,
+                                              form.stacks)
         return JSONResponse(receipt.model_dump(), status_code=201 if receipt.stored else 200)
 
     @app.post("/v1/alerts")

@@ -4,6 +4,7 @@ The multipart body is built here, byte for byte, because the signature covers th
 
     client = IngestClient("http://127.0.0.1:8080", key_id="dk_...", secret="...", tenant="acme", cluster="c1")
     client.upload(identity, dump_bytes, "rank_3.pkl")      # -> httpx.Response
+    client.upload(identity, dump_bytes, "rank_3.pkl", stacks=stacks_json)   # with the rank's stacks
     client.register("job-123", {"world_size": 4, "ranks": {"3": {"host": "gpu-node-004"}}})
     client.upload_telemetry({"job_id": "job-123"}, [kernel_log_bytes])   # a node agent's key
 """
@@ -80,11 +81,17 @@ class IngestClient:
                              timeout=self._timeout_s)
 
     def upload(self, identity: Mapping[str, Any], dump: bytes, filename: str,
-               telemetry: Sequence[bytes] = ()) -> httpx.Response:
-        """``POST /v1/evidence``: one rank's dump with its identity (and telemetry files)."""
+               telemetry: Sequence[bytes] = (), *, stacks: bytes | None = None,
+               stacks_pyspy: bytes | None = None) -> httpx.Response:
+        """``POST /v1/evidence``: one rank's dump with its identity (and telemetry files, and its
+        stacks files: ``stacks`` the collector's, ``stacks_pyspy`` the py-spy sidecar's)."""
+        extra = [(part, name, data) for part, name, data in (
+            ("stacks", "stacks.json", stacks), ("stacks_pyspy", "py-spy.stacks.json", stacks_pyspy))
+            if data is not None]
         body, content_type = encode_multipart(
             {"identity": json.dumps(dict(identity), default=str)},
-            [("dump", filename, dump)] + [("telemetry", f"telemetry-{i}.log", t) for i, t in enumerate(telemetry)])
+            [("dump", filename, dump)] + [("telemetry", f"telemetry-{i}.log", t) for i, t in enumerate(telemetry)]
+            + extra)
         return self.send("POST", "/v1/evidence", body, content_type=content_type)
 
     def upload_telemetry(self, identity: Mapping[str, Any], telemetry: Sequence[bytes]) -> httpx.Response:

@@ -49,6 +49,12 @@ CREATE TABLE IF NOT EXISTS telemetry (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, sha256 TEXT NOT NULL,
     object_name TEXT NOT NULL, trusted INTEGER NOT NULL, host TEXT, key_id TEXT NOT NULL,
     uploaded_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, incident_id, sha256, trusted));
+-- Stacks files that came with a dump (denpex.ingest.stacks_check), one per source per dump version.
+CREATE TABLE IF NOT EXISTS stacks (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, rank INTEGER NOT NULL,
+    version INTEGER NOT NULL, source TEXT NOT NULL, sha256 TEXT NOT NULL, object_name TEXT NOT NULL,
+    key_id TEXT NOT NULL, uploaded_at REAL NOT NULL,
+    PRIMARY KEY (tenant, cluster, incident_id, rank, version, source));
 -- Job layouts registered by collectors at start (denpex.ingest.registration), per tenant and cluster.
 CREATE TABLE IF NOT EXISTS jobs_registered (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, world_size INTEGER NOT NULL,

@@ -4,9 +4,13 @@
       -> safe loader in a worker process (422 when refused)
       -> the incident's job must be the upload's (409 otherwise)
       -> sha256 (computed as the dump was spooled); the same bytes again for this rank ->
-         {"stored": false} (idempotent), but its telemetry files are still taken on their own
+         {"stored": false} (idempotent), but its telemetry files (and stacks that version lacks) are
+         still taken on their own
       -> a new version (a pickle and its JSON of one moment share one), never an overwrite
-      -> objects written: versions/..., telemetry/..., rank_<r>.<ext>, telemetry.json
+      -> objects written: versions/..., telemetry/..., rank_<r>.<ext>, telemetry.json, and the stacks
+         that came with the dump: versions/rank_<r>/v<N>[.py-spy].stacks.json and, for the newest
+         version, collector/rank_<r>[.py-spy].stacks.json (a new version without them removes the
+         older version's from collector/, so triage never reads an old stack beside a new dump)
       -> the database row, last
       -> manifest.json, from the identities, by :class:`ManifestWriter` (within its interval)
 
@@ -37,6 +41,8 @@ from pydantic import BaseModel
 
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.fr_dump import DumpEncoding
+from denpex.evidence.stacks import MAX_BYTES as MAX_STACKS_BYTES
+from denpex.evidence.stacks import StackSource
 from denpex.evidence.store import EvidenceStore
 from denpex.hardware.stored_telemetry import TELEMETRY_INDEX, TelemetryIndex, TrustedFile
 from denpex.ingest.auth import Caller
@@ -44,15 +50,18 @@ from denpex.ingest.database import Database
 from denpex.ingest.dump_check import DumpCheck, DumpChecker
 from denpex.ingest.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailableError
 from denpex.ingest.identity import TelemetryIdentity, UploadIdentity
-from denpex.ingest.incidents import IncidentBook, IncidentKey, StoredTelemetry, StoredUpload
+from denpex.ingest.incidents import IncidentBook, IncidentKey, StoredStacks, StoredTelemetry, StoredUpload
 from denpex.ingest.layout import (
     current_dump_name,
+    current_stacks_name,
     incident_prefix,
+    stacks_version_name,
     telemetry_name,
     version_name,
 )
 from denpex.ingest.manifest_writer import ManifestWriter
-from denpex.ingest.upload_form import DumpPart
+from denpex.ingest.stacks_check import CheckedStacks, check_stacks_parts
+from denpex.ingest.upload_form import STACKS_PARTS, DumpPart
 
 __all__ = ["UploadReceipt", "TelemetryReceipt", "EvidenceIntake"]
 
@@ -68,6 +77,8 @@ class UploadReceipt(BaseModel):
     telemetry_stored: int = 0
     """Telemetry files of this request the incident did not hold yet (stored now, even when the dump
     itself was an identical re-upload)."""
+    stacks_stored: int = 0
+    """Stacks parts of this request that the dump's version did not hold yet (0 for the same bytes again)."""
 
 
 class TelemetryReceipt(BaseModel):
@@ -122,9 +133,10 @@ class EvidenceIntake:
         self._locks = _Locks()
 
     def accept(self, caller: Caller, identity: UploadIdentity, dump: DumpPart,
-               telemetry: list[bytes]) -> UploadReceipt:
-        """Store one rank's dump (and telemetry) or refuse it; see the module docstring."""
+               telemetry: list[bytes], stacks: dict[StackSource, bytes] | None = None) -> UploadReceipt:
+        """Store one rank's dump (and telemetry, and stacks) or refuse it; see the module docstring."""
         identity = _bound_to_host(caller, identity)
+        sent_stacks = check_stacks_parts(stacks or {}, identity.rank)
         check = self._check(dump, caller)
         sha256 = dump.file.sha256
         key = IncidentKey(caller.tenant, caller.cluster, identity.incident_id)
@@ -135,12 +147,16 @@ class EvidenceIntake:
             known = self.book.telemetry(key)
             base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
             items = _new_telemetry(telemetry, caller, known)
+            held_stacks = self.book.stacks(key, identity.rank)
             same = next((u for u in earlier if u.sha256 == sha256), None)
             if same is not None:
+                new_stacks = _new_stacks(sent_stacks, identity.rank, same.version, held_stacks)
                 self._store_telemetry_alone(key, base, caller, items, known)
+                self._store_stacks_alone(key, base, caller, new_stacks, earlier, held_stacks)
                 return UploadReceipt(stored=False, sha256=sha256, version=same.version,
-                                     telemetry_stored=len(items))
+                                     telemetry_stored=len(items), stacks_stored=len(new_stacks))
             version = _version_for(earlier, check.encoding, identity)
+            new_stacks = _new_stacks(sent_stacks, identity.rank, version, held_stacks)
             upload = StoredUpload(rank=identity.rank, version=version, encoding=check.encoding, sha256=sha256,
                                   object_name=version_name(identity.rank, version, check.encoding),
                                   key_id=caller.key_id, identity=identity.model_dump_json(exclude_none=True),
@@ -149,8 +165,10 @@ class EvidenceIntake:
             undo = _Undo()
             try:
                 self._write(base, upload, dump.file.path, items, earlier, known, undo, joins_version=joins)
+                self._write_stacks(base, identity.rank, new_stacks, earlier, held_stacks, undo, current=True,
+                                   drop_stale=not joins)
                 recorded = self.book.record_upload(key, identity.job_id, upload, identity.world_size,
-                                                   [item for item, _ in items])
+                                                   [item for item, _ in items], [item for item, _ in new_stacks])
             except BaseException as exc:
                 undo.run()
                 if isinstance(exc, EvidenceError):
@@ -166,7 +184,8 @@ class EvidenceIntake:
                 raise StoreUnavailableError(f"another upload of rank {identity.rank} version {version} was "
                                             "recorded at the same time; retry the upload")
             self.manifests.add(key, identity)
-        return UploadReceipt(stored=True, sha256=sha256, version=version, telemetry_stored=len(items))
+        return UploadReceipt(stored=True, sha256=sha256, version=version, telemetry_stored=len(items),
+                             stacks_stored=len(new_stacks))
 
     def accept_telemetry(self, caller: Caller, identity: TelemetryIdentity, telemetry: list[bytes]) -> TelemetryReceipt:
         """A node agent's telemetry without a dump: the rank on its host may have died without one.
@@ -221,6 +240,60 @@ class EvidenceIntake:
                 raise StoreUnavailableError(f"the telemetry cannot be stored ({exc}); nothing was stored, "
                                             "retry the upload") from exc
             raise
+
+    def _store_stacks_alone(self, key: IncidentKey, base: str, caller: Caller,
+                            items: list[tuple[StoredStacks, bytes]], earlier: list[StoredUpload],
+                            held: list[StoredStacks]) -> None:
+        """An identical dump re-sent with stacks its version lacks: they are stored and recorded on
+        their own (and made current when that version is the rank's newest)."""
+        if not items:
+            return
+        undo = _Undo()
+        newest = max(u.version for u in earlier)
+        try:
+            self._write_stacks(base, items[0][0].rank, items, earlier, held, undo,
+                               current=items[0][0].version == newest, drop_stale=False)
+            self.book.record_stacks(key, [item for item, _ in items], caller.key_id, time.time())
+        except BaseException as exc:
+            undo.run()
+            if isinstance(exc, (EvidenceError, sqlite3.Error)):
+                raise StoreUnavailableError(f"the stacks cannot be stored ({exc}); nothing was stored, "
+                                            "retry the upload") from exc
+            raise
+
+    def _write_stacks(self, base: str, rank: int, items: list[tuple[StoredStacks, bytes]],
+                      earlier: list[StoredUpload], held: list[StoredStacks], undo: _Undo, *, current: bool,
+                      drop_stale: bool) -> None:
+        """The version's stacks objects; with ``current``, also ``collector/`` (where triage reads);
+        with ``drop_stale``, the sources this new version lacks are removed from ``collector/``."""
+        for item, data in items:
+            name = f"{base}/{item.object_name}"
+            undo.add(name, self._deleter(name))
+            self.store.write(name, data)
+        if not current:
+            return
+        sent = {item.source for item, _ in items}
+        for source in STACKS_PARTS.values():
+            if source not in sent and not drop_stale:
+                continue
+            name = f"{base}/{current_stacks_name(rank, source)}"
+            undo.add(name, self._stacks_restorer(base, rank, source, earlier, held))
+            sent_data = next((d for item, d in items if item.source is source), None)
+            if sent_data is not None:
+                self.store.write(name, sent_data)
+            else:
+                self.store.delete(name)
+
+    def _stacks_restorer(self, base: str, rank: int, source: StackSource, earlier: list[StoredUpload],
+                         held: list[StoredStacks]) -> Callable[[], None]:
+        """Put ``collector/rank_<r>[.py-spy].stacks.json`` back as the records say it was: the newest
+        recorded version's stacks of that source, or none."""
+        newest = max((u.version for u in earlier), default=None)
+        kept = next((h for h in held if h.version == newest and h.source is source), None)
+        name = f"{base}/{current_stacks_name(rank, source)}"
+        if kept is None:
+            return self._deleter(name)
+        return lambda: self.store.write(name, self.store.read(f"{base}/{kept.object_name}", max_bytes=MAX_STACKS_BYTES))
 
     def _write(self, base: str, upload: StoredUpload, dump: Path, items: list[tuple[StoredTelemetry, bytes]],
                earlier: list[StoredUpload], known: list[StoredTelemetry], undo: _Undo, *,
@@ -302,6 +375,26 @@ def _record_telemetry(db: Database, key: IncidentKey, items: list[StoredTelemetr
                          "trusted, host, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?)",
                          (key.tenant, key.cluster, key.incident_id, item.sha256, item.object_name,
                           int(item.trusted), item.host, key_id, now))
+
+
+def _new_stacks(sent: list[CheckedStacks], rank: int, version: int,
+                held: list[StoredStacks]) -> list[tuple[StoredStacks, bytes]]:
+    """The stacks of this request that ``version`` of the rank does not hold yet.
+
+    The same bytes again are nothing new (idempotent); other bytes for a source the version holds
+    are refused (409): the stacks of one dump were taken once, at that dump.
+    """
+    out: list[tuple[StoredStacks, bytes]] = []
+    for item in sent:
+        kept = next((h for h in held if h.version == version and h.source is item.source), None)
+        if kept is not None:
+            if kept.sha256 != item.sha256:
+                raise ConflictError(f"rank {rank} version {version} already holds {item.source.value} stacks with "
+                                    "other bytes; the stacks of one dump are taken once, and nothing was stored")
+            continue
+        out.append((StoredStacks(rank=rank, version=version, source=item.source, sha256=item.sha256,
+                                 object_name=stacks_version_name(rank, version, item.source)), item.data))
+    return out
 
 
 def _version_for(earlier: list[StoredUpload], encoding: DumpEncoding, identity: UploadIdentity) -> int:

@@ -10,16 +10,18 @@ import hashlib
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import BaseModel
 
 from denpex.evidence.fr_dump import DumpEncoding
+from denpex.evidence.stacks import StackSource
 from denpex.ingest.database import Database
 from denpex.ingest.errors import ConflictError
 
-__all__ = ["IncidentKey", "RunState", "StoredUpload", "StoredTelemetry", "IncidentRecord", "IncidentBook",
+__all__ = ["IncidentKey", "RunState", "StoredUpload", "StoredTelemetry", "StoredStacks", "IncidentRecord", "IncidentBook",
            "alert_id_for"]
 
 # An alert that claimed the run but never confirmed it (the server died mid-way) is retried after this.
@@ -68,6 +70,17 @@ class StoredTelemetry(BaseModel):
     host: str | None
 
 
+class StoredStacks(BaseModel):
+    """One accepted stacks file: which rank's dump version it came with, and from which source."""
+
+    rank: int
+    version: int
+    source: StackSource
+    sha256: str
+    object_name: str
+    """The version's own object (``versions/rank_<r>/v<N>.stacks.json``), never overwritten."""
+
+
 class IncidentRecord(BaseModel):
     """An incident's row."""
 
@@ -108,9 +121,36 @@ class IncidentBook:
         return [StoredUpload(rank=r[0], version=r[1], encoding=DumpEncoding(r[2]), sha256=r[3], object_name=r[4],
                              key_id=r[5], identity=r[6], uploaded_at=r[7]) for r in rows]
 
+    def stacks(self, key: IncidentKey, rank: int) -> list[StoredStacks]:
+        """Every accepted stacks file of one rank of the incident, oldest version first."""
+        with self._db.connect() as db:
+            rows = db.execute("SELECT rank, version, source, sha256, object_name FROM stacks WHERE tenant = ? AND "
+                              "cluster = ? AND incident_id = ? AND rank = ? ORDER BY version, source",
+                              (key.tenant, key.cluster, key.incident_id, rank)).fetchall()
+        return [StoredStacks(rank=r[0], version=r[1], source=StackSource(r[2]), sha256=r[3], object_name=r[4])
+                for r in rows]
+
+    def record_stacks(self, key: IncidentKey, stacks: list[StoredStacks], key_id: str, now: float) -> None:
+        """Stacks rows for a dump already recorded (an identical re-upload that brought them).
+
+        A row another process recorded meanwhile is an :class:`sqlite3.IntegrityError`, and nothing
+        of this call stands (the intake undoes its objects and asks for a retry)."""
+        with self._db.connect() as db:
+            self._insert_stacks(db, key, stacks, key_id, now)
+
+    @staticmethod
+    def _insert_stacks(db: sqlite3.Connection, key: IncidentKey, stacks: Sequence[StoredStacks], key_id: str,
+                       now: float) -> None:
+        for item in stacks:
+            db.execute("INSERT INTO stacks (tenant, cluster, incident_id, rank, version, source, sha256, "
+                       "object_name, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (key.tenant, key.cluster, key.incident_id, item.rank, item.version, item.source.value,
+                        item.sha256, item.object_name, key_id, now))
+
     def record_upload(self, key: IncidentKey, job_id: str, upload: StoredUpload, world_size: int,
-                      telemetry: list[StoredTelemetry]) -> bool:
-        """Record an upload whose objects are stored; False when an identical one got there first."""
+                      telemetry: list[StoredTelemetry], stacks: Sequence[StoredStacks] = ()) -> bool:
+        """Record an upload whose objects are stored (with the stacks that came with it); False
+        when an identical one got there first."""
         with self._db.connect() as db:
             self._ensure(db, key, job_id, world_size)
             try:
@@ -121,6 +161,7 @@ class IncidentBook:
                             upload.identity, upload.uploaded_at))
             except sqlite3.IntegrityError:
                 return False
+            self._insert_stacks(db, key, stacks, upload.key_id, upload.uploaded_at)
             for item in telemetry:
                 db.execute("INSERT OR IGNORE INTO telemetry (tenant, cluster, incident_id, sha256, object_name, "
                            "trusted, host, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?)",

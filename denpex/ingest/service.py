@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
+from denpex.evidence.stacks import MAX_BYTES as MAX_STACKS_BYTES
 from denpex.evidence.store import open_store
 from denpex.ingest.alert_intake import AlertIntake, AlertLimits
 from denpex.ingest.body_spool import BodySpool, SpoolLimits
@@ -22,6 +23,7 @@ from denpex.ingest.manifest_writer import ManifestWriter
 from denpex.ingest.nonce_cache import NonceCache
 from denpex.ingest.registration import MAX_REGISTRATION_BYTES, JobRegistry
 from denpex.ingest.registry import Registry
+from denpex.ingest.upload_form import STACKS_PARTS
 
 __all__ = ["MAX_DUMP_BYTES", "ServiceConfig", "IngestService"]
 
@@ -72,8 +74,8 @@ class ServiceConfig(BaseModel):
 
     @property
     def max_upload_bytes(self) -> int:
-        """The whole multipart body: a dump, its telemetry and the identity, plus framing."""
-        return self.max_dump_bytes + self.max_telemetry_bytes + 1024 * 1024
+        """The whole multipart body: a dump, its telemetry, its two stacks files and the identity, plus framing."""
+        return self.max_dump_bytes + self.max_telemetry_bytes + len(STACKS_PARTS) * MAX_STACKS_BYTES + 1024 * 1024
 
 
 class IngestService:

@@ -1,7 +1,7 @@
 """The parts of an upload's ``multipart/form-data`` body, read from its spool file in chunks.
 
 The body is never loaded whole: the ``dump`` part goes to a spool file of its own (hashed as it is
-written), ``identity`` and ``telemetry`` parts to memory under their caps. Example::
+written), ``identity``, ``telemetry`` and ``stacks`` parts to memory under their caps. Example::
 
     --b
     Content-Disposition: form-data; name="identity"
@@ -11,10 +11,18 @@ written), ``identity`` and ``telemetry`` parts to memory under their caps. Examp
     Content-Disposition: form-data; name="dump"; filename="rank_0.pkl"
 
     <the dump's bytes>
+    --b
+    Content-Disposition: form-data; name="stacks"; filename="rank_0.stacks.json"
+
+    {"format": "denpex.stacks/1", "rank": 0, "source": "collector", "threads": [...]}
     --b--
 
     -> UploadForm(identity=b'{"job_id": ...}', dump=DumpPart(filename="rank_0.pkl", file=SpooledFile(...)),
-                  telemetry=[])
+                  telemetry=[], stacks={StackSource.COLLECTOR: b'{"format": ...}'})
+
+The stacks parts are named for their source: ``stacks`` (the collector's file) and
+``stacks_pyspy`` (the py-spy sidecar's), each at most once and each under the stacks model's byte
+limit; what they hold is checked by :mod:`denpex.ingest.stacks_check`.
 """
 
 from __future__ import annotations
@@ -27,12 +35,17 @@ from pathlib import Path
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from denpex.evidence.stacks import MAX_BYTES as MAX_STACKS_BYTES
+from denpex.evidence.stacks import StackSource
 from denpex.ingest.body_spool import SpooledFile, SpoolSlot
 from denpex.ingest.errors import InvalidRequestError, PayloadTooLargeError
 
-__all__ = ["FormCaps", "DumpPart", "UploadForm", "parse_upload_form"]
+__all__ = ["FormCaps", "DumpPart", "UploadForm", "STACKS_PARTS", "parse_upload_form"]
 
 _CHUNK = 1 << 20
+
+STACKS_PARTS = {"stacks": StackSource.COLLECTOR, "stacks_pyspy": StackSource.PY_SPY}
+"""The stacks part names and the source each must hold (one file of each per upload)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,8 @@ class FormCaps:
     max_telemetry_bytes: int
     max_identity_bytes: int = 1 << 20
     max_telemetry_parts: int = 32
+    max_stacks_bytes: int = MAX_STACKS_BYTES
+    """Per stacks part: the stacks model's own byte limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +76,8 @@ class UploadForm:
     dump: DumpPart | None
     """None for a node agent's telemetry-only upload (then ``telemetry`` is not empty)."""
     telemetry: list[bytes]
+    stacks: dict[StackSource, bytes] = field(default_factory=dict)
+    """The stacks files sent, by the source their part name says (not yet checked)."""
 
 
 @dataclass
@@ -88,6 +105,7 @@ class _Collector:
         self.dump: DumpPart | None = None
         self.telemetry: list[bytes] = []
         self.telemetry_bytes = 0
+        self.stacks: dict[StackSource, bytes] = {}
 
     def on_part_begin(self) -> None:
         self.part = _Part()
@@ -115,6 +133,8 @@ class _Collector:
             self.part.path, self.part.fd = self.slot.new_file("dump")
         elif self.part.name == "telemetry" and len(self.telemetry) >= self.caps.max_telemetry_parts:
             raise InvalidRequestError(f"at most {self.caps.max_telemetry_parts} telemetry parts per upload")
+        elif self.part.name in STACKS_PARTS and STACKS_PARTS[self.part.name] in self.stacks:
+            raise InvalidRequestError(f"an upload has at most one part {self.part.name!r} (one rank's stacks file)")
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
@@ -140,6 +160,11 @@ class _Collector:
                 raise PayloadTooLargeError(f"the telemetry parts are over their {self.caps.max_telemetry_bytes:,}"
                                            "-byte cap; nothing was stored")
             part.buffer += chunk
+        elif part.name in STACKS_PARTS:
+            if part.size > self.caps.max_stacks_bytes:
+                raise PayloadTooLargeError(f"the {part.name} part is over its {self.caps.max_stacks_bytes:,}-byte "
+                                           "cap; nothing was stored")
+            part.buffer += chunk
         # Parts with other names are skipped: read, never kept.
 
     def on_part_end(self) -> None:
@@ -153,6 +178,8 @@ class _Collector:
             self.identity = bytes(part.buffer)
         elif part.name == "telemetry":
             self.telemetry.append(bytes(part.buffer))
+        elif part.name in STACKS_PARTS:
+            self.stacks[STACKS_PARTS[part.name]] = bytes(part.buffer)
 
     def close(self) -> None:
         if self.part.fd is not None:
@@ -181,7 +208,11 @@ def parse_upload_form(body: Path, content_type: str, slot: SpoolSlot, caps: Form
         raise InvalidRequestError(f"the multipart body cannot be parsed ({exc})") from exc
     finally:
         collector.close()
+    if collector.dump is None and collector.stacks:
+        raise InvalidRequestError("a stacks part comes with its rank's 'dump' part: the stacks belong to that "
+                                  "dump's version")
     if collector.identity is None or (collector.dump is None and not collector.telemetry):
         raise InvalidRequestError("an upload needs a part 'identity' (JSON) and a file part 'dump' (or, from a "
                                   "node agent's key, at least one 'telemetry' part)")
-    return UploadForm(identity=collector.identity, dump=collector.dump, telemetry=collector.telemetry)
+    return UploadForm(identity=collector.identity, dump=collector.dump, telemetry=collector.telemetry,
+                      stacks=collector.stacks)

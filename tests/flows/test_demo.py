@@ -59,6 +59,8 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     [node] = report["execution"]["nodes"]
     assert node["node"] == "gpu-node-003" and "DRAIN" in node["state_after"]
     assert "[demo] slurm: gpu-node-003 State=IDLE+DRAIN" in out
+    # Each rank's Python stacks went with its dump and were read back from the S3 store, as triage reads them.
+    assert "[demo] the service stored the ranks' Python stacks beside their dumps (collector: ranks 0, 1, 2, 3)" in out
     assert '"kind":"intent"' in out and '"kind":"result"' in out  # the audit log is shown
     assert "data:image/png;base64" not in out  # charts are named by path, not dumped as base64
     charts = sorted((Path(last.removeprefix("report: ")).parents[2] / "charts").glob("chart-*.png"))

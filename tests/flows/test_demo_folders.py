@@ -75,7 +75,7 @@ def test_a_folder_named_as_the_readme_allows_drains_the_culprits_node(
     assert report["plan"]["actions"] == [{"node": "gpu-node-003", "action": "drain"}]
     assert "[demo] slurm: gpu-node-003 State=IDLE+DRAIN" in out
     assert "[demo] uploaded 4 of 4 ranks' dumps" in out
-    assert "alert at 2026-11-29T20:29:46" in out  # six seconds after the newest entry of any dump
+    assert "alert at 2026-12-03T02:08:58" in out  # six seconds after the newest entry of any dump
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,10 @@ def _check_arrived(lab: Lab, job: str, work: Path) -> dict:
             assert f"{base}/{name}" in keys, sorted(keys)
             # Byte for byte what the rank wrote, in version 1: nothing lost, nothing duplicated.
             assert lab.s3.read(f"{base}/{name}") == (work / "collected" / name).read_bytes()
+        # The rank's Python stacks at its dump came with it, where triage reads them (issue 19).
+        stacks = f"collector/rank_{rank}.stacks.json"
+        assert lab.s3.read(f"{base}/{stacks}") == (work / "collected" / stacks).read_bytes()
+        assert f"{base}/versions/rank_{rank}/v1.stacks.json" in keys
     assert not any("rank_1" in k for k in keys)
     assert not any("/v2." in k for k in keys), sorted(keys)
     uploads = IncidentBook(lab.registry.db).uploads(IncidentKey("acme", "c1", incident))
