@@ -54,7 +54,10 @@ def attach_stacks(result: TriageResult, store: EvidenceStore, dumps: Mapping[int
             (*stuck.waiting_ranks, *stuck.behind_ranks, *stuck.unknown_ranks))
     found = stack_findings(records, stuck_groups={g: sorted(r) for g, r in members.items()},
                            candidates=[c.rank for c in result.candidates])
-    candidates = [_with_stack(c, found, bool(records)) for c in result.candidates]
+    # "No stack" is said only where a stacks file was there to name the rank: FR's call sites
+    # alone say nothing about a rank that never called the op.
+    files = bool(evidence.records or evidence.refused)
+    candidates = [_with_stack(c, found, files) for c in result.candidates]
     return result.model_copy(update={"candidates": candidates, "stack_groups": found.stack_groups,
                                      "notes": [*result.notes, *stack_notes(evidence, records)]})
 
