@@ -46,7 +46,8 @@ def manifest_with_gpus(folder: Path) -> bytes:
 
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
-CULPRIT_STACK = "data.py:45 next_batch()"
+CULPRIT_STACK = "data.py:45 next\\_batch\\(\\) ← train.py:80 step\\(\\)"
+"""The culprit's short stack as the dialog brief writes it (escaped markdown)."""
 
 
 def withheld_one_stacks() -> dict[str, bytes]:
@@ -64,12 +65,13 @@ def withheld_one_stacks() -> dict[str, bytes]:
 
 
 def form_texts(run_id: object) -> str:
-    """Every input Prefect keeps for the paused run: the form's schema and its description."""
+    """Every input Prefect keeps for the paused run: the form's schema and its description (the
+    stored JSON decoded, so the markdown reads as the dialog gets it)."""
     from prefect import get_client
 
     with get_client(sync_client=True) as client:
         found = client.filter_flow_run_input(flow_run_id=run_id, key_prefix="", limit=100, exclude_keys=set())
-    return "\n".join(str(i.value) for i in found)
+    return "\n".join(str(json.loads(i.value)) for i in found)
 
 
 def xid79_log(node: str = CULPRIT_NODE) -> bytes:
