@@ -164,6 +164,7 @@ def triage_main(args: argparse.Namespace) -> int:
                                   "stack_groups": len(report.get("stack_groups", []))})
             print(f"run {i + 1} {mode:>7} stacks: {m.wall_s:.2f} s wall, {m.cpu_s:.2f} s CPU, "
                   f"verdict {report['verdict']} {[c['rank'] for c in report['candidates']]}", flush=True)
+        step = time_the_stacks_step(dumps, json.loads((folder / "without-0.json").read_text()), args.runs)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     without = statistics.median(r["wall_s"] for r in results["without"])
@@ -173,10 +174,36 @@ def triage_main(args: argparse.Namespace) -> int:
     print(f"median wall: {without:.2f} s without stacks, {with_:.2f} s with ({(with_ / without - 1) * 100:+.1f}%); "
           f"CPU {cpu_without:.2f} s vs {cpu_with:.2f} s ({(cpu_with / cpu_without - 1) * 100:+.1f}%); "
           f"{args.ranks:,} ranks, stacks files {stacks_written / 2**20:.1f} MiB")
+    print(f"the stacks step alone (attach_stacks, in this process, same folder): median {step['wall_s']:.2f} s wall, "
+          f"{step['cpu_s']:.2f} s CPU = {step['wall_s'] / without * 100:.1f}% of the triage's median wall time without stacks")
     if args.json:
         args.json.write_text(json.dumps({"ranks": args.ranks, "runs": results, "stacks_bytes": stacks_written,
-                                         "median_wall_without_s": without, "median_wall_with_s": with_}, indent=1))
+                                         "median_wall_without_s": without, "median_wall_with_s": with_,
+                                         "stacks_step": step}, indent=1))
     return 0
+
+
+def time_the_stacks_step(dumps: Path, report: dict[str, Any], runs: int) -> dict[str, float]:
+    """What the stacks add, measured on their own: :func:`attach_stacks` on the triage's result
+    without stacks (the same call ``triage_outcomes`` makes), where the machine's load moves the
+    whole command's wall time by more than the step takes."""
+    from denpex.analysis.stack_triage import attach_stacks
+    from denpex.analysis.triage import take_inventory
+    from denpex.evidence.store import open_store
+    from denpex.report import TriageReport
+
+    store = open_store(dumps)
+    result = TriageReport.model_validate(report)
+    dumps_by_rank = take_inventory(store).dumps
+    walls, cpus = [], []
+    for _ in range(runs):
+        started, cpu = time.perf_counter(), time.process_time()
+        attached = attach_stacks(result, store, dumps_by_rank, max_dump_bytes=1 << 30)
+        walls.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
+        if not attached.stack_groups:
+            raise SystemExit("the stacks step read no stacks")
+    return {"wall_s": round(statistics.median(walls), 3), "cpu_s": round(statistics.median(cpus), 3)}
 
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "gloo_rank0_2000.pkl.gz"

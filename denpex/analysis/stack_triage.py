@@ -41,7 +41,7 @@ def attach_stacks(result: TriageResult, store: EvidenceStore, dumps: Mapping[int
                   max_dump_bytes: int) -> TriageResult:
     """A copy of ``result`` with stacks, ``stack_groups``, outlier reasons and stack notes."""
     try:
-        evidence = read_stack_evidence(store, at=result.as_of)
+        evidence = read_stack_evidence(store, at=result.as_of, world_size=result.world_size)
     except EvidenceError as exc:  # the store could not be listed: the triage stands without stacks
         return result.model_copy(update={"notes": [*result.notes, f"stacks could not be read: {exc}"]})
     records = list(evidence.records)
@@ -115,7 +115,7 @@ def stack_notes(evidence: StackEvidence, records: list[RankStacks]) -> list[str]
                      + ", ".join(s.value for s in sources)
                      + (f" (torch's debug server's {evidence.debug_file})" if evidence.debug_file else ""))
     problems = [f"stacks file {name} set aside: {why}" for name, why in sorted(evidence.refused.items())]
-    problems += [f"stacks: {note}" for note in evidence.notes]
+    problems += [note if evidence.debug_file is None else f"stacks: {note}" for note in evidence.notes]
     problems += [f"rank {r.rank}'s {r.source.value} stacks: {note}" for r in records for note in r.notes]
     notes += problems[:_NOTES_SHOWN]
     if len(problems) > _NOTES_SHOWN:
