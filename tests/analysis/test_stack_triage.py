@@ -191,3 +191,31 @@ def test_the_option_turns_the_reading_off(tmp_path: Path, stacks: bool) -> None:
     path = folder(tmp_path, {stacks_file_name(2): sleeping()})
     result = triage_path(path, options=TriageOptions(stacks=stacks))
     assert (result.candidates[0].stack is not None) is stacks
+
+
+DEBUG_SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "stacks" / "stacks_20261202_190811.txt"
+
+
+@pytest.mark.parametrize("collected", [(0, 1, 2, 3), (0, 1, 3)], ids=["every-rank", "rank-2-missing"])
+def test_the_debug_servers_file_fills_in_only_where_denpex_has_no_stack(tmp_path: Path,
+                                                                         collected: tuple[int, ...]) -> None:
+    """torch's debug-server file, taken at the incident, beside the dumps: left unparsed when the
+    collector's files give every rank a stack (they are preferred; at 4,096 ranks the parse is
+    most of the cost), read when a rank has none of its own."""
+    stacks: dict[str, bytes | dict[str, Any]] = {stacks_file_name(r): waiting(r) for r in collected}
+    if 2 in collected:
+        stacks[stacks_file_name(2)] = sleeping()
+    path = folder(tmp_path, stacks)
+    shutil.copy(DEBUG_SAMPLE, path / "stacks_20261129_202944.txt")
+    report = triage_json(path)
+    [candidate] = report["candidates"]
+    assert not [s for s in report["skipped_files"] if not s["copy_of"]]  # not mistaken for a dump
+    if 2 in collected:
+        assert candidate["stack"]["source"] == "collector"
+        assert ("stacks_20261129_202944.txt (torch's debug server) was not read: Denpex's own stacks files give "
+                "every rank a stack, and they are preferred") in report["notes"]
+    else:
+        assert candidate["stack"]["source"] == "torch-debug"
+        assert candidate["stack"]["frames"][0]["function"] == "sleep_in_loader"
+        assert any("torch's debug server's stacks_20261129_202944.txt" in n for n in report["notes"])
+    assert judged(report) == judged(triage_json(WITHHELD, stacks=False))
