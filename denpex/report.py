@@ -11,10 +11,11 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from denpex.analysis.models import Candidate, Membership, StuckCollective, TriageResult, Verdict
+from denpex.analysis.stack_groups import StackGroup, StackGrouping, render_stack_groups
 from denpex.analysis.wording import ranks_phrase
 from denpex.hardware.describe import describe_hardware
 
-__all__ = ["PlanAction", "PlanView", "TriageReport", "render_text"]
+__all__ = ["PlanAction", "PlanView", "TriageReport", "majority_stack", "render_text", "stack_side_by_side"]
 
 
 class PlanAction(BaseModel):
@@ -78,6 +79,7 @@ def render_text(report: TriageReport) -> str:
         lines.append("Candidates (culprits, not the victims that waited on them):")
         lines += [line for c in report.candidates for line in _candidate_lines(c)]
         lines.append("")
+    lines += _stack_lines(report)
     lines += _evidence_lines(report)
     lines += _plan_lines(report)
     return "\n".join(lines).rstrip() + "\n"
@@ -137,7 +139,51 @@ def _candidate_lines(c: Candidate) -> list[str]:
     lines = [f"  * rank {c.rank}{host}: {c.kind.value}{where}, confidence {c.confidence:.2f}{guess}"]
     lines += [f"      - {reason}" for reason in c.reasons]
     lines += [f"      hardware: {describe_hardware(event)}" for event in c.hardware]
+    if c.stack is not None:
+        lines.append(f"      stack ({c.stack.source.value}, thread {c.stack.thread or '?'}): {c.stack.summary}")
     return lines
+
+
+MAX_STACKS_BESIDE = 3
+STACK_FRAMES_SHOWN = 4
+_COLUMN = 56
+
+
+def majority_stack(report: TriageResult, rank: int) -> StackGroup | None:
+    """The stack most ranks share, other than ``rank``'s own: what its peers were doing."""
+    return next((g for g in report.stack_groups if rank not in g.ranks), None)
+
+
+def stack_side_by_side(report: TriageResult, c: Candidate) -> list[str]:
+    """The candidate's short stack (innermost first) in one column, the majority's in the other."""
+    if c.stack is None:
+        return []
+    majority = majority_stack(report, c.rank)
+    left = [f"rank {c.rank} ({c.stack.source.value})"] + [f"  {f.short()}" for f in c.stack.frames[:STACK_FRAMES_SHOWN]]
+    if majority is None:
+        return left
+    right = [f"{ranks_phrase(majority.ranks)} ({', '.join(s.value for s in majority.sources)})"]
+    right += [f"  {f.short()}" for f in majority.frames[:STACK_FRAMES_SHOWN]]
+    width = min(_COLUMN, max(len(line) for line in left))
+    rows = max(len(left), len(right))
+    return [f"{_cut(a, width):<{width}} | {b}".rstrip()
+            for a, b in zip(left + [""] * (rows - len(left)), right + [""] * (rows - len(right)), strict=True)]
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _stack_lines(report: TriageReport) -> list[str]:
+    """Ranks grouped by stack, then each culprit's stack beside the majority's (all frames: the JSON)."""
+    if not report.stack_groups:
+        return []
+    lines = ["Stacks (innermost user frames of the thread that issues collectives; all frames: --format json):"]
+    lines += [f"  {line}" for line in render_stack_groups(StackGrouping(groups=report.stack_groups))]
+    for c in [c for c in report.candidates if c.stack is not None][:MAX_STACKS_BESIDE]:
+        lines.append("")
+        lines += [f"  {line}" for line in stack_side_by_side(report, c)]
+    return lines + [""]
 
 
 def _evidence_lines(report: TriageReport) -> list[str]:

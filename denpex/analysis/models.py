@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from denpex.analysis.stack_groups import CandidateStack, StackGroup
+
 __all__ = [
     "Verdict",
     "CandidateKind",
@@ -102,6 +104,9 @@ class Candidate(BaseModel):
     reasons: list[str] = Field(default_factory=list)
     hardware: list[CandidateHardware] = Field(default_factory=list)
     membership: Membership = Membership.KNOWN
+    # Where the rank's Python stack says it is (issue 19): evidence beside FR progress, never a
+    # verdict by itself. None where no stacks evidence names the rank.
+    stack: CandidateStack | None = None
 
 
 class StuckCollective(BaseModel):
@@ -177,3 +182,6 @@ class TriageResult(BaseModel):
     # The files read as telemetry (kernel logs, collector output): given on the command line, found
     # beside the dumps (denpex.workflow.telemetry_files), or filed by the ingest service.
     telemetry_files: list[str] = Field(default_factory=list)
+    # Every rank with a stack, grouped by the innermost frames of the thread that issues
+    # collectives, largest group first (denpex.analysis.stack_groups). Empty without stacks.
+    stack_groups: list[StackGroup] = Field(default_factory=list)

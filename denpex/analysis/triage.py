@@ -25,6 +25,7 @@ from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.membership_guess import mark_guessed_members
 from denpex.analysis.models import SkippedFile, TriageResult, Verdict
 from denpex.analysis.retire_race import race_notes, settle_retire_races
+from denpex.analysis.stack_triage import attach_stacks
 from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.twins import newer, same_moment
@@ -56,6 +57,8 @@ class TriageOptions(BaseModel):
     # collector time, the newest entry must fall within the op's timeout plus this grace.
     stale_after: timedelta = timedelta(minutes=15)
     workers: int | None = Field(default=None, ge=1)
+    # Read the Python stacks beside the dumps (denpex.analysis.stack_triage); off only to measure.
+    stacks: bool = True
 
 
 def triage_path(path: str | Path, *, world_size: int | None = None,
@@ -142,6 +145,10 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
     if inventory.size_note:
         result.notes.insert(0, inventory.size_note)
     result.notes[:0] = inventory.notes + twin_notes
+    if options.stacks:
+        # After the verdict, from the same store: the CLI and the flow's merge step both land here.
+        result = attach_stacks(result, open_store(inventory.store_uri), inventory.dumps,
+                               max_dump_bytes=options.max_dump_bytes)
     return result
 
 

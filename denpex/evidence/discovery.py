@@ -20,6 +20,7 @@ from datetime import datetime
 
 from denpex.analysis.models import SkippedFile
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest
+from denpex.evidence.stacks.torch_debug import is_debug_stacks_name
 from denpex.evidence.store import StoredObject
 
 __all__ = ["DumpRef", "Inventory", "rank_from_file_name", "is_candidate_name", "is_telemetry_name",
@@ -97,6 +98,8 @@ def discover_dumps(store_uri: str, objects: list[StoredObject], manifest: JobMan
         rank = by_file.get(obj.name)
         if rank is None and is_telemetry_name(obj.name):
             continue  # read as telemetry, and listed as such, not skipped as "not a dump"
+        if rank is None and is_debug_stacks_name(obj.name):
+            continue  # torch's debug server's stacks: read as stack evidence (denpex.evidence.stacks)
         if rank is None:
             rank = rank_from_file_name(obj.name)
         if rank is None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from denpex.analysis.models import HardwareBearing
+from denpex.analysis.models import Candidate, HardwareBearing
+from denpex.evidence.stacks import StackFrame
 from denpex.isolation.plan import IsolationPlan
 from denpex.markdown_text import code_block, inline
-from denpex.report import TriageReport, render_text
+from denpex.report import STACK_FRAMES_SHOWN, TriageReport, majority_stack, render_text
 
 __all__ = ["report_markdown", "approval_markdown", "candidate_rows", "decision_markdown", "group_lines"]
 
@@ -37,12 +38,43 @@ def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, pla
     # The text report quotes evidence strings (hosts, group descriptions, reasons) as they came:
     # a fence they cannot close keeps them literal.
     lines += ["", code_block(render_text(report).rstrip())]
+    lines += _full_stacks(report)
     if chart:
         lines += ["", chart]
     return "\n".join(lines) + "\n"
 
 
 MAX_GROUPS_SHOWN = 12
+MAX_FULL_STACKS = 3
+
+
+def _full_stacks(report: TriageReport) -> list[str]:
+    """Every frame of the first culprits' stacks (the text report shows the innermost user frames):
+    fenced, since the paths and function names come from the job."""
+    lines: list[str] = []
+    for c in [c for c in report.candidates if c.stack is not None][:MAX_FULL_STACKS]:
+        assert c.stack is not None
+        frames = c.stack.all_frames or c.stack.frames
+        body = "\n".join(f"{f.file}:{f.line} {f.function}()" for f in frames)
+        lines += ["", f"**Full stack of rank {c.rank}** ({c.stack.source.value}, thread "
+                      f"{inline(c.stack.thread or '?', limit=100)}, innermost first):", "", code_block(body)]
+    return lines
+
+
+def _short_stack(frames: Sequence[StackFrame]) -> str:
+    return inline(" ← ".join(f.short() for f in frames[:STACK_FRAMES_SHOWN - 1]), limit=_WHY_LIMIT)
+
+
+def _stack_brief(report: TriageReport, c: Candidate) -> list[str]:
+    """The culprit's short stack and its peers', one line each, escaped (frames come from the job)."""
+    if c.stack is None:
+        return []
+    lines = [f"  - **Stack:** {_short_stack(c.stack.frames)} ({c.stack.source.value})"]
+    majority = majority_stack(report, c.rank)
+    if majority is not None:
+        ranks = ", ".join(str(r) for r in majority.ranks[:8]) + (" …" if len(majority.ranks) > 8 else "")
+        lines.append(f"  - **Peers' stack:** {_short_stack(majority.frames)} (ranks {ranks})")
+    return lines
 
 
 def group_lines(report: TriageReport) -> list[str]:
@@ -88,6 +120,7 @@ def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, p
         signals = [h.summary for h in c.hardware if h.bearing is not HardwareBearing.UNRELATED]
         lines.append(f"  - **Hardware:** {inline(signals[0], limit=_WHY_LIMIT) if signals else 'no signal on its node'}"
                      + (f" (and {len(signals) - 1} more)" if len(signals) > 1 else ""))
+        lines += _stack_brief(report, c)
     more = len(report.candidates) - MAX_CULPRITS_BESIDE_FORM
     if more > 0:
         lines.append(f"- {more} more candidate{'s' if more != 1 else ''} in the full report")

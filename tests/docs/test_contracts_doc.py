@@ -29,7 +29,7 @@ from denpex.workflow.flow_parameters import check_flow_parameters
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "contracts.md"
 EXAMPLE = re.compile(r"<!-- validate: ([a-z0-9-]+) -->\n```(\w+)\n(.*?)\n```", re.S)
-HEADINGS = ("## Triage", "## Manifest", "## Telemetry", "## Signed requests", "## Ingest", "## Alert event",
+HEADINGS = ("## Triage", "## Manifest", "## Telemetry", "## Stacks", "## Signed requests", "## Ingest", "## Alert event",
             "## Approvals")
 
 

@@ -45,6 +45,35 @@ def manifest_with_gpus(folder: Path) -> bytes:
     return json.dumps(manifest).encode()
 
 
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+CULPRIT_STACK = "data.py:45 next\\_batch\\(\\) ← train.py:80 step\\(\\)"
+"""The culprit's short stack as the dialog brief writes it (escaped markdown)."""
+
+
+def withheld_one_stacks() -> dict[str, bytes]:
+    """The collector's stacks files for withheld_one, as HangDumper writes them beside its dumps:
+    ranks 0, 1, 3 in an all_reduce called from ``train.py:88 step()``, rank 2 in its data loader."""
+    def one(rank: int, frames: list[tuple[str, int, str]]) -> bytes:
+        return json.dumps({"format": "denpex.stacks/1", "rank": rank, "source": "collector",
+                           "taken_at": "2026-11-29T20:29:44Z", "threads": [{"name": "MainThread", "frames": [
+                               {"file": f, "line": n, "function": fn} for f, n, fn in frames]}]}).encode()
+    waiting = [(C10D, 3252, "all_reduce"), ("/job/train.py", 88, "step"), ("/job/train.py", 120, "main")]
+    files = {f"collector/rank_{r}.stacks.json": one(r, waiting) for r in (0, 1, 3)}
+    files["collector/rank_2.stacks.json"] = one(2, [("/job/data.py", 45, "next_batch"), ("/job/train.py", 80, "step"),
+                                                     ("/job/train.py", 120, "main")])
+    return files
+
+
+def form_texts(run_id: object) -> str:
+    """Every input Prefect keeps for the paused run: the form's schema and its description (the
+    stored JSON decoded, so the markdown reads as the dialog gets it)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        found = client.filter_flow_run_input(flow_run_id=run_id, key_prefix="", limit=100, exclude_keys=set())
+    return "\n".join(str(json.loads(i.value)) for i in found)
+
+
 def xid79_log(node: str = CULPRIT_NODE) -> bytes:
     """Xid 79 (GPU fallen off the bus) on ``node`` a minute before the alert."""
     return (f"2026-11-29T20:28:50+0000 {node} kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, "

@@ -37,6 +37,7 @@ from flow_driver import (
     saved_plan,
     totp_code,
     wait_for,
+    withheld_one_stacks,
     xid79_log,
 )
 from lab.rig import drained_nodes
@@ -105,7 +106,8 @@ def paused_incidents(rig: ServerRig, *incidents: str) -> list[Any]:
     """Fire an alert per incident, then wait for every run to pause (they triage side by side)."""
     for incident in incidents:
         evidence = upload(rig.flows.s3_endpoint, incident, SCENARIO,
-                          extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
+                          extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log(),
+                                 **withheld_one_stacks()})
         fire(rig.server.api_url, alert(incident, evidence))
     run_ids = [find_run(incident) for incident in incidents]
     for run_id in run_ids:
@@ -191,6 +193,10 @@ def test_approval_through_the_real_ui_in_headless_chromium(pg_rig: ServerRig, la
             brief = {line.split(":", 1)[0].strip("- "): line.split(":", 1)[1].strip()
                      for line in dialog.get_by_role("listitem").all_inner_texts() if ":" in line}
             assert {"Proposed", "Culprit", "Why", "Hardware", "Who may approve", "Plan"} <= set(brief), brief
+            # The culprit's stack beside its peers' (issue 19), rendered as the job's own text.
+            assert brief["Stack"] == "data.py:45 next_batch() ← train.py:80 step() ← train.py:120 main() (collector)"
+            assert brief["Peers' stack"] == ("distributed_c10d.py:3252 all_reduce() ← train.py:88 step() ← "
+                                             "train.py:120 main() (ranks 0, 1, 3)")
             page.wait_for_function("() => [...document.querySelectorAll('[role=dialog] img')]"
                                    ".every(i => i.complete && i.naturalWidth > 0)")
             images = dialog.locator("img")

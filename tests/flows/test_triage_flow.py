@@ -21,10 +21,12 @@ import pytest
 from denpex.isolation.audit import AuditKind
 from flow_driver import (
     CULPRIT_NODE,
+    CULPRIT_STACK,
     FlowRig,
     alert,
     find_run,
     fire,
+    form_texts,
     keyed_audit_log,
     manifest_with_gpus,
     report_of,
@@ -32,6 +34,7 @@ from flow_driver import (
     saved_plan,
     start_manual,
     wait_for,
+    withheld_one_stacks,
     xid79_log,
 )
 from conftest import FIXTURES, register_blocks, upload
@@ -46,7 +49,8 @@ SCENARIO = FIXTURES / "withheld_one"
 
 def _evidence(rig: FlowRig, prefix: str, *, ranks: set[int] | None = None) -> str:
     return upload(rig.s3_endpoint, prefix, SCENARIO, ranks=ranks,
-                  extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
+                  extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log(),
+                         **withheld_one_stacks()})
 
 
 def _event_names(incident_id: str, wanted: set[str], *, timeout_s: float = 30) -> set[str]:
@@ -130,6 +134,11 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     plan = saved_plan(flow_rig.state_dir, incident)
     assert [(a.node, a.action.value) for a in plan.actions] == [(CULPRIT_NODE, "drain")]
     assert drained_nodes(lab) == set()
+    # Beside the form: the culprit's stack and its peers', read from the incident's upload (issue 19).
+    brief = form_texts(run_id)
+    assert f"**Stack:** {CULPRIT_STACK}" in brief, brief
+    assert "**Peers' stack:** distributed\\_c10d.py:3252 all\\_reduce\\(\\) ← train.py:88 step\\(\\)" in brief
+    assert "Full stack of rank 2" in _artifacts(run_id)[f"denpex-{incident}-report"].data
 
     resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
                     "approver": "alice", "comment": "Xid 79 confirmed"}, state_dir=flow_rig.state_dir)
@@ -138,6 +147,8 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     report = report_of(flow_rig.state_dir, incident, run_id)
     assert report["verdict"] == "localized" and report["outcome"] == "executed", report["reason"]
     assert [c["rank"] for c in report["candidates"]] == [2]
+    assert report["candidates"][0]["stack"]["source"] == "collector"
+    assert [g["ranks"] for g in report["stack_groups"]] == [[0, 1, 3], [2]]
     assert report["plan"]["actions"] == [{"node": CULPRIT_NODE, "action": "drain"}]
     assert report["approval"]["channel"] == "prefect-ui" and report["approval"]["flow_run_id"] == str(run_id)
     assert drained_nodes(lab) == {CULPRIT_NODE}

@@ -11,10 +11,14 @@ inside ``wedge_in_regex``; its dumper can never run, and its py-spy sidecar read
 from __future__ import annotations
 
 import inspect
+import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +165,83 @@ def test_a_rank_wedged_in_c_code_gets_its_stack_from_py_spy(wedged_job: Path) ->
     grouping = group_by_stack(best)
     [outlier] = stack_outliers(grouping, [0, 1])
     assert outlier.rank == 1 and outlier.majority.collective == "all_reduce"
+
+
+# --- The stacks in the triage itself: ``denpex triage --format json`` on the real jobs' folders ---
+
+def triage(folder: Path, *args: str) -> str:
+    """The real command, as an operator runs it half a minute after the dumps (they come at 30% of
+    the collective's timeout, when the op is still young at the ranks' own dump time)."""
+    incident = max(r.dumped_at for r in read_dump_records(folder).values()) + timedelta(seconds=30)
+    done = subprocess.run([sys.executable, "-m", "denpex", "triage", str(folder), "--as-of", incident.isoformat(),
+                           *args], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def triage_json(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(triage(folder, "--format", "json"))
+    return data
+
+
+def frame_at(frames: list[dict[str, Any]], function: str) -> tuple[str, int, str]:
+    [frame] = [f for f in frames if f["function"] == function]
+    return Path(frame["file"]).name, frame["line"], frame["function"]
+
+
+def test_triage_json_gives_the_sleeper_its_collector_stack_and_groups_the_peers(sleeper_job: Path) -> None:
+    report = triage_json(sleeper_job / "hang")
+    [candidate] = report["candidates"]
+    assert candidate["rank"] == 2 and candidate["kind"] == "not_entered"
+    stack = candidate["stack"]
+    assert stack["source"] == "collector" and stack["thread"] == "MainThread"
+    assert frame_at(stack["frames"], "sleep_in_data_loader") == (WORKER_FILE, SLEEP_LINE, "sleep_in_data_loader")
+    assert any(f["function"] == "sleep_in_data_loader" for f in stack["all_frames"])
+    assert [g["ranks"] for g in report["stack_groups"]] == [[0, 1, 3], [2]]
+    peers = report["stack_groups"][0]
+    assert peers["collective"] == "all_reduce"
+    assert frame_at(peers["frames"], "step") == (WORKER_FILE, ALL_REDUCE_LINE, "step")
+    assert any("differs from the majority" in r and "ranks 0, 1, 3" in r for r in candidate["reasons"])
+
+    # The same verdict, candidates and kinds as without any stacks: a stack never overrides FR.
+    bare = sleeper_job / "hang-without-stacks"
+    shutil.copytree(sleeper_job / "hang", bare, ignore=shutil.ignore_patterns("*.stacks.json"))
+    without = triage_json(bare)
+    assert without["stack_groups"] != report["stack_groups"]
+    assert (without["verdict"], [(c["rank"], c["kind"]) for c in without["candidates"]]) == (
+        report["verdict"], [(c["rank"], c["kind"]) for c in report["candidates"]])
+
+
+def test_triage_text_shows_the_sleeper_beside_the_majority(sleeper_job: Path) -> None:
+    text = triage(sleeper_job / "hang")
+    assert f"{WORKER_FILE}:{SLEEP_LINE} sleep_in_data_loader()" in text
+    assert f"ranks 0, 1, 3: `all_reduce` from `{WORKER_FILE}:{ALL_REDUCE_LINE} step()`" in text
+
+
+def test_triage_reads_torch_debug_servers_stacks_file_beside_the_dumps(sleeper_job: Path) -> None:
+    # The job's dumps without Denpex's stacks files, and the debug server's newest file beside them.
+    folder = sleeper_job / "hang-with-debug-file"
+    shutil.copytree(sleeper_job / "hang", folder, ignore=shutil.ignore_patterns("*.stacks.json"))
+    newest = debug_stacks_files(sleeper_job / "debug")[-1]
+    shutil.copy(sleeper_job / "debug" / newest.name, folder / newest.name)
+    report = triage_json(folder)
+    assert [s["path"] for s in report["skipped_files"]] == []  # not mistaken for a dump
+    [candidate] = report["candidates"]
+    assert candidate["rank"] == 2 and candidate["stack"]["source"] == "torch-debug"
+    assert frame_at(candidate["stack"]["frames"], "sleep_in_data_loader")[1] == SLEEP_LINE
+    assert [g["ranks"] for g in report["stack_groups"]] == [[0, 1, 3], [2]]
+    assert report["stack_groups"][0]["sources"] == ["torch-debug"]
+    assert any(newest.name in note for note in report["notes"])
+
+
+def test_triage_json_takes_the_wedged_ranks_stack_from_py_spy(wedged_job: Path) -> None:
+    collected = wedged_job / "hang"
+    assert not (collected / "rank_1.pkl").exists() and not stacks_path(collected, 1).exists()
+    report = triage_json(collected)
+    [candidate] = report["candidates"]
+    assert candidate["rank"] == 1
+    stack = candidate["stack"]
+    assert stack["source"] == "py-spy" and stack["thread"] == "MainThread"
+    assert frame_at(stack["frames"], "wedge_in_regex") == (WORKER_FILE, REGEX_LINE, "wedge_in_regex")
+    assert [g["ranks"] for g in report["stack_groups"]] == [[0], [1]]
+    assert report["stack_groups"][0]["collective"] == "all_reduce"

@@ -36,10 +36,14 @@ class StackEvidence(BaseModel):
 
 
 def read_stack_evidence(location: EvidenceStore | Path, *, at: datetime | None,
-                        max_gap: timedelta = timedelta(minutes=5)) -> StackEvidence:
+                        max_gap: timedelta = timedelta(minutes=5), world_size: int | None = None) -> StackEvidence:
     """Read the stacks of a dump folder or store (``denpex triage``'s PATH, S3 included):
     ``collector/rank_*.stacks.json`` and the ``stacks_<time>.txt`` nearest ``at`` (the dump or
-    incident time; the newest when ``at`` is None)."""
+    incident time; the newest when ``at`` is None).
+
+    Given ``world_size``, the debug server's file is left unparsed when Denpex's own files already
+    hold a stack for every rank: they are preferred over it anyway, and at 4,096 ranks parsing it
+    is most of the cost (``benchmarks/stacks_scale.py``)."""
     folder = location if not isinstance(location, Path) else open_store(location)
     collected = read_collected_stacks(folder)
     records = list(collected.records)
@@ -47,6 +51,10 @@ def read_stack_evidence(location: EvidenceStore | Path, *, at: datetime | None,
     notes: list[str] = []
     files = debug_stacks_files(folder)
     chosen = (nearest_debug_stacks(files, at, max_gap) if at is not None else (files[-1] if files else None))
+    if chosen is not None and world_size is not None and _every_rank_has_one(records, world_size):
+        notes.append(f"{chosen.name} (torch's debug server) was not read: Denpex's own stacks files "
+                     "give every rank a stack, and they are preferred")
+        return StackEvidence(records=records, refused=refused, notes=notes, debug_file=None)
     if chosen is not None:
         try:
             debug = read_debug_stacks(folder, chosen)
@@ -57,3 +65,8 @@ def read_stack_evidence(location: EvidenceStore | Path, *, at: datetime | None,
             notes = [f"{chosen.name}: {note}" for note in debug.notes]
     return StackEvidence(records=records, refused=refused, notes=notes,
                          debug_file=chosen.name if chosen else None)
+
+
+def _every_rank_has_one(records: list[RankStacks], world_size: int) -> bool:
+    ranks = {r.rank for r in records if r.unavailable is None and any(t.frames for t in r.threads)}
+    return world_size > 0 and all(rank in ranks for rank in range(world_size))

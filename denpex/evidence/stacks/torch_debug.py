@@ -47,7 +47,7 @@ from denpex.evidence.stacks.model import (
 from denpex.evidence.store import EvidenceStore, open_store
 
 __all__ = ["DEBUG_FILE_MAX_BYTES", "DebugStacks", "DebugStacksFile", "debug_stacks_files",
-           "nearest_debug_stacks", "parse_debug_stacks", "read_debug_stacks"]
+           "is_debug_stacks_name", "nearest_debug_stacks", "parse_debug_stacks", "read_debug_stacks"]
 
 DEBUG_FILE_MAX_BYTES = 128 << 20
 """A whole file: 4,096 ranks of 30 KiB deep stacks each."""
@@ -79,6 +79,11 @@ class DebugStacks(BaseModel):
     taken_at: datetime | None
     ranks: dict[int, RankStacks]
     notes: list[str] = Field(default_factory=list, max_length=MAX_NOTES)
+
+
+def is_debug_stacks_name(name: str) -> bool:
+    """``stacks_20261202_190811.txt``: a debug-server stacks file (stack evidence, not a dump)."""
+    return _NAME.fullmatch(name) is not None
 
 
 def debug_stacks_files(location: EvidenceStore | Path, *, tz: tzinfo = UTC) -> list[DebugStacksFile]:
