@@ -62,6 +62,12 @@ CREATE TABLE IF NOT EXISTS job_rank_moves (
     from_host TEXT NOT NULL, to_host TEXT NOT NULL, from_identity TEXT NOT NULL, key_id TEXT NOT NULL,
     moved_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS job_rank_moves_by_job ON job_rank_moves (tenant, cluster, job_id, moved_at);
+-- What a job's world size and process groups were before a registration changed them, so that an
+-- incident opened before the change keeps the layout it had (JobRegistry.placement_at).
+CREATE TABLE IF NOT EXISTS job_layout_changes (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, from_world_size INTEGER NOT NULL,
+    from_groups TEXT NOT NULL, key_id TEXT NOT NULL, changed_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS job_layout_changes_by_job ON job_layout_changes (tenant, cluster, job_id, changed_at);
 CREATE TABLE IF NOT EXISTS registrations (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, registered_at REAL NOT NULL, ranks INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS registrations_by_cluster ON registrations (tenant, cluster, registered_at);

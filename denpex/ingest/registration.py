@@ -18,8 +18,11 @@ Rules (each refusal stores nothing):
 - a rank registered on another host before is recorded as **moved** (a restart): the new host is
   its placement from now on, the move is kept with its time and answered, and an incident opened
   before the move keeps the placement it had (:meth:`JobRegistry.placement_at`);
-- a registration whose world size differs from the job's replaces the layout's world size (an
-  elastic restart); ranks outside it are not listed;
+- a registration whose world size or process groups differ from the job's replaces them (an
+  elastic restart) when a job's key sends it; ranks outside the new world size are not listed, and
+  an incident opened before the change keeps the world size and groups it had. A host-bound key
+  (one node's agent) may not change them (403): it would hide every other node's ranks from the
+  incidents, its own faulty node's blame among them. It may send the same ones, or none;
 - at most ``max_per_window`` registrations per cluster per window (429 with ``Retry-After``).
 """
 
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from denpex.evidence.manifest import MAX_WORLD_SIZE, HostMove, HostName, PlainText, ProcessGroupSpec
 from denpex.ingest.auth import Caller
@@ -88,6 +91,13 @@ class RegistrationReceipt(BaseModel):
     unchanged: int
     moved: list[dict[str, object]]
     """``{"rank", "from_host", "to_host", "at"}`` per rank that re-registered from another host."""
+    _layout_changed: bool = PrivateAttr(default=False)
+    """The job's world size or process groups changed (its open incidents' manifests take that)."""
+
+    @property
+    def changed(self) -> bool:
+        """Anything an incident's manifest shows changed: a rank, or the job's world size or groups."""
+        return self.registered > 0 or self._layout_changed
 
 
 class RegisteredLayout(BaseModel):
@@ -134,11 +144,7 @@ class JobRegistry:
             self._rate_limit(db, caller, now, len(ranks))
             db.execute("INSERT INTO registrations (tenant, cluster, registered_at, ranks) VALUES (?, ?, ?, ?)",
                        (caller.tenant, caller.cluster, now, len(ranks)))
-            db.execute("INSERT INTO jobs_registered (tenant, cluster, job_id, world_size, process_groups, "
-                       "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id) DO UPDATE SET "
-                       "world_size = excluded.world_size, process_groups = CASE WHEN excluded.process_groups = '{}' "
-                       "THEN process_groups ELSE excluded.process_groups END, updated_at = excluded.updated_at",
-                       (caller.tenant, caller.cluster, job_id, registration.world_size, groups, now))
+            layout_changed = self._job_row(db, caller, job_id, registration, groups, now)
             for rank, entry in sorted(ranks.items()):
                 row = db.execute("SELECT host, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND "
                                  "job_id = ? AND rank = ?", (caller.tenant, caller.cluster, job_id, rank)).fetchone()
@@ -163,7 +169,38 @@ class JobRegistry:
                            "key_id = excluded.key_id, registered_at = excluded.registered_at",
                            (caller.tenant, caller.cluster, job_id, rank, entry.host, identity, caller.key_id, now))
                 registered += 1
-        return RegistrationReceipt(job_id=job_id, registered=registered, unchanged=unchanged, moved=moved)
+        receipt = RegistrationReceipt(job_id=job_id, registered=registered, unchanged=unchanged, moved=moved)
+        receipt._layout_changed = layout_changed
+        return receipt
+
+    @staticmethod
+    def _job_row(db: sqlite3.Connection, caller: Caller, job_id: str, registration: Registration, groups: str,
+                 now: float) -> bool:
+        """Write the job's world size and groups; True when they changed. The old ones are kept with
+        the change's time, for incidents opened before it (see the module docstring for the 403)."""
+        row = db.execute("SELECT world_size, process_groups FROM jobs_registered WHERE tenant = ? AND cluster = ? "
+                         "AND job_id = ?", (caller.tenant, caller.cluster, job_id)).fetchone()
+        if row is None:
+            db.execute("INSERT INTO jobs_registered (tenant, cluster, job_id, world_size, process_groups, updated_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (caller.tenant, caller.cluster, job_id, registration.world_size,
+                                                     groups, now))
+            return False
+        new_groups = row[1] if not registration.process_groups else groups
+        world_changed = row[0] != registration.world_size
+        groups_changed = json.loads(row[1]) != json.loads(new_groups)
+        if caller.host is not None and (world_changed or groups_changed):
+            what = (f"world size {row[0]} to {registration.world_size}" if world_changed else "process groups")
+            raise ForbiddenError(f"a key bound to host {caller.host!r} may not change job {job_id!r}'s {what}; "
+                                 "it registers its own ranks with the job's world size and process groups (or none); "
+                                 "the job's key registers an elastic restart")
+        if world_changed or groups_changed:
+            db.execute("INSERT INTO job_layout_changes (tenant, cluster, job_id, from_world_size, from_groups, key_id, "
+                       "changed_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (caller.tenant, caller.cluster, job_id, row[0], row[1], caller.key_id, now))
+        db.execute("UPDATE jobs_registered SET world_size = ?, process_groups = ?, updated_at = ? WHERE tenant = ? "
+                   "AND cluster = ? AND job_id = ?",
+                   (registration.world_size, new_groups, now, caller.tenant, caller.cluster, job_id))
+        return world_changed or groups_changed
 
     def layout(self, tenant: str, cluster: str, job_id: str) -> RegisteredLayout | None:
         """The job's current registered layout, or None when nothing registered."""
@@ -181,6 +218,13 @@ class JobRegistry:
                              "cluster = ? AND job_id = ?", (tenant, cluster, job_id)).fetchone()
             if job is None:
                 return None
+            if when is not None:
+                # The job's world size and groups as they were then (an elastic restart after the
+                # incident opened must not take ranks out of its manifest).
+                then = db.execute("SELECT from_world_size, from_groups FROM job_layout_changes WHERE tenant = ? AND "
+                                  "cluster = ? AND job_id = ? AND changed_at > ? ORDER BY changed_at LIMIT 1",
+                                  (tenant, cluster, job_id, when)).fetchone()
+                job = then or job
             rows = db.execute("SELECT rank, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? "
                               "AND rank < ? ORDER BY rank", (tenant, cluster, job_id, job[0])).fetchall()
             move_rows = db.execute("SELECT rank, from_host, to_host, from_identity, moved_at FROM job_rank_moves "

@@ -11,7 +11,7 @@ import pytest
 
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
-from denpex.ingest.errors import InvalidRequestError, RateLimitedError
+from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimitedError
 from denpex.ingest.registration import MAX_RANKS_PER_REGISTRATION, MOVES_SHOWN, JobRegistry, parse_registration
 
 CALLER = Caller(tenant="acme", cluster="c1", key_id="dk_1")
@@ -59,3 +59,37 @@ def test_a_rank_restarted_many_times_lists_its_newest_moves_and_keeps_its_first_
     assert len(layout.moves[0]) == MOVES_SHOWN and layout.moves[0][-1].to_host == "gpu-node-039"
     current = jobs.layout("acme", "c1", "job-a")
     assert current is not None and current.ranks[0].host == "gpu-node-039"
+
+
+def _layout(world_size: int, ranks: range, groups: dict[str, list[int]] | None = None, host: str = "") -> bytes:
+    entries = {str(r): ({"host": host or f"gpu-node-{r // 8 + 1:03d}"} if host != "-" else {}) for r in ranks}
+    body: dict[str, object] = {"world_size": world_size, "ranks": entries}
+    if groups is not None:
+        body["process_groups"] = {name: {"ranks": members} for name, members in groups.items()}
+    return json.dumps(body).encode()
+
+
+def test_a_node_agents_key_may_not_shrink_the_job_and_an_elastic_restart_spares_open_incidents(tmp_path: Path) -> None:
+    """Finding 4 (r_agent_shrink.py): the agent of gpu-node-001 may not hide gpu-node-002's ranks; a
+    job key's elastic restart may, but not from an incident opened before it."""
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
+    jobs.register(CALLER, "job", parse_registration(_layout(16, range(16), {"0": list(range(16))})))
+    agent = Caller(tenant="acme", cluster="c1", key_id="nk_x", host="gpu-node-001")
+    with pytest.raises(ForbiddenError, match="world size 16 to 1"):
+        jobs.register(agent, "job", parse_registration(_layout(1, range(1), {"0": [0]}, host="-")))
+    with pytest.raises(ForbiddenError, match="process groups"):
+        jobs.register(agent, "job", parse_registration(_layout(16, range(1), {"evil": [0]}, host="-")))
+    same = jobs.register(agent, "job", parse_registration(_layout(16, range(1), {"0": list(range(16))}, host="-")))
+    assert same.unchanged == 1 and not same.changed  # its own rank, with the job's own layout
+    layout = jobs.layout("acme", "c1", "job")
+    assert layout is not None and layout.world_size == 16 and layout.ranks[12].host == "gpu-node-002"
+    opened = now[0] + 0.5
+    now[0] += 1
+    shrink = jobs.register(CALLER, "job", parse_registration(_layout(8, range(8), {"0": list(range(8))})))
+    assert shrink.changed and shrink.registered == 0
+    then = jobs.placement_at("acme", "c1", "job", opened)
+    assert then is not None and then.world_size == 16 and then.ranks[12].host == "gpu-node-002"
+    assert then.process_groups["0"].ranks == tuple(range(16))
+    current = jobs.layout("acme", "c1", "job")
+    assert current is not None and current.world_size == 8 and 12 not in current.ranks
