@@ -132,6 +132,9 @@ class EvidenceIntake:
             self._check_job(key, identity.job_id)
             earlier = self.book.uploads(key, identity.rank)
             _check_rank_host(caller, identity, earlier)
+            if caller.host is not None:  # nor a rank that the job's registration places on another host
+                _check_rank_host_registered(caller, identity,
+                                            self.manifests.registered_host(key, identity.job_id, identity.rank))
             known = self.book.telemetry(key)
             base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
             items = _new_telemetry(telemetry, caller, known)
@@ -357,3 +360,11 @@ def _check_rank_host(caller: Caller, identity: UploadIdentity, earlier: list[Sto
         if host is not None and host != caller.host:
             raise ForbiddenError(f"rank {identity.rank} of this incident was uploaded from host {host!r}; a key "
                                  f"bound to host {caller.host!r} may not replace it")
+
+
+def _check_rank_host_registered(caller: Caller, identity: UploadIdentity, registered_host: str | None) -> None:
+    """As for earlier uploads: a rank that died without a dump never uploaded, so its registration
+    is what says where it ran; another node's agent may not upload as that rank (403)."""
+    if caller.host is not None and registered_host is not None and registered_host != caller.host:
+        raise ForbiddenError(f"rank {identity.rank} of job {identity.job_id!r} is registered on host "
+                             f"{registered_host!r}; a key bound to host {caller.host!r} may not upload it")

@@ -61,6 +61,10 @@ class _Draft:
         for rank, uploaded in self.ranks.items():
             base = ranks.get(rank)
             given = uploaded.model_dump(exclude_none=True, exclude={"host_source", "moved"})
+            if base is not None and uploaded.host is not None and base.host not in (None, uploaded.host):
+                # Uploaded from another host than the registration's: the registered pid and GPU are
+                # another process's, and must not be merged into this one.
+                base = None
             merged = {**(base.model_dump(exclude_none=True) if base else {}), **given}
             if uploaded.host is not None:
                 merged["host_source"] = HostSource.UPLOAD
@@ -114,6 +118,13 @@ class ManifestWriter:
                 else:
                     draft.registered = self._layout(key, job_id)
                     draft.dirty = True
+
+    def registered_host(self, key: IncidentKey, job_id: str, rank: int) -> str | None:
+        """The host the job's registration placed ``rank`` on when the incident opened (now, for a
+        new incident), or None."""
+        if self._jobs is None:
+            return None
+        return self._jobs.host_at(key.tenant, key.cluster, job_id, rank, self._book.created_at(key))
 
     def opened(self, key: IncidentKey, job_id: str) -> None:
         """An incident opened without an upload (an alert): a registered layout still gives it a manifest."""

@@ -246,6 +246,19 @@ class JobRegistry:
         groups = {name: ProcessGroupSpec.model_validate(spec) for name, spec in json.loads(job[1]).items()}
         return RegisteredLayout(world_size=job[0], ranks=ranks, moves=moves, process_groups=groups)
 
+    def host_at(self, tenant: str, cluster: str, job_id: str, rank: int, when: float | None) -> str | None:
+        """The host ``rank`` was registered on at ``when`` (None: now), or None when it never was.
+        One rank's rows only: every upload of a node agent's key asks it."""
+        with self._db.connect() as db:
+            row = db.execute("SELECT host FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? AND rank = ?",
+                             (tenant, cluster, job_id, rank)).fetchone()
+            if row is None or when is None:
+                return row[0] if row else None
+            then = db.execute("SELECT from_host FROM job_rank_moves WHERE tenant = ? AND cluster = ? AND job_id = ? "
+                              "AND rank = ? AND moved_at > ? ORDER BY moved_at LIMIT 1",
+                              (tenant, cluster, job_id, rank, when)).fetchone()
+        return then[0] if then else row[0]
+
     def _rate_limit(self, db: sqlite3.Connection, caller: Caller, now: float, ranks: int) -> None:
         """Counted inside the registration's write transaction, so racing requests cannot both slip under."""
         db.execute("DELETE FROM registrations WHERE registered_at < ?", (now - self.window_s,))

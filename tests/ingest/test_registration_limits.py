@@ -12,6 +12,9 @@ import pytest
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimitedError
+from denpex.ingest.identity import parse_identity
+from denpex.ingest.incidents import IncidentKey
+from denpex.ingest.manifest_writer import _Draft
 from denpex.ingest.registration import MAX_RANKS_PER_REGISTRATION, MOVES_SHOWN, JobRegistry, parse_registration
 
 CALLER = Caller(tenant="acme", cluster="c1", key_id="dk_1")
@@ -93,3 +96,20 @@ def test_a_node_agents_key_may_not_shrink_the_job_and_an_elastic_restart_spares_
     assert then.process_groups["0"].ranks == tuple(range(16))
     current = jobs.layout("acme", "c1", "job")
     assert current is not None and current.world_size == 8 and 12 not in current.ranks
+
+
+def test_an_upload_from_another_host_than_the_registered_one_keeps_none_of_its_pid_or_gpu(tmp_path: Path) -> None:
+    """Finding 5 (r_upload_override.py): a job key's upload of rank 1 from gpu-node-009, registered
+    on gpu-node-002 with pid 101: the manifest shows the upload's host, and not pid 101 beside it."""
+    jobs = JobRegistry(Database(tmp_path))
+    jobs.register(CALLER, "job", parse_registration(json.dumps({"world_size": 4, "ranks": {
+        str(r): {"host": f"gpu-node-00{r + 1}", "pid": 100 + r, "gpu_pci_bus_id": "0000:3b:00.0"}
+        for r in range(4)}}).encode()))
+    draft = _Draft(job_id="job", registered=jobs.layout("acme", "c1", "job"))
+    draft.add(parse_identity(json.dumps({"job_id": "job", "incident_id": "fr-1", "rank": 1, "world_size": 4,
+                                         "host": "gpu-node-009"})))
+    draft.add(parse_identity(json.dumps({"job_id": "job", "incident_id": "fr-1", "rank": 2, "world_size": 4,
+                                         "host": "gpu-node-003"})))
+    ranks = draft.manifest(IncidentKey("acme", "c1", "fr-1")).ranks
+    assert (ranks[1].host, ranks[1].pid, ranks[1].gpu_pci_bus_id) == ("gpu-node-009", None, None)
+    assert (ranks[2].host, ranks[2].pid) == ("gpu-node-003", 102)  # same host: the registration completes it
