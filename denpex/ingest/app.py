@@ -123,7 +123,7 @@ def create_app(service: IngestService) -> FastAPI:
             spooled = await _receive(service, request, slot, cap)
             caller = await _verify(service, request, pending, spooled.sha256)
             body = await _small_body(spooled)
-        registration = parse_registration(body)
+        registration = await run_in_threadpool(parse_registration, body)  # up to 8 MiB: off the event loop
         receipt = await run_in_threadpool(service.jobs.register, caller, job_id, registration)
         if receipt.changed:
             await run_in_threadpool(service.manifests.registered, caller.tenant, caller.cluster, job_id)

@@ -42,14 +42,24 @@ from denpex.ingest.database import Database
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimitedError
 
 __all__ = ["RegisteredRank", "Registration", "RegistrationReceipt", "RegisteredLayout", "JobRegistry",
-           "parse_registration", "MAX_REGISTRATION_BYTES"]
+           "parse_registration", "MAX_REGISTRATION_BYTES", "MAX_PROCESS_GROUPS", "MAX_GROUP_MEMBERS",
+           "REGISTRATION_RETENTION_S", "PRUNE_EVERY_S"]
 
 MAX_REGISTRATION_BYTES = 8 * 1024 * 1024
 """A registration body's cap: a whole 16,384-rank manifest fits; a collector sends one rank."""
 MAX_RANKS_PER_REGISTRATION = 16_384
 """More ranks than this go in several requests (each one is one write transaction)."""
 MOVES_SHOWN = 16
-"""The newest moves listed per rank (all are kept; a rank restarted a hundred times lists its last 16)."""
+"""The newest moves listed per rank (a rank restarted a hundred times lists its last 16)."""
+MAX_PROCESS_GROUPS = 8_192
+"""Process groups per registration (a 16,384-rank job's TP, PP and DP groups number a few thousand)."""
+MAX_GROUP_MEMBERS = 262_144
+"""Members of all process groups of one registration, together: 16 per rank of the largest world."""
+REGISTRATION_RETENTION_S = 30 * 86_400.0
+"""A job not registered for this long is forgotten (its ranks, moves and layout changes too)."""
+PRUNE_EVERY_S = 3_600.0
+"""How often a registration also prunes what passed the retention (opportunistic, no thread)."""
+MAX_ERROR_CHARS = 500
 
 
 class RegisteredRank(BaseModel):
@@ -72,10 +82,19 @@ class Registration(BaseModel):
 
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     ranks: dict[int, RegisteredRank] = Field(min_length=1, max_length=MAX_RANKS_PER_REGISTRATION)
-    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
+    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict, max_length=MAX_PROCESS_GROUPS)
+
+    @property
+    def entries(self) -> int:
+        """What this registration stores, counted against the cluster's budget: ranks and group members."""
+        return len(self.ranks) + sum(len(pg.ranks) for pg in self.process_groups.values())
 
     @model_validator(mode="after")
     def _ranks_in_world(self) -> "Registration":
+        members = self.entries - len(self.ranks)
+        if members > MAX_GROUP_MEMBERS:
+            raise ValueError(f"{members:,} process group members; a registration carries at most "
+                             f"{MAX_GROUP_MEMBERS:,} process group members")
         outside = [r for r in self.ranks if not 0 <= r < self.world_size]
         outside += [r for pg in self.process_groups.values() for r in pg.ranks if r >= self.world_size]
         if outside:
@@ -116,6 +135,8 @@ def parse_registration(data: bytes) -> Registration:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
                              for e in exc.errors()[:10])
+        if len(problems) > MAX_ERROR_CHARS:
+            problems = problems[:MAX_ERROR_CHARS] + "..."
         raise InvalidRequestError(f"invalid registration: {problems}") from exc
 
 
@@ -131,6 +152,7 @@ class JobRegistry:
         size, or one key could write a million rows per request all hour long."""
         self.window_s = window_s
         self._clock = clock
+        self._pruned_at = float("-inf")
 
     def register(self, caller: Caller, job_id: str, registration: Registration) -> RegistrationReceipt:
         """Record ``registration`` for ``caller``'s cluster (see the module docstring)."""
@@ -141,9 +163,10 @@ class JobRegistry:
         registered = unchanged = 0
         moved: list[dict[str, object]] = []
         with self._db.connect() as db:
-            self._rate_limit(db, caller, now, len(ranks))
+            self._rate_limit(db, caller, now, registration.entries)
             db.execute("INSERT INTO registrations (tenant, cluster, registered_at, ranks) VALUES (?, ?, ?, ?)",
-                       (caller.tenant, caller.cluster, now, len(ranks)))
+                       (caller.tenant, caller.cluster, now, registration.entries))
+            self._prune(db, now)
             layout_changed = self._job_row(db, caller, job_id, registration, groups, now)
             for rank, entry in sorted(ranks.items()):
                 row = db.execute("SELECT host, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND "
@@ -258,6 +281,16 @@ class JobRegistry:
                               "AND rank = ? AND moved_at > ? ORDER BY moved_at LIMIT 1",
                               (tenant, cluster, job_id, rank, when)).fetchone()
         return then[0] if then else row[0]
+
+    def _prune(self, db: sqlite3.Connection, now: float) -> None:
+        """Forget jobs not registered for the retention, at most once per PRUNE_EVERY_S per process."""
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        db.execute("DELETE FROM jobs_registered WHERE updated_at < ?", (now - REGISTRATION_RETENTION_S,))
+        for table in ("job_ranks", "job_rank_moves", "job_layout_changes"):
+            db.execute(f"DELETE FROM {table} WHERE (tenant, cluster, job_id) NOT IN "  # noqa: S608 - names above
+                       "(SELECT tenant, cluster, job_id FROM jobs_registered)")
 
     def _rate_limit(self, db: sqlite3.Connection, caller: Caller, now: float, ranks: int) -> None:
         """Counted inside the registration's write transaction, so racing requests cannot both slip under."""

@@ -15,7 +15,16 @@ from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimite
 from denpex.ingest.identity import parse_identity
 from denpex.ingest.incidents import IncidentKey
 from denpex.ingest.manifest_writer import _Draft
-from denpex.ingest.registration import MAX_RANKS_PER_REGISTRATION, MOVES_SHOWN, JobRegistry, parse_registration
+from denpex.ingest.registration import (
+    MAX_GROUP_MEMBERS,
+    MAX_PROCESS_GROUPS,
+    MAX_RANKS_PER_REGISTRATION,
+    MOVES_SHOWN,
+    PRUNE_EVERY_S,
+    REGISTRATION_RETENTION_S,
+    JobRegistry,
+    parse_registration,
+)
 
 CALLER = Caller(tenant="acme", cluster="c1", key_id="dk_1")
 
@@ -113,3 +122,46 @@ def test_an_upload_from_another_host_than_the_registered_one_keeps_none_of_its_p
     ranks = draft.manifest(IncidentKey("acme", "c1", "fr-1")).ranks
     assert (ranks[1].host, ranks[1].pid, ranks[1].gpu_pci_bus_id) == ("gpu-node-009", None, None)
     assert (ranks[2].host, ranks[2].pid) == ("gpu-node-003", 102)  # same host: the registration completes it
+
+
+def _with_group(members: list[int], world_size: int = 1 << 20, groups: int = 1) -> bytes:
+    return json.dumps({"world_size": world_size, "ranks": {"0": {"host": "gpu-node-001"}},
+                       "process_groups": {str(g): {"ranks": members} for g in range(groups)}}).encode()
+
+
+def test_process_group_members_count_against_the_budget_and_are_capped(tmp_path: Path) -> None:
+    """Finding 2 (r_disk.py): a one-rank registration carrying a 1,048,576-member group was counted
+    as one entry; now its members count, and a registration carries at most MAX_GROUP_MEMBERS."""
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), max_ranks_per_window=1000, window_s=60, clock=lambda: now[0])
+    jobs.register(CALLER, "job-a", parse_registration(_with_group(list(range(900)))))
+    with pytest.raises(RateLimitedError, match="901 ranks"):
+        jobs.register(CALLER, "job-b", parse_registration(_with_group(list(range(900)))))
+    with pytest.raises(InvalidRequestError, match=f"at most {MAX_GROUP_MEMBERS:,} process group members"):
+        parse_registration(_with_group(list(range(MAX_GROUP_MEMBERS + 1))))
+    with pytest.raises(InvalidRequestError, match=f"process_groups: .*at most {MAX_PROCESS_GROUPS} items"):
+        parse_registration(_with_group([0], groups=MAX_PROCESS_GROUPS + 1))
+
+
+def test_a_refused_registration_names_its_problem_in_a_short_error() -> None:
+    """Finding 2 (r_parse2.py): the 422 for a group of a million repeated ranks echoed all of them
+    (12,582,812 characters)."""
+    with pytest.raises(InvalidRequestError, match="repeat") as refused:
+        parse_registration(_with_group([0] * 100_000 + [1]))
+    assert len(str(refused.value)) <= 600
+
+
+def test_layouts_of_jobs_not_registered_for_the_retention_are_pruned(tmp_path: Path) -> None:
+    """Finding 2: jobs_registered, job_ranks and their moves were never pruned."""
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
+    jobs.register(CALLER, "old", parse_registration(_body(range(4), world_size=4)))
+    jobs.register(CALLER, "old", parse_registration(_body(range(1), world_size=4, host="gpu-node-002")))
+    now[0] += REGISTRATION_RETENTION_S - 10
+    jobs.register(CALLER, "kept", parse_registration(_body(range(4), world_size=4)))
+    now[0] += PRUNE_EVERY_S  # a registration prunes at most once in this interval
+    jobs.register(CALLER, "new", parse_registration(_body(range(4), world_size=4)))
+    assert jobs.layout("acme", "c1", "old") is None and jobs.layout("acme", "c1", "kept") is not None
+    with Database(tmp_path).connect() as db:
+        assert db.execute("SELECT COUNT(*) FROM job_ranks WHERE job_id = 'old'").fetchone() == (0,)
+        assert db.execute("SELECT COUNT(*) FROM job_rank_moves WHERE job_id = 'old'").fetchone() == (0,)

@@ -24,6 +24,7 @@ from ingest.test_job_layout import (
     registration,
     upload_survivors,
     xid79,
+    _raw,
 )
 from testkit.services.s3 import MotoS3
 
@@ -91,3 +92,13 @@ def test_telemetry_alone_joins_an_existing_incident_within_a_per_host_cap(lab: L
             "64 telemetry files")
     index = json.loads(lab.s3.read(f"{lab.prefix}/acme/c1/{job}/{incident}/telemetry.json"))
     assert len(index["trusted"]) == 64
+
+
+def test_a_registration_of_a_million_repeated_ranks_is_refused_briefly(lab: Lab) -> None:
+    """Finding 2 (r_parse2.py): the 422 echoed the whole list (12 MB), parsed on the event loop."""
+    job, _ = new_ids()
+    body = (b'{"world_size":1048576,"ranks":{"0":{"host":"a"}},"process_groups":{"g":{"ranks":['
+            + b"0," * 200_000 + b'1]}}}')
+    answer = _raw(lab, lab.key, f"/v1/jobs/{job}/ranks", body)
+    refused(answer, 422, "invalid registration")
+    assert len(answer.text) < 1000
