@@ -102,3 +102,15 @@ def test_a_registration_of_a_million_repeated_ranks_is_refused_briefly(lab: Lab)
     answer = _raw(lab, lab.key, f"/v1/jobs/{job}/ranks", body)
     refused(answer, 422, "invalid registration")
     assert len(answer.text) < 1000
+
+
+def test_unnamed_telemetry_is_not_diverted_to_an_incident_another_key_opened(lab: Lab) -> None:
+    """Finding 7: any key of the cluster can open a newer incident of the job; telemetry that names
+    no incident joined the newest one. With two open, it must name one (409)."""
+    job, incident = new_ids()
+    upload_survivors(lab, job, incident)
+    upload_survivors(lab, job, f"{incident}-decoy")
+    agent = client(lab, lab.node_key)
+    refused(agent.upload_telemetry({"job_id": job}, [xid79()]), 409, "several open incidents")
+    named = agent.upload_telemetry({"job_id": job, "incident_id": incident}, [xid79()])
+    assert named.status_code == 201 and named.json()["incident_id"] == incident, named.text
