@@ -62,6 +62,14 @@ CREATE TABLE IF NOT EXISTS job_rank_moves (
     from_host TEXT NOT NULL, to_host TEXT NOT NULL, from_identity TEXT NOT NULL, key_id TEXT NOT NULL,
     moved_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS job_rank_moves_by_job ON job_rank_moves (tenant, cluster, job_id, moved_at);
+CREATE INDEX IF NOT EXISTS job_rank_moves_by_rank ON job_rank_moves (tenant, cluster, job_id, rank, moved_at);
+-- Every identity a rank's registration replaced (a restart, on its node or another), with the time:
+-- an incident opened before takes the identity of the process that died (JobRegistry.placement_at).
+CREATE TABLE IF NOT EXISTS job_rank_history (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER NOT NULL,
+    identity TEXT NOT NULL, key_id TEXT NOT NULL, replaced_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS job_rank_history_by_rank ON job_rank_history (tenant, cluster, job_id, rank, replaced_at);
+CREATE INDEX IF NOT EXISTS job_rank_history_by_time ON job_rank_history (tenant, cluster, job_id, replaced_at);
 -- What a job's world size and process groups were before a registration changed them, so that an
 -- incident opened before the change keeps the layout it had (JobRegistry.placement_at).
 CREATE TABLE IF NOT EXISTS job_layout_changes (

@@ -50,7 +50,10 @@ MAX_REGISTRATION_BYTES = 8 * 1024 * 1024
 MAX_RANKS_PER_REGISTRATION = 16_384
 """More ranks than this go in several requests (each one is one write transaction)."""
 MOVES_SHOWN = 16
-"""The newest moves listed per rank (a rank restarted a hundred times lists its last 16)."""
+"""The newest moves kept and listed per rank (a rank restarted a hundred times lists its last 16)."""
+HISTORY_KEPT_S = 7 * 86_400.0
+"""A replaced identity is kept this long (for incidents opened before the restart), or longer while it
+is one of its rank's newest MOVES_SHOWN."""
 MAX_PROCESS_GROUPS = 8_192
 """Process groups per registration (a 16,384-rank job's TP, PP and DP groups number a few thousand)."""
 MAX_GROUP_MEMBERS = 262_144
@@ -180,11 +183,16 @@ class JobRegistry:
                     # (and the blame off the node it really ran on).
                     raise ForbiddenError(f"rank {rank} of job {job_id!r} is registered on host {row[0]!r}; a key "
                                          f"bound to host {caller.host!r} may not move it")
+                if row is not None:
+                    # Any restart, on this node or another: the process that died is what an incident
+                    # opened before it needs (its pid and GPU name the Xid's).
+                    _keep_history(db, caller, job_id, rank, row[1], now)
                 if row is not None and row[0] is not None and entry.host is not None and row[0] != entry.host:
                     db.execute("INSERT INTO job_rank_moves (tenant, cluster, job_id, rank, from_host, to_host, "
                                "from_identity, key_id, moved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                (caller.tenant, caller.cluster, job_id, rank, row[0], entry.host, row[1],
                                 caller.key_id, now))
+                    _keep_newest(db, "job_rank_moves", "moved_at", caller, job_id, rank)
                     moved.append({"rank": rank, "from_host": row[0], "to_host": entry.host, "at": at.isoformat()})
                 db.execute("INSERT INTO job_ranks (tenant, cluster, job_id, rank, host, identity, key_id, "
                            "registered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id, "
@@ -250,22 +258,23 @@ class JobRegistry:
                 job = then or job
             rows = db.execute("SELECT rank, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? "
                               "AND rank < ? ORDER BY rank", (tenant, cluster, job_id, job[0])).fetchall()
-            move_rows = db.execute("SELECT rank, from_host, to_host, from_identity, moved_at FROM job_rank_moves "
-                                   "WHERE tenant = ? "
-                                   "AND cluster = ? AND job_id = ? ORDER BY moved_at",
-                                   (tenant, cluster, job_id)).fetchall()
+            # The first identity each rank replaced after ``when`` is the one it had at ``when`` (one
+            # row per rank, found in SQL: a job's whole history is never read into this process).
+            then_rows = [] if when is None else db.execute(
+                "SELECT rank, identity, MIN(replaced_at) FROM job_rank_history WHERE tenant = ? AND cluster = ? "
+                "AND job_id = ? AND replaced_at > ? GROUP BY rank", (tenant, cluster, job_id, when)).fetchall()
+            move_rows = db.execute("SELECT rank, from_host, to_host, moved_at FROM (SELECT rank, from_host, to_host, "
+                                   "moved_at, ROW_NUMBER() OVER (PARTITION BY rank ORDER BY moved_at DESC) AS n "
+                                   "FROM job_rank_moves WHERE tenant = ? AND cluster = ? AND job_id = ?) "
+                                   "WHERE n <= ? ORDER BY moved_at", (tenant, cluster, job_id, MOVES_SHOWN)).fetchall()
         ranks = {r[0]: RegisteredRank.model_validate_json(r[1]) for r in rows}
+        for rank, identity, _ in then_rows:
+            if rank in ranks:
+                ranks[rank] = RegisteredRank.model_validate_json(identity)
         moves: dict[int, list[HostMove]] = {}
-        placed_then: set[int] = set()
-        for rank, from_host, to_host, from_identity, moved_at in move_rows:
+        for rank, from_host, to_host, moved_at in move_rows:
             moves.setdefault(rank, []).append(HostMove(from_host=from_host, to_host=to_host,
                                                        at=datetime.fromtimestamp(moved_at, UTC)))
-            if when is not None and moved_at > when and rank in ranks and rank not in placed_then:
-                # The first move after ``when`` says where the rank was at ``when``, with that
-                # process's pid and GPU (the restarted one's are not the dead one's).
-                ranks[rank] = RegisteredRank.model_validate_json(from_identity)
-                placed_then.add(rank)
-        moves = {rank: listed[-MOVES_SHOWN:] for rank, listed in moves.items()}
         groups = {name: ProcessGroupSpec.model_validate(spec) for name, spec in json.loads(job[1]).items()}
         return RegisteredLayout(world_size=job[0], ranks=ranks, moves=moves, process_groups=groups)
 
@@ -277,10 +286,10 @@ class JobRegistry:
                              (tenant, cluster, job_id, rank)).fetchone()
             if row is None or when is None:
                 return row[0] if row else None
-            then = db.execute("SELECT from_host FROM job_rank_moves WHERE tenant = ? AND cluster = ? AND job_id = ? "
-                              "AND rank = ? AND moved_at > ? ORDER BY moved_at LIMIT 1",
+            then = db.execute("SELECT identity FROM job_rank_history WHERE tenant = ? AND cluster = ? AND job_id = ? "
+                              "AND rank = ? AND replaced_at > ? ORDER BY replaced_at LIMIT 1",
                               (tenant, cluster, job_id, rank, when)).fetchone()
-        return then[0] if then else row[0]
+        return RegisteredRank.model_validate_json(then[0]).host if then else row[0]
 
     def _prune(self, db: sqlite3.Connection, now: float) -> None:
         """Forget jobs not registered for the retention, at most once per PRUNE_EVERY_S per process."""
@@ -288,7 +297,7 @@ class JobRegistry:
             return
         self._pruned_at = now
         db.execute("DELETE FROM jobs_registered WHERE updated_at < ?", (now - REGISTRATION_RETENTION_S,))
-        for table in ("job_ranks", "job_rank_moves", "job_layout_changes"):
+        for table in ("job_ranks", "job_rank_moves", "job_rank_history", "job_layout_changes"):
             db.execute(f"DELETE FROM {table} WHERE (tenant, cluster, job_id) NOT IN "  # noqa: S608 - names above
                        "(SELECT tenant, cluster, job_id FROM jobs_registered)")
 
@@ -321,3 +330,20 @@ def _bound_to_host(caller: Caller, registration: Registration) -> dict[int, Regi
                                  f"not rank {rank} on {entry.host!r}")
         out[rank] = entry if entry.host is not None else entry.model_copy(update={"host": caller.host})
     return out
+
+
+def _keep_history(db: sqlite3.Connection, caller: Caller, job_id: str, rank: int, replaced: str, now: float) -> None:
+    """Record the identity a registration replaced; drop the rank's ones past HISTORY_KEPT_S beyond its
+    newest MOVES_SHOWN (a rank restarted in a loop keeps a bounded history)."""
+    db.execute("INSERT INTO job_rank_history (tenant, cluster, job_id, rank, identity, key_id, replaced_at) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?)", (caller.tenant, caller.cluster, job_id, rank, replaced, caller.key_id, now))
+    _keep_newest(db, "job_rank_history", "replaced_at", caller, job_id, rank, older_than=now - HISTORY_KEPT_S)
+
+
+def _keep_newest(db: sqlite3.Connection, table: str, time_column: str, caller: Caller, job_id: str, rank: int,
+                 older_than: float | None = None) -> None:
+    """Delete one rank's rows of ``table`` beyond its newest MOVES_SHOWN (only those before ``older_than``)."""
+    db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE tenant = ? AND cluster = ? "  # noqa: S608
+               f"AND job_id = ? AND rank = ? ORDER BY {time_column} DESC LIMIT -1 OFFSET ?) AND {time_column} < ?",
+               (caller.tenant, caller.cluster, job_id, rank, MOVES_SHOWN,
+                float("inf") if older_than is None else older_than))

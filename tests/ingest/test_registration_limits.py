@@ -165,3 +165,26 @@ def test_layouts_of_jobs_not_registered_for_the_retention_are_pruned(tmp_path: P
     with Database(tmp_path).connect() as db:
         assert db.execute("SELECT COUNT(*) FROM job_ranks WHERE job_id = 'old'").fetchone() == (0,)
         assert db.execute("SELECT COUNT(*) FROM job_rank_moves WHERE job_id = 'old'").fetchone() == (0,)
+
+
+def test_a_restart_on_the_same_node_leaves_an_open_incident_its_dead_process(tmp_path: Path) -> None:
+    """Finding 6 (r_samehost.py): rank 1's process 4242 on GPU 3b died; it restarted on the same node
+    as 9999 on GPU 86. The incident opened before keeps 4242 and 3b (their Xid names that GPU)."""
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
+
+    def rank1(pid: int, bus: str) -> bytes:
+        return json.dumps({"world_size": 2, "ranks": {"1": {"host": "gpu-node-002", "pid": pid,
+                                                            "gpu_pci_bus_id": bus}}}).encode()
+
+    jobs.register(CALLER, "job", parse_registration(rank1(4242, "0000:3b:00.0")))
+    opened = now[0] + 1
+    now[0] += 10
+    restarted = jobs.register(CALLER, "job", parse_registration(rank1(9999, "0000:86:00.0")))
+    assert restarted.registered == 1 and restarted.moved == []  # the same host: no move
+    now[0] += 10
+    jobs.register(CALLER, "job", parse_registration(rank1(7777, "0000:af:00.0")))  # and once more
+    then = jobs.placement_at("acme", "c1", "job", opened)
+    assert then is not None and (then.ranks[1].pid, then.ranks[1].gpu_pci_bus_id) == (4242, "0000:3b:00.0")
+    current = jobs.layout("acme", "c1", "job")
+    assert current is not None and current.ranks[1].pid == 7777
