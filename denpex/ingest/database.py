@@ -105,13 +105,17 @@ class Database:
             db.close()
 
     @contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection in one transaction: committed when the block ends, rolled back on error."""
+    def connect(self, *, read_only: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection in one transaction: committed when the block ends, rolled back on error.
+
+        ``read_only``: a deferred transaction that takes no write lock, so a long read (a 16,384-rank
+        layout) never holds other tenants' writes back (WAL readers see one snapshot).
+        """
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA busy_timeout=30000")
-            db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
             try:
                 yield db
             except BaseException:

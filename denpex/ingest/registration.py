@@ -244,7 +244,7 @@ class JobRegistry:
         restart must drain the node the rank died on, not the one it restarted on); every move
         stays listed, so the report shows both.
         """
-        with self._db.connect() as db:
+        with self._db.connect(read_only=True) as db:
             job = db.execute("SELECT world_size, process_groups FROM jobs_registered WHERE tenant = ? AND "
                              "cluster = ? AND job_id = ?", (tenant, cluster, job_id)).fetchone()
             if job is None:
@@ -281,7 +281,7 @@ class JobRegistry:
     def host_at(self, tenant: str, cluster: str, job_id: str, rank: int, when: float | None) -> str | None:
         """The host ``rank`` was registered on at ``when`` (None: now), or None when it never was.
         One rank's rows only: every upload of a node agent's key asks it."""
-        with self._db.connect() as db:
+        with self._db.connect(read_only=True) as db:
             row = db.execute("SELECT host FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? AND rank = ?",
                              (tenant, cluster, job_id, rank)).fetchone()
             if row is None or when is None:

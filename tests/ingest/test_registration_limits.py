@@ -5,16 +5,18 @@ entries per cluster and window."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
+from denpex.evidence.store import LocalStore
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimitedError
 from denpex.ingest.identity import parse_identity
-from denpex.ingest.incidents import IncidentKey
-from denpex.ingest.manifest_writer import _Draft
+from denpex.ingest.incidents import IncidentBook, IncidentKey
+from denpex.ingest.manifest_writer import ManifestWriter, _Draft
 from denpex.ingest.registration import (
     MAX_GROUP_MEMBERS,
     MAX_PROCESS_GROUPS,
@@ -23,6 +25,7 @@ from denpex.ingest.registration import (
     PRUNE_EVERY_S,
     REGISTRATION_RETENTION_S,
     JobRegistry,
+    RegisteredLayout,
     parse_registration,
 )
 
@@ -188,3 +191,60 @@ def test_a_restart_on_the_same_node_leaves_an_open_incident_its_dead_process(tmp
     assert then is not None and (then.ranks[1].pid, then.ranks[1].gpu_pci_bus_id) == (4242, "0000:3b:00.0")
     current = jobs.layout("acme", "c1", "job")
     assert current is not None and current.ranks[1].pid == 7777
+
+
+class _HeldRegistry(JobRegistry):
+    """The real registry, held inside ``placement_at`` for one tenant until released: a stand-in for a
+    layout that takes seconds to read (r_lock.py: 6.1 s at 65k moves)."""
+
+    def __init__(self, db: Database, tenant: str) -> None:
+        super().__init__(db)
+        self.tenant = tenant
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def placement_at(self, tenant: str, cluster: str, job_id: str, when: float | None) -> RegisteredLayout | None:
+        if tenant == self.tenant:
+            self.entered.set()
+            self.release.wait(20)
+        return super().placement_at(tenant, cluster, job_id, when)
+
+
+def test_one_tenants_registration_does_not_hold_another_tenants_uploads(tmp_path: Path) -> None:
+    """Finding 3 (r_lock.py): ManifestWriter.registered read every open incident's layout under the
+    lock every upload takes; another tenant's upload waited for it."""
+    db = Database(tmp_path / "state")
+    jobs, book = _HeldRegistry(db, "acme"), IncidentBook(db)
+    jobs.register(CALLER, "job", parse_registration(_body(range(4), world_size=4)))
+    book.ensure_incident(IncidentKey("acme", "c1", "inc-a"), "job")
+    writer = ManifestWriter(LocalStore(tmp_path / "store"), book, interval_s=60, jobs=jobs)
+    try:
+        registering = threading.Thread(target=writer.registered, args=("acme", "c1", "job"))
+        registering.start()
+        assert jobs.entered.wait(10)
+        other = parse_identity(json.dumps({"job_id": "gjob", "incident_id": "inc-g", "rank": 0, "world_size": 2,
+                                           "host": "g-node-1"}))
+        uploading = threading.Thread(target=writer.add, args=(IncidentKey("globex", "g1", "inc-g"), other))
+        uploading.start()
+        uploading.join(5)
+        blocked = uploading.is_alive()
+        jobs.release.set()
+        registering.join(10)
+        uploading.join(10)
+        assert not blocked, "another tenant's upload waited on this tenant's registration"
+    finally:
+        jobs.release.set()
+        writer.close()
+
+
+def test_a_rank_restarted_in_a_loop_keeps_a_bounded_number_of_moves(tmp_path: Path) -> None:
+    """Finding 3 (r_moves.py): every move was kept and read on each layout (82k moves: 1.95 s)."""
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
+    for n in range(100):
+        now[0] += 1
+        jobs.register(CALLER, "job", parse_registration(_body(range(2), world_size=2, host=f"gpu-node-{n % 2}")))
+    with Database(tmp_path).connect() as db:
+        assert db.execute("SELECT COUNT(*) FROM job_rank_moves").fetchone() == (2 * MOVES_SHOWN,)
+    layout = jobs.layout("acme", "c1", "job")
+    assert layout is not None and [len(m) for m in layout.moves.values()] == [MOVES_SHOWN, MOVES_SHOWN]
