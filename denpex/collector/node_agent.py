@@ -9,7 +9,8 @@ host (``denpex keys create --host NODE``): only such telemetry may support a dra
 
 Credentials come from the environment, as the collector's do (never an option: it would show in
 ``ps``): ``DENPEX_INGEST_URL``, ``DENPEX_INGEST_KEY_ID``, ``DENPEX_INGEST_SECRET``, ``DENPEX_TENANT``,
-``DENPEX_CLUSTER``. Without ``--incident`` the telemetry joins the job's open incident.
+``DENPEX_CLUSTER``. Without ``--incident`` the telemetry joins the job's one open incident (the service
+refuses it, 409, when the job has several: name the incident then); telemetry alone opens no incident.
 """
 
 from __future__ import annotations

@@ -109,10 +109,13 @@ class ProcessGroupSpec(BaseModel):
     @field_validator("ranks")
     @classmethod
     def _distinct(cls, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        # The message names a few offenders, never the list: a hostile list is a million long.
         if len(set(ranks)) != len(ranks):
-            raise ValueError(f"ranks repeat a rank: {list(ranks)}")
+            seen: set[int] = set()
+            repeated = sorted({r for r in ranks if r in seen or seen.add(r)})  # type: ignore[func-returns-value]
+            raise ValueError(f"ranks repeat rank(s) {repeated[:8]} ({len(ranks):,} ranks listed)")
         if any(r < 0 for r in ranks):
-            raise ValueError(f"ranks must be >= 0: {list(ranks)}")
+            raise ValueError(f"ranks must be >= 0: {sorted(r for r in ranks if r < 0)[:8]}")
         return ranks
 
 

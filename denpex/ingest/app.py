@@ -124,11 +124,11 @@ def create_app(service: IngestService) -> FastAPI:
             spooled = await _receive(service, request, slot, cap)
             caller = await _verify(service, request, pending, spooled.sha256)
             body = await _small_body(spooled)
-        registration = parse_registration(body)
+        registration = await run_in_threadpool(parse_registration, body)  # up to 8 MiB: off the event loop
         receipt = await run_in_threadpool(service.jobs.register, caller, job_id, registration)
-        if receipt.registered:
+        if receipt.changed:
             await run_in_threadpool(service.manifests.registered, caller.tenant, caller.cluster, job_id)
-        return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if receipt.registered else 200)
+        return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if receipt.changed else 200)
 
     @app.get("/v1/jobs/{job_id}/ranks")
     async def read_ranks(job_id: str, request: Request) -> JSONResponse:

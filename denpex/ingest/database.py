@@ -68,6 +68,20 @@ CREATE TABLE IF NOT EXISTS job_rank_moves (
     from_host TEXT NOT NULL, to_host TEXT NOT NULL, from_identity TEXT NOT NULL, key_id TEXT NOT NULL,
     moved_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS job_rank_moves_by_job ON job_rank_moves (tenant, cluster, job_id, moved_at);
+CREATE INDEX IF NOT EXISTS job_rank_moves_by_rank ON job_rank_moves (tenant, cluster, job_id, rank, moved_at);
+-- Every identity a rank's registration replaced (a restart, on its node or another), with the time:
+-- an incident opened before takes the identity of the process that died (JobRegistry.placement_at).
+CREATE TABLE IF NOT EXISTS job_rank_history (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, rank INTEGER NOT NULL,
+    identity TEXT NOT NULL, key_id TEXT NOT NULL, replaced_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS job_rank_history_by_rank ON job_rank_history (tenant, cluster, job_id, rank, replaced_at);
+CREATE INDEX IF NOT EXISTS job_rank_history_by_time ON job_rank_history (tenant, cluster, job_id, replaced_at);
+-- What a job's world size and process groups were before a registration changed them, so that an
+-- incident opened before the change keeps the layout it had (JobRegistry.placement_at).
+CREATE TABLE IF NOT EXISTS job_layout_changes (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, job_id TEXT NOT NULL, from_world_size INTEGER NOT NULL,
+    from_groups TEXT NOT NULL, key_id TEXT NOT NULL, changed_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS job_layout_changes_by_job ON job_layout_changes (tenant, cluster, job_id, changed_at);
 CREATE TABLE IF NOT EXISTS registrations (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, registered_at REAL NOT NULL, ranks INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS registrations_by_cluster ON registrations (tenant, cluster, registered_at);
@@ -97,13 +111,17 @@ class Database:
             db.close()
 
     @contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
-        """A connection in one transaction: committed when the block ends, rolled back on error."""
+    def connect(self, *, read_only: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection in one transaction: committed when the block ends, rolled back on error.
+
+        ``read_only``: a deferred transaction that takes no write lock, so a long read (a 16,384-rank
+        layout) never holds other tenants' writes back (WAL readers see one snapshot).
+        """
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA busy_timeout=30000")
-            db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
             try:
                 yield db
             except BaseException:

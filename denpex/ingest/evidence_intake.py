@@ -48,7 +48,13 @@ from denpex.hardware.stored_telemetry import TELEMETRY_INDEX, TelemetryIndex, Tr
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
 from denpex.ingest.dump_check import DumpCheck, DumpChecker
-from denpex.ingest.errors import ConflictError, ForbiddenError, NotFoundError, StoreUnavailableError
+from denpex.ingest.errors import (
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StoreUnavailableError,
+)
 from denpex.ingest.identity import TelemetryIdentity, UploadIdentity
 from denpex.ingest.incidents import IncidentBook, IncidentKey, StoredStacks, StoredTelemetry, StoredUpload
 from denpex.ingest.layout import (
@@ -66,6 +72,10 @@ from denpex.ingest.upload_form import STACKS_PARTS, DumpPart
 __all__ = ["UploadReceipt", "TelemetryReceipt", "EvidenceIntake"]
 
 _log = logging.getLogger(__name__)
+
+MAX_TELEMETRY_FILES_PER_HOST = 64
+"""Telemetry files one host's key may add to one incident: a node's kernel log, sent a few times, fits;
+``telemetry.json`` (rewritten whole on each request, read by the flow under a 16 MiB cap) stays small."""
 
 
 class UploadReceipt(BaseModel):
@@ -144,6 +154,9 @@ class EvidenceIntake:
             self._check_job(key, identity.job_id)
             earlier = self.book.uploads(key, identity.rank)
             _check_rank_host(caller, identity, earlier)
+            if caller.host is not None:  # nor a rank that the job's registration places on another host
+                _check_rank_host_registered(caller, identity,
+                                            self.manifests.registered_host(key, identity.job_id, identity.rank))
             known = self.book.telemetry(key)
             base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
             items = _new_telemetry(telemetry, caller, known)
@@ -191,8 +204,11 @@ class EvidenceIntake:
         """A node agent's telemetry without a dump: the rank on its host may have died without one.
 
         Only a host-bound key may send it (403): telemetry alone is worth something only when it
-        can support a drain, and only a node agent's key can. It joins the named incident (made
-        if new, as an upload would) or the job's open one (404 when there is none).
+        can support a drain, and only a node agent's key can. It joins the named incident, which a
+        dump or an alert opened (404: telemetry alone opens none), or, unnamed, the job's one open
+        incident (404 when none, 409 when several: any key of the cluster can open one, and must not
+        divert the agents' telemetry to it). One host holds at most MAX_TELEMETRY_FILES_PER_HOST
+        files per incident (413), so that no key can grow ``telemetry.json`` past what the flow reads.
         """
         if caller.host is None:
             raise ForbiddenError("a telemetry upload without a dump needs a key bound to its host (a node agent's "
@@ -200,17 +216,16 @@ class EvidenceIntake:
         if identity.host is not None and identity.host != caller.host:
             raise ForbiddenError(f"this key is bound to host {caller.host!r}; it sends that host's telemetry only, "
                                  f"not {identity.host!r}'s")
-        incident_id = identity.incident_id or self.book.open_incident(caller.tenant, caller.cluster, identity.job_id)
-        if incident_id is None:
-            raise NotFoundError(f"job {identity.job_id!r} has no open incident; name it (incident_id) or send the "
-                                "telemetry once the job's ranks or its alert opened one")
+        incident_id = identity.incident_id or _the_open_incident(self.book, caller, identity.job_id)
         key = IncidentKey(caller.tenant, caller.cluster, incident_id)
         with self._locks.of(key):
+            if self.book.record(key) is None:
+                raise NotFoundError(f"no incident {incident_id!r} of job {identity.job_id!r}; telemetry alone opens "
+                                    "none: send it once the job's ranks or its alert opened the incident")
             self._check_job(key, identity.job_id)
             known = self.book.telemetry(key)
             items = _new_telemetry(telemetry, caller, known)
             if items:
-                self.book.ensure_incident(key, identity.job_id)
                 base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
                 self._store_telemetry_alone(key, base, caller, items, known)
         return TelemetryReceipt(stored=bool(items), incident_id=incident_id, telemetry_stored=len(items))
@@ -357,14 +372,33 @@ def _index(telemetry: list[StoredTelemetry]) -> bytes:
 
 def _new_telemetry(telemetry: list[bytes], caller: Caller,
                    known: list[StoredTelemetry]) -> list[tuple[StoredTelemetry, bytes]]:
-    """This request's telemetry files that the incident does not hold yet (each once)."""
+    """This request's telemetry files that the incident does not hold yet (each once), within the
+    host's cap (413 past it: nothing of the request is stored)."""
     held = {t.object_name for t in known}
     out: dict[str, tuple[StoredTelemetry, bytes]] = {}
     for data in telemetry:
         item = _telemetry_item(data, caller)
         if item.object_name not in held:
             out.setdefault(item.object_name, (item, data))
+    if caller.host is not None and out:
+        of_host = sum(1 for t in known if t.trusted and t.host == caller.host)
+        if of_host + len(out) > MAX_TELEMETRY_FILES_PER_HOST:
+            raise PayloadTooLargeError(f"host {caller.host!r} holds {of_host} telemetry files of this incident and "
+                                       f"sent {len(out)} more; an incident keeps at most "
+                                       f"{MAX_TELEMETRY_FILES_PER_HOST} telemetry files per host; nothing was stored")
     return list(out.values())
+
+
+def _the_open_incident(book: IncidentBook, caller: Caller, job_id: str) -> str:
+    """The job's one open incident, which telemetry without an incident id joins."""
+    open_ = book.incidents_of_job(caller.tenant, caller.cluster, job_id, limit=2)
+    if not open_:
+        raise NotFoundError(f"job {job_id!r} has no open incident; name it (incident_id) or send the "
+                            "telemetry once the job's ranks or its alert opened one")
+    if len(open_) > 1:
+        raise ConflictError(f"job {job_id!r} has several open incidents; name the one this telemetry is for "
+                            "(incident_id, denpex node-agent --incident)")
+    return open_[0]
 
 
 def _record_telemetry(db: Database, key: IncidentKey, items: list[StoredTelemetry], key_id: str, now: float) -> None:
@@ -450,3 +484,11 @@ def _check_rank_host(caller: Caller, identity: UploadIdentity, earlier: list[Sto
         if host is not None and host != caller.host:
             raise ForbiddenError(f"rank {identity.rank} of this incident was uploaded from host {host!r}; a key "
                                  f"bound to host {caller.host!r} may not replace it")
+
+
+def _check_rank_host_registered(caller: Caller, identity: UploadIdentity, registered_host: str | None) -> None:
+    """As for earlier uploads: a rank that died without a dump never uploaded, so its registration
+    is what says where it ran; another node's agent may not upload as that rank (403)."""
+    if caller.host is not None and registered_host is not None and registered_host != caller.host:
+        raise ForbiddenError(f"rank {identity.rank} of job {identity.job_id!r} is registered on host "
+                             f"{registered_host!r}; a key bound to host {caller.host!r} may not upload it")

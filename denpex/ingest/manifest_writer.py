@@ -61,6 +61,10 @@ class _Draft:
         for rank, uploaded in self.ranks.items():
             base = ranks.get(rank)
             given = uploaded.model_dump(exclude_none=True, exclude={"host_source", "moved"})
+            if base is not None and uploaded.host is not None and base.host not in (None, uploaded.host):
+                # Uploaded from another host than the registration's: the registered pid and GPU are
+                # another process's, and must not be merged into this one.
+                base = None
             merged = {**(base.model_dump(exclude_none=True) if base else {}), **given}
             if uploaded.host is not None:
                 merged["host_source"] = HostSource.UPLOAD
@@ -92,12 +96,20 @@ class ManifestWriter:
         self._thread = threading.Thread(target=self._run, name="denpex-manifest-writer", daemon=True)
         self._thread.start()
 
+    # The lock guards the drafts only: every upload of every tenant takes it, so nothing that reads
+    # the database (a layout, an incident's uploads) runs while it is held. Reads happen before,
+    # and the result is swapped in.
+
     def add(self, key: IncidentKey, identity: UploadIdentity) -> None:
         """Record an accepted upload's identity (newest identity of a rank wins)."""
         with self._lock:
             draft = self._drafts.get(key)
-            if draft is None:
-                draft = self._drafts[key] = self._load(key, identity.job_id)
+            if draft is not None:
+                draft.add(identity)
+                return
+        loaded = self._load(key, identity.job_id)  # includes this upload: it was recorded before
+        with self._lock:
+            draft = self._drafts.setdefault(key, loaded)
             draft.add(identity)
 
     def registered(self, tenant: str, cluster: str, job_id: str) -> None:
@@ -106,14 +118,28 @@ class ManifestWriter:
         if self._jobs is None:
             return
         keys = [IncidentKey(tenant, cluster, i) for i in self._book.incidents_of_job(tenant, cluster, job_id, limit=8)]
-        with self._lock:
-            for key in keys:
-                draft = self._drafts.get(key)
-                if draft is None:
-                    self._drafts[key] = self._load(key, job_id)
-                else:
-                    draft.registered = self._layout(key, job_id)
-                    draft.dirty = True
+        for key in keys:
+            with self._lock:
+                known = key in self._drafts
+            if known:
+                layout = self._layout(key, job_id)
+                with self._lock:
+                    self._drafts[key].registered = layout
+                    self._drafts[key].dirty = True
+            else:
+                loaded = self._load(key, job_id)
+                with self._lock:
+                    draft = self._drafts.setdefault(key, loaded)
+                    if draft is not loaded:  # an upload loaded it meanwhile: take the newer layout
+                        draft.registered = loaded.registered
+                        draft.dirty = True
+
+    def registered_host(self, key: IncidentKey, job_id: str, rank: int) -> str | None:
+        """The host the job's registration placed ``rank`` on when the incident opened (now, for a
+        new incident), or None."""
+        if self._jobs is None:
+            return None
+        return self._jobs.host_at(key.tenant, key.cluster, job_id, rank, self._book.created_at(key))
 
     def opened(self, key: IncidentKey, job_id: str) -> None:
         """An incident opened without an upload (an alert): a registered layout still gives it a manifest."""
@@ -122,18 +148,22 @@ class ManifestWriter:
         with self._lock:
             if key in self._drafts:
                 return
-            draft = self._load(key, job_id)
-            if draft.registered is None and not draft.ranks:
-                return
-            self._drafts[key] = draft
+        draft = self._load(key, job_id)
+        if draft.registered is None and not draft.ranks:
+            return
+        with self._lock:
+            self._drafts.setdefault(key, draft)
         self.flush()  # the run starts now: its manifest must be there when it reads the evidence
 
     def flush(self) -> None:
         """Write every dirty manifest now; one the store refuses stays dirty for the next round."""
-        with self._lock:
-            pending = [(key, draft.job_id, draft.manifest(key)) for key, draft in self._drafts.items() if draft.dirty]
-            for key, _, _ in pending:
+        with self._lock:  # copies only: the manifests are built outside the lock uploads take
+            dirty = [(key, _Draft(job_id=d.job_id, world_size=d.world_size, ranks=dict(d.ranks),
+                                  groups=dict(d.groups), registered=d.registered))
+                     for key, d in self._drafts.items() if d.dirty]
+            for key, _ in dirty:
                 self._drafts[key].dirty = False
+        pending = [(key, draft.job_id, draft.manifest(key)) for key, draft in dirty]
         for key, job_id, manifest in pending:
             name = f"{incident_prefix(key.tenant, key.cluster, job_id, key.incident_id)}/manifest.json"
             try:

@@ -18,8 +18,11 @@ Rules (each refusal stores nothing):
 - a rank registered on another host before is recorded as **moved** (a restart): the new host is
   its placement from now on, the move is kept with its time and answered, and an incident opened
   before the move keeps the placement it had (:meth:`JobRegistry.placement_at`);
-- a registration whose world size differs from the job's replaces the layout's world size (an
-  elastic restart); ranks outside it are not listed;
+- a registration whose world size or process groups differ from the job's replaces them (an
+  elastic restart) when a job's key sends it; ranks outside the new world size are not listed, and
+  an incident opened before the change keeps the world size and groups it had. A host-bound key
+  (one node's agent) may not change them (403): it would hide every other node's ranks from the
+  incidents, its own faulty node's blame among them. It may send the same ones, or none;
 - at most ``max_per_window`` registrations per cluster per window (429 with ``Retry-After``).
 """
 
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from denpex.evidence.manifest import MAX_WORLD_SIZE, HostMove, HostName, PlainText, ProcessGroupSpec
 from denpex.ingest.auth import Caller
@@ -39,14 +42,27 @@ from denpex.ingest.database import Database
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimitedError
 
 __all__ = ["RegisteredRank", "Registration", "RegistrationReceipt", "RegisteredLayout", "JobRegistry",
-           "parse_registration", "MAX_REGISTRATION_BYTES"]
+           "parse_registration", "MAX_REGISTRATION_BYTES", "MAX_PROCESS_GROUPS", "MAX_GROUP_MEMBERS",
+           "REGISTRATION_RETENTION_S", "PRUNE_EVERY_S"]
 
 MAX_REGISTRATION_BYTES = 8 * 1024 * 1024
 """A registration body's cap: a whole 16,384-rank manifest fits; a collector sends one rank."""
 MAX_RANKS_PER_REGISTRATION = 16_384
 """More ranks than this go in several requests (each one is one write transaction)."""
 MOVES_SHOWN = 16
-"""The newest moves listed per rank (all are kept; a rank restarted a hundred times lists its last 16)."""
+"""The newest moves kept and listed per rank (a rank restarted a hundred times lists its last 16)."""
+HISTORY_KEPT_S = 7 * 86_400.0
+"""A replaced identity is kept this long (for incidents opened before the restart), or longer while it
+is one of its rank's newest MOVES_SHOWN."""
+MAX_PROCESS_GROUPS = 8_192
+"""Process groups per registration (a 16,384-rank job's TP, PP and DP groups number a few thousand)."""
+MAX_GROUP_MEMBERS = 262_144
+"""Members of all process groups of one registration, together: 16 per rank of the largest world."""
+REGISTRATION_RETENTION_S = 30 * 86_400.0
+"""A job not registered for this long is forgotten (its ranks, moves and layout changes too)."""
+PRUNE_EVERY_S = 3_600.0
+"""How often a registration also prunes what passed the retention (opportunistic, no thread)."""
+MAX_ERROR_CHARS = 500
 
 
 class RegisteredRank(BaseModel):
@@ -69,10 +85,19 @@ class Registration(BaseModel):
 
     world_size: int = Field(gt=0, le=MAX_WORLD_SIZE)
     ranks: dict[int, RegisteredRank] = Field(min_length=1, max_length=MAX_RANKS_PER_REGISTRATION)
-    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
+    process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict, max_length=MAX_PROCESS_GROUPS)
+
+    @property
+    def entries(self) -> int:
+        """What this registration stores, counted against the cluster's budget: ranks and group members."""
+        return len(self.ranks) + sum(len(pg.ranks) for pg in self.process_groups.values())
 
     @model_validator(mode="after")
     def _ranks_in_world(self) -> "Registration":
+        members = self.entries - len(self.ranks)
+        if members > MAX_GROUP_MEMBERS:
+            raise ValueError(f"{members:,} process group members; a registration carries at most "
+                             f"{MAX_GROUP_MEMBERS:,} process group members")
         outside = [r for r in self.ranks if not 0 <= r < self.world_size]
         outside += [r for pg in self.process_groups.values() for r in pg.ranks if r >= self.world_size]
         if outside:
@@ -88,6 +113,13 @@ class RegistrationReceipt(BaseModel):
     unchanged: int
     moved: list[dict[str, object]]
     """``{"rank", "from_host", "to_host", "at"}`` per rank that re-registered from another host."""
+    _layout_changed: bool = PrivateAttr(default=False)
+    """The job's world size or process groups changed (its open incidents' manifests take that)."""
+
+    @property
+    def changed(self) -> bool:
+        """Anything an incident's manifest shows changed: a rank, or the job's world size or groups."""
+        return self.registered > 0 or self._layout_changed
 
 
 class RegisteredLayout(BaseModel):
@@ -106,6 +138,8 @@ def parse_registration(data: bytes) -> Registration:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
                              for e in exc.errors()[:10])
+        if len(problems) > MAX_ERROR_CHARS:
+            problems = problems[:MAX_ERROR_CHARS] + "..."
         raise InvalidRequestError(f"invalid registration: {problems}") from exc
 
 
@@ -121,6 +155,7 @@ class JobRegistry:
         size, or one key could write a million rows per request all hour long."""
         self.window_s = window_s
         self._clock = clock
+        self._pruned_at = float("-inf")
 
     def register(self, caller: Caller, job_id: str, registration: Registration) -> RegistrationReceipt:
         """Record ``registration`` for ``caller``'s cluster (see the module docstring)."""
@@ -131,14 +166,11 @@ class JobRegistry:
         registered = unchanged = 0
         moved: list[dict[str, object]] = []
         with self._db.connect() as db:
-            self._rate_limit(db, caller, now, len(ranks))
+            self._rate_limit(db, caller, now, registration.entries)
             db.execute("INSERT INTO registrations (tenant, cluster, registered_at, ranks) VALUES (?, ?, ?, ?)",
-                       (caller.tenant, caller.cluster, now, len(ranks)))
-            db.execute("INSERT INTO jobs_registered (tenant, cluster, job_id, world_size, process_groups, "
-                       "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id) DO UPDATE SET "
-                       "world_size = excluded.world_size, process_groups = CASE WHEN excluded.process_groups = '{}' "
-                       "THEN process_groups ELSE excluded.process_groups END, updated_at = excluded.updated_at",
-                       (caller.tenant, caller.cluster, job_id, registration.world_size, groups, now))
+                       (caller.tenant, caller.cluster, now, registration.entries))
+            self._prune(db, now)
+            layout_changed = self._job_row(db, caller, job_id, registration, groups, now)
             for rank, entry in sorted(ranks.items()):
                 row = db.execute("SELECT host, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND "
                                  "job_id = ? AND rank = ?", (caller.tenant, caller.cluster, job_id, rank)).fetchone()
@@ -151,11 +183,16 @@ class JobRegistry:
                     # (and the blame off the node it really ran on).
                     raise ForbiddenError(f"rank {rank} of job {job_id!r} is registered on host {row[0]!r}; a key "
                                          f"bound to host {caller.host!r} may not move it")
+                if row is not None:
+                    # Any restart, on this node or another: the process that died is what an incident
+                    # opened before it needs (its pid and GPU name the Xid's).
+                    _keep_history(db, caller, job_id, rank, row[1], now)
                 if row is not None and row[0] is not None and entry.host is not None and row[0] != entry.host:
                     db.execute("INSERT INTO job_rank_moves (tenant, cluster, job_id, rank, from_host, to_host, "
                                "from_identity, key_id, moved_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                (caller.tenant, caller.cluster, job_id, rank, row[0], entry.host, row[1],
                                 caller.key_id, now))
+                    _keep_newest(db, "job_rank_moves", "moved_at", caller, job_id, rank)
                     moved.append({"rank": rank, "from_host": row[0], "to_host": entry.host, "at": at.isoformat()})
                 db.execute("INSERT INTO job_ranks (tenant, cluster, job_id, rank, host, identity, key_id, "
                            "registered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, cluster, job_id, "
@@ -163,7 +200,38 @@ class JobRegistry:
                            "key_id = excluded.key_id, registered_at = excluded.registered_at",
                            (caller.tenant, caller.cluster, job_id, rank, entry.host, identity, caller.key_id, now))
                 registered += 1
-        return RegistrationReceipt(job_id=job_id, registered=registered, unchanged=unchanged, moved=moved)
+        receipt = RegistrationReceipt(job_id=job_id, registered=registered, unchanged=unchanged, moved=moved)
+        receipt._layout_changed = layout_changed
+        return receipt
+
+    @staticmethod
+    def _job_row(db: sqlite3.Connection, caller: Caller, job_id: str, registration: Registration, groups: str,
+                 now: float) -> bool:
+        """Write the job's world size and groups; True when they changed. The old ones are kept with
+        the change's time, for incidents opened before it (see the module docstring for the 403)."""
+        row = db.execute("SELECT world_size, process_groups FROM jobs_registered WHERE tenant = ? AND cluster = ? "
+                         "AND job_id = ?", (caller.tenant, caller.cluster, job_id)).fetchone()
+        if row is None:
+            db.execute("INSERT INTO jobs_registered (tenant, cluster, job_id, world_size, process_groups, updated_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (caller.tenant, caller.cluster, job_id, registration.world_size,
+                                                     groups, now))
+            return False
+        new_groups = row[1] if not registration.process_groups else groups
+        world_changed = row[0] != registration.world_size
+        groups_changed = json.loads(row[1]) != json.loads(new_groups)
+        if caller.host is not None and (world_changed or groups_changed):
+            what = (f"world size {row[0]} to {registration.world_size}" if world_changed else "process groups")
+            raise ForbiddenError(f"a key bound to host {caller.host!r} may not change job {job_id!r}'s {what}; "
+                                 "it registers its own ranks with the job's world size and process groups (or none); "
+                                 "the job's key registers an elastic restart")
+        if world_changed or groups_changed:
+            db.execute("INSERT INTO job_layout_changes (tenant, cluster, job_id, from_world_size, from_groups, key_id, "
+                       "changed_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (caller.tenant, caller.cluster, job_id, row[0], row[1], caller.key_id, now))
+        db.execute("UPDATE jobs_registered SET world_size = ?, process_groups = ?, updated_at = ? WHERE tenant = ? "
+                   "AND cluster = ? AND job_id = ?",
+                   (registration.world_size, new_groups, now, caller.tenant, caller.cluster, job_id))
+        return world_changed or groups_changed
 
     def layout(self, tenant: str, cluster: str, job_id: str) -> RegisteredLayout | None:
         """The job's current registered layout, or None when nothing registered."""
@@ -176,31 +244,62 @@ class JobRegistry:
         restart must drain the node the rank died on, not the one it restarted on); every move
         stays listed, so the report shows both.
         """
-        with self._db.connect() as db:
+        with self._db.connect(read_only=True) as db:
             job = db.execute("SELECT world_size, process_groups FROM jobs_registered WHERE tenant = ? AND "
                              "cluster = ? AND job_id = ?", (tenant, cluster, job_id)).fetchone()
             if job is None:
                 return None
+            if when is not None:
+                # The job's world size and groups as they were then (an elastic restart after the
+                # incident opened must not take ranks out of its manifest).
+                then = db.execute("SELECT from_world_size, from_groups FROM job_layout_changes WHERE tenant = ? AND "
+                                  "cluster = ? AND job_id = ? AND changed_at > ? ORDER BY changed_at LIMIT 1",
+                                  (tenant, cluster, job_id, when)).fetchone()
+                job = then or job
             rows = db.execute("SELECT rank, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? "
                               "AND rank < ? ORDER BY rank", (tenant, cluster, job_id, job[0])).fetchall()
-            move_rows = db.execute("SELECT rank, from_host, to_host, from_identity, moved_at FROM job_rank_moves "
-                                   "WHERE tenant = ? "
-                                   "AND cluster = ? AND job_id = ? ORDER BY moved_at",
-                                   (tenant, cluster, job_id)).fetchall()
+            # The first identity each rank replaced after ``when`` is the one it had at ``when`` (one
+            # row per rank, found in SQL: a job's whole history is never read into this process).
+            then_rows = [] if when is None else db.execute(
+                "SELECT rank, identity, MIN(replaced_at) FROM job_rank_history WHERE tenant = ? AND cluster = ? "
+                "AND job_id = ? AND replaced_at > ? GROUP BY rank", (tenant, cluster, job_id, when)).fetchall()
+            move_rows = db.execute("SELECT rank, from_host, to_host, moved_at FROM (SELECT rank, from_host, to_host, "
+                                   "moved_at, ROW_NUMBER() OVER (PARTITION BY rank ORDER BY moved_at DESC) AS n "
+                                   "FROM job_rank_moves WHERE tenant = ? AND cluster = ? AND job_id = ?) "
+                                   "WHERE n <= ? ORDER BY moved_at", (tenant, cluster, job_id, MOVES_SHOWN)).fetchall()
         ranks = {r[0]: RegisteredRank.model_validate_json(r[1]) for r in rows}
+        for rank, identity, _ in then_rows:
+            if rank in ranks:
+                ranks[rank] = RegisteredRank.model_validate_json(identity)
         moves: dict[int, list[HostMove]] = {}
-        placed_then: set[int] = set()
-        for rank, from_host, to_host, from_identity, moved_at in move_rows:
+        for rank, from_host, to_host, moved_at in move_rows:
             moves.setdefault(rank, []).append(HostMove(from_host=from_host, to_host=to_host,
                                                        at=datetime.fromtimestamp(moved_at, UTC)))
-            if when is not None and moved_at > when and rank in ranks and rank not in placed_then:
-                # The first move after ``when`` says where the rank was at ``when``, with that
-                # process's pid and GPU (the restarted one's are not the dead one's).
-                ranks[rank] = RegisteredRank.model_validate_json(from_identity)
-                placed_then.add(rank)
-        moves = {rank: listed[-MOVES_SHOWN:] for rank, listed in moves.items()}
         groups = {name: ProcessGroupSpec.model_validate(spec) for name, spec in json.loads(job[1]).items()}
         return RegisteredLayout(world_size=job[0], ranks=ranks, moves=moves, process_groups=groups)
+
+    def host_at(self, tenant: str, cluster: str, job_id: str, rank: int, when: float | None) -> str | None:
+        """The host ``rank`` was registered on at ``when`` (None: now), or None when it never was.
+        One rank's rows only: every upload of a node agent's key asks it."""
+        with self._db.connect(read_only=True) as db:
+            row = db.execute("SELECT host FROM job_ranks WHERE tenant = ? AND cluster = ? AND job_id = ? AND rank = ?",
+                             (tenant, cluster, job_id, rank)).fetchone()
+            if row is None or when is None:
+                return row[0] if row else None
+            then = db.execute("SELECT identity FROM job_rank_history WHERE tenant = ? AND cluster = ? AND job_id = ? "
+                              "AND rank = ? AND replaced_at > ? ORDER BY replaced_at LIMIT 1",
+                              (tenant, cluster, job_id, rank, when)).fetchone()
+        return RegisteredRank.model_validate_json(then[0]).host if then else row[0]
+
+    def _prune(self, db: sqlite3.Connection, now: float) -> None:
+        """Forget jobs not registered for the retention, at most once per PRUNE_EVERY_S per process."""
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        db.execute("DELETE FROM jobs_registered WHERE updated_at < ?", (now - REGISTRATION_RETENTION_S,))
+        for table in ("job_ranks", "job_rank_moves", "job_rank_history", "job_layout_changes"):
+            db.execute(f"DELETE FROM {table} WHERE (tenant, cluster, job_id) NOT IN "  # noqa: S608 - names above
+                       "(SELECT tenant, cluster, job_id FROM jobs_registered)")
 
     def _rate_limit(self, db: sqlite3.Connection, caller: Caller, now: float, ranks: int) -> None:
         """Counted inside the registration's write transaction, so racing requests cannot both slip under."""
@@ -231,3 +330,20 @@ def _bound_to_host(caller: Caller, registration: Registration) -> dict[int, Regi
                                  f"not rank {rank} on {entry.host!r}")
         out[rank] = entry if entry.host is not None else entry.model_copy(update={"host": caller.host})
     return out
+
+
+def _keep_history(db: sqlite3.Connection, caller: Caller, job_id: str, rank: int, replaced: str, now: float) -> None:
+    """Record the identity a registration replaced; drop the rank's ones past HISTORY_KEPT_S beyond its
+    newest MOVES_SHOWN (a rank restarted in a loop keeps a bounded history)."""
+    db.execute("INSERT INTO job_rank_history (tenant, cluster, job_id, rank, identity, key_id, replaced_at) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?)", (caller.tenant, caller.cluster, job_id, rank, replaced, caller.key_id, now))
+    _keep_newest(db, "job_rank_history", "replaced_at", caller, job_id, rank, older_than=now - HISTORY_KEPT_S)
+
+
+def _keep_newest(db: sqlite3.Connection, table: str, time_column: str, caller: Caller, job_id: str, rank: int,
+                 older_than: float | None = None) -> None:
+    """Delete one rank's rows of ``table`` beyond its newest MOVES_SHOWN (only those before ``older_than``)."""
+    db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE tenant = ? AND cluster = ? "  # noqa: S608
+               f"AND job_id = ? AND rank = ? ORDER BY {time_column} DESC LIMIT -1 OFFSET ?) AND {time_column} < ?",
+               (caller.tenant, caller.cluster, job_id, rank, MOVES_SHOWN,
+                float("inf") if older_than is None else older_than))
