@@ -117,6 +117,10 @@ def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, p
         lines.append(f"- **Culprit:** rank {c.rank}{on} ({c.kind.value}, confidence {c.confidence:.2f})")
         if c.reasons:
             lines.append(f"  - **Why:** {inline(c.reasons[0], limit=_WHY_LIMIT)}")
+        # What makes the culprit's node a guess belongs beside the form, not only in the report.
+        derived = next((r for r in c.reasons if c.host and r.startswith(f"host {c.host} is derived")), None)
+        if derived:
+            lines.append(f"  - **Host:** {inline(derived, limit=_WHY_LIMIT)}")
         signals = [h.summary for h in c.hardware if h.bearing is not HardwareBearing.UNRELATED]
         lines.append(f"  - **Hardware:** {inline(signals[0], limit=_WHY_LIMIT) if signals else 'no signal on its node'}"
                      + (f" (and {len(signals) - 1} more)" if len(signals) > 1 else ""))
