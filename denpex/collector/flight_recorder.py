@@ -56,6 +56,8 @@ class InFlightOp:
     group_name: str
     profiling_name: str
     timeout_ms: int | None
+    created_ns: int | None = None
+    """FR ``time_created_ns``: when the rank enqueued it (wall clock, ns since the epoch)."""
 
 
 class FlightRecorderSource(Protocol):
@@ -104,7 +106,8 @@ class TorchFlightRecorder:
                 group = entry.get("process_group") or ["?"]
                 return InFlightOp(pg_id=pg_id, seq=seq, group_name=str(group[0]),
                                   profiling_name=str(entry.get("profiling_name", "?")),
-                                  timeout_ms=entry.get("timeout_ms"))
+                                  timeout_ms=entry.get("timeout_ms"),
+                                  created_ns=entry.get("time_created_ns") or None)
         return None
 
     def dump(self, fmt: DumpFormat) -> bytes:

@@ -14,6 +14,7 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
 - after its dump it keeps watching the ops it had in flight then; once all of them completed
   (the job recovered, e.g. a stopped rank was continued) it dumps once more, trigger
   ``recovered``, over the first dump, so that a flow waiting for approval sees the recovery;
+  an op that ended by its timeout (Gloo counts it as completed) is no recovery and gives none;
 - a rank that answered a request with nothing in flight may be the one the others wait for (it
   had not entered their collective yet: a stopped rank continued, whose watchdog thread won the
   race to the first poll); it dumps once more as soon as it completes a collective it had not
@@ -43,6 +44,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -90,6 +92,7 @@ class HangDumper:
         signal: DumpSignal | None = None,
         recorder: FlightRecorderSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         identity: Callable[[], JobIdentity] = read_job_identity,
         after_dump: Callable[[DumpRecord, DumpRequest], None] | None = None,
     ) -> None:
@@ -118,6 +121,7 @@ class HangDumper:
         self._signal = signal if signal is not None else FileDumpSignal(request_path(out_dir))
         self._recorder = recorder
         self._clock = clock
+        self._wall_clock = wall_clock
         self._identity = identity
         self._after_dump = after_dump
         self._incident: DumpRequest | None = None
@@ -196,8 +200,8 @@ class HangDumper:
         with self._lock:
             if self._record is not None:
                 return self._record
-            self._moved_past = MovedPast.at_dump(self._source().progress(),
-                                                 answered_request=trigger is DumpTrigger.REQUEST)
+            self._moved_past = self._with_deadlines(MovedPast.at_dump(
+                self._source().progress(), answered_request=trigger is DumpTrigger.REQUEST))
             return self._write_dump(trigger, reason, request, publish=publish)
 
     def _write_dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None, *,
@@ -276,11 +280,35 @@ class HangDumper:
         reason = self._stall_reason(blocked)
         return self.request(DumpTrigger.STALL, reason) if reason is not None else None
 
+    def _with_deadlines(self, watch: MovedPast | None) -> MovedPast | None:
+        """``watch`` with the deadline of each op in flight, where FR gives its start and timeout."""
+        if watch is None or not watch.in_flight:
+            return watch
+        deadlines = {}
+        for pg, seq in watch.in_flight.items():
+            try:
+                op = self._source().in_flight_op(pg, seq)
+            except Exception:  # noqa: BLE001 - the dump matters more than its deadline
+                _log.exception("rank %d: reading local group %s #%d for its deadline failed", self.rank, pg, seq)
+                continue
+            timeout_ms = op.timeout_ms if op is not None and op.timeout_ms else (
+                self._timeout.total_seconds() * 1000 if self._timeout else None)
+            if op is not None and op.created_ns and timeout_ms:
+                deadlines[pg] = op.created_ns / 1e9 + timeout_ms / 1000
+        return replace(watch, deadlines=deadlines)
+
     def _redump_if_recovered(self) -> DumpRecord | None:
         if self._moved_past is None:
             return None
-        completed = self._moved_past.completed(self._source().progress())
+        progress = self._source().progress()
+        completed = self._moved_past.completed(progress)
         if not completed:
+            return None
+        if self._moved_past.timed_out(completed, now=self._wall_clock()):
+            # Gloo counts a timed-out collective as completed: the first dump still shows the hang.
+            _log.warning("rank %d: the ops in flight at its dump ended by their timeout, not by "
+                         "finishing; no recovered dump unless it completes a new collective", self.rank)
+            self._moved_past = self._moved_past.after_timeout(progress)
             return None
         with self._lock:
             self._moved_past = None

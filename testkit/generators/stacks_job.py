@@ -32,9 +32,10 @@ class StacksJob:
                  sidecar_deadline_s: float | None = None, debug_server: bool = False) -> None:
         """``timeout_s`` is the collective timeout; the dumps come at ``trigger_fraction`` of it.
 
-        When the timeout passes, the failed collective may count as completed, and the dumper
-        then dumps again (trigger ``recovered``) over the hang's dump and stacks: take the files
-        between the two (:meth:`snapshot`), or give the timeout room."""
+        When the timeout passes, Gloo counts the failed collective as completed; the dumper knows
+        the op's deadline and keeps the hang's dump (no ``recovered`` one), but a rank that then
+        exits leaves the folder as it was only until the job is torn down: take the files while
+        the ranks still hang (:meth:`snapshot`), or give the timeout room."""
         self.work = work
         self.roles = list(roles)
         self.collected = work / "collected"

@@ -380,3 +380,53 @@ def test_a_manual_dump_with_nothing_in_flight_never_dumps_again(tmp_path: Path) 
     first = dumper.dump_now(DumpTrigger.MANUAL, "end of a healthy run")
     recorder.status = {"0": GroupProgress(9, 9)}
     assert dumper.poll_once() is None and dumper.record == first
+
+
+class WallClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_op_that_ends_by_its_timeout_gives_no_recovered_dump(tmp_path: Path) -> None:
+    """Gloo counts a timed-out collective as completed (``last_completed_collective`` reaches it,
+    its entry reads ``retired``): that is the hang ending in an error, not a recovery, and the
+    first dump must stay the one that shows the hang. Only a new collective completed afterwards
+    (the rank went on training) is a recovery."""
+    created = 1_000.0
+    recorder, clock, wall = MemoryRecorder(stuck()), Clock(), WallClock(created + 3.5)
+    recorder.ops[("1", 5)] = InFlightOp("1", 5, "1", "gloo:all_reduce", timeout_ms=4000,
+                                        created_ns=int(created * 1e9))
+    dumper = make_dumper(tmp_path, recorder, clock, wall_clock=wall)
+    dumper.poll_once()
+    clock.now += 3.0
+    first = dumper.poll_once()
+    assert first is not None and first.trigger is DumpTrigger.STALL
+
+    wall.now = created + 4.2  # the 4 s timeout fired: Gloo retires #5 and counts it completed
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
+    assert dumper.poll_once() is None
+    assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #2"  # the first dump stands
+    assert dumper.record == first
+
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}  # it carried on: #6 completed
+    again = dumper.poll_once()
+    assert again is not None and again.trigger is DumpTrigger.RECOVERED
+    assert again.reason == "completed since the first dump: local group 1 #6"
+
+
+def test_an_op_that_completes_before_its_deadline_is_a_recovery(tmp_path: Path) -> None:
+    created = 1_000.0
+    recorder, clock, wall = MemoryRecorder(stuck()), Clock(), WallClock(created + 3.5)
+    recorder.ops[("1", 5)] = InFlightOp("1", 5, "1", "gloo:all_reduce", timeout_ms=4000,
+                                        created_ns=int(created * 1e9))
+    dumper = make_dumper(tmp_path, recorder, clock, wall_clock=wall)
+    dumper.poll_once()
+    clock.now += 3.0
+    assert dumper.poll_once() is not None
+    wall.now = created + 3.9
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
+    again = dumper.poll_once()
+    assert again is not None and again.trigger is DumpTrigger.RECOVERED

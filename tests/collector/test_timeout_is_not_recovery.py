@@ -1,0 +1,67 @@
+"""Two real Gloo ranks: a collective that times out is counted as completed by Gloo, and the
+hang dumper must not take that for a recovery (no ``recovered`` dump over the one that shows the hang)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+RANK_SCRIPT = r'''
+import json, sys, time
+from datetime import timedelta
+from pathlib import Path
+import torch, torch.distributed as dist
+from denpex.collector import HangDumper, TorchFlightRecorder
+
+rank, port, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=3))
+dist.all_reduce(torch.ones(4))
+if rank == 1:
+    time.sleep(10)  # never enters the second collective: rank 0's times out
+    sys.exit(0)
+dumper = HangDumper(out, rank=0, collective_timeout=timedelta(seconds=3), trigger_fraction=0.5,
+                    poll_interval=timedelta(seconds=0.1))
+dumper.warm_up()  # the first dump takes seconds; the stall dump must land before the timeout
+dumper.start()
+try:
+    dist.all_reduce(torch.ones(4))
+    outcome = "completed"
+except RuntimeError as exc:
+    outcome = f"raised: {str(exc)[:80]}"
+time.sleep(1.5)  # the watchdog keeps polling well past the timeout
+status = TorchFlightRecorder().progress()["0"]
+print(json.dumps({"outcome": outcome, "trigger": dumper.record.trigger.value if dumper.record else None,
+                  "last_enqueued": status.last_enqueued, "last_completed": status.last_completed}))
+dumper.stop()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_gloo_timeout_is_counted_completed_but_gives_no_recovered_dump(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    port, out = _free_port(), tmp_path / "fr"
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    (stdout, stderr), _ = ranks[0].communicate(timeout=90), ranks[1].communicate(timeout=90)
+    assert ranks[0].returncode == 0, stderr[-3000:]
+    seen = json.loads(stdout.strip().splitlines()[-1])
+    assert seen["outcome"].startswith("raised"), seen
+    # The c10d fact the rule rests on: the timed-out op (#2) reads as completed in pg_status.
+    assert seen["last_completed"] == seen["last_enqueued"] == 2, seen
+    assert seen["trigger"] == "stall", seen  # the hang's dump stands
+    assert "ended by their timeout" in stderr, stderr[-3000:]
