@@ -7,12 +7,12 @@ lazily); tests use an in-memory :class:`FlightRecorderSource`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-__all__ = ["DumpFormat", "GroupProgress", "InFlightOp", "FlightRecorderSource", "TorchFlightRecorder"]
+__all__ = ["DumpFormat", "GroupProgress", "InFlightOp", "FlightRecorderSource", "TorchFlightRecorder", "op_deadlines"]
 
 
 class DumpFormat(StrEnum):
@@ -56,8 +56,6 @@ class InFlightOp:
     group_name: str
     profiling_name: str
     timeout_ms: int | None
-    created_ns: int | None = None
-    """FR ``time_created_ns``: when the rank enqueued it (wall clock, ns since the epoch)."""
 
 
 class FlightRecorderSource(Protocol):
@@ -69,6 +67,13 @@ class FlightRecorderSource(Protocol):
 
     def in_flight_op(self, pg_id: str, seq: int) -> InFlightOp | None:
         """The unretired collective ``seq`` of group ``pg_id``, or None when FR has no such entry."""
+        ...
+
+    def op_deadlines(self, ops: Mapping[str, int]) -> dict[str, float]:
+        """When each op ``{pg_id: seq}`` times out, in seconds since the epoch (FR's
+        ``time_created_ns`` + ``timeout_ms``), read in one pass, retired or not; ops FR holds no
+        entry for, or no creation time and timeout, are left out. Called only when a completion
+        is seen after a dump, so its cost (a full read of the ring) is paid once or twice."""
         ...
 
     def dump(self, fmt: DumpFormat) -> bytes:
@@ -106,12 +111,35 @@ class TorchFlightRecorder:
                 group = entry.get("process_group") or ["?"]
                 return InFlightOp(pg_id=pg_id, seq=seq, group_name=str(group[0]),
                                   profiling_name=str(entry.get("profiling_name", "?")),
-                                  timeout_ms=entry.get("timeout_ms"),
-                                  created_ns=entry.get("time_created_ns") or None)
+                                  timeout_ms=entry.get("timeout_ms"))
         return None
+
+    def op_deadlines(self, ops: Mapping[str, int]) -> dict[str, float]:
+        # Retired entries count too: the op may have timed out since the dump read its progress.
+        dump = json.loads(self._c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        return op_deadlines(dump.get("entries", []), ops)
 
     def dump(self, fmt: DumpFormat) -> bytes:
         if fmt is DumpFormat.PICKLE:
             return bytes(self._c10d._dump_fr_trace(
                 includeCollectives=True, includeStackTraces=True, onlyActive=False))
         return bytes(self._c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+
+
+def op_deadlines(entries: Iterable[Mapping[str, Any]], ops: Mapping[str, int]) -> dict[str, float]:
+    """Each op's timeout deadline (seconds since the epoch) from FR ``entries``, newest entry first.
+
+    >>> op_deadlines([{"pg_id": 1, "collective_seq_id": 5, "time_created_ns": 10**9, "timeout_ms": 3000}],
+    ...              {"1": 5})
+    {'1': 4.0}
+    """
+    wanted = dict(ops)
+    found: dict[str, float] = {}
+    for entry in reversed(list(entries)):
+        pg = str(entry.get("pg_id"))
+        if wanted.get(pg) != entry.get("collective_seq_id") or entry.get("is_p2p") or pg in found:
+            continue
+        created, timeout_ms = entry.get("time_created_ns"), entry.get("timeout_ms")
+        if isinstance(created, int) and created > 0 and isinstance(timeout_ms, int) and timeout_ms > 0:
+            found[pg] = created / 1e9 + timeout_ms / 1000
+    return found

@@ -44,7 +44,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -200,8 +199,8 @@ class HangDumper:
         with self._lock:
             if self._record is not None:
                 return self._record
-            self._moved_past = self._with_deadlines(MovedPast.at_dump(
-                self._source().progress(), answered_request=trigger is DumpTrigger.REQUEST))
+            self._moved_past = MovedPast.at_dump(self._source().progress(),
+                                                 answered_request=trigger is DumpTrigger.REQUEST)
             return self._write_dump(trigger, reason, request, publish=publish)
 
     def _write_dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None = None, *,
@@ -280,40 +279,37 @@ class HangDumper:
         reason = self._stall_reason(blocked)
         return self.request(DumpTrigger.STALL, reason) if reason is not None else None
 
-    def _with_deadlines(self, watch: MovedPast | None) -> MovedPast | None:
-        """``watch`` with the deadline of each op in flight, where FR gives its start and timeout."""
-        if watch is None or not watch.in_flight:
-            return watch
-        deadlines = {}
-        for pg, seq in watch.in_flight.items():
-            try:
-                op = self._source().in_flight_op(pg, seq)
-            except Exception:  # noqa: BLE001 - the dump matters more than its deadline
-                _log.exception("rank %d: reading local group %s #%d for its deadline failed", self.rank, pg, seq)
-                continue
-            timeout_ms = op.timeout_ms if op is not None and op.timeout_ms else (
-                self._timeout.total_seconds() * 1000 if self._timeout else None)
-            if op is not None and op.created_ns and timeout_ms:
-                deadlines[pg] = op.created_ns / 1e9 + timeout_ms / 1000
-        return replace(watch, deadlines=deadlines)
-
     def _redump_if_recovered(self) -> DumpRecord | None:
-        if self._moved_past is None:
-            return None
-        progress = self._source().progress()
-        completed = self._moved_past.completed(progress)
-        if not completed:
-            return None
-        if self._moved_past.timed_out(completed, now=self._wall_clock()):
-            # Gloo counts a timed-out collective as completed: the first dump still shows the hang.
-            _log.warning("rank %d: the ops in flight at its dump ended by their timeout, not by "
-                         "finishing; no recovered dump unless it completes a new collective", self.rank)
-            self._moved_past = self._moved_past.after_timeout(progress)
-            return None
+        # Under the lock: a dump in progress on another thread is finished, its watch set.
         with self._lock:
+            if self._moved_past is None:
+                return None
+            progress = self._source().progress()
+            completed = self._moved_past.completed(progress)
+            if not completed:
+                return None
+            late = self._maybe_timed_out(completed)
+            if late:
+                # Gloo counts a timed-out collective as completed: the first dump still shows the hang.
+                _log.warning("rank %d: local group(s) %s completed at or past the op's deadline, perhaps by "
+                             "its timeout; no recovered dump until a newer op there completes in time",
+                             self.rank, ", ".join(late))
+                self._moved_past = self._moved_past.after_timeout(progress, late)
+                return None
             self._moved_past = None
             ops = ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(completed.items()))
             return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {ops}")
+
+    def _maybe_timed_out(self, completed: dict[str, int]) -> list[str]:
+        """The groups whose op in ``completed`` was seen complete at or past its deadline; every
+        group when the deadlines cannot be read (the hang's dump then stands)."""
+        try:
+            deadlines = self._source().op_deadlines(completed)
+        except Exception:  # noqa: BLE001 - the watchdog must never take the training down
+            _log.exception("rank %d: reading the deadlines of %s failed", self.rank, completed)
+            return sorted(completed)
+        now = self._wall_clock()
+        return sorted(pg for pg in completed if pg in deadlines and now >= deadlines[pg])
 
     def _stall_reason(self, blocked: list[BlockedOp]) -> str | None:
         if self._fraction is None:

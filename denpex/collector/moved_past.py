@@ -16,28 +16,17 @@ waiting for approval must see it, so the rank dumps once more (trigger ``recover
 A collective that times out is not one that completed, but Gloo counts it as one: when its
 timeout fires, ``pg_status.last_completed_collective`` reaches its sequence id and its entry is
 ``retired``, exactly as for a success (seen with torch 2.13 on 2 Gloo ranks, one absent). So the
-dump keeps each in-flight op's deadline (``time_created_ns`` + ``timeout_ms``): an op found
-complete at or past it ended by its timeout. That is no recovery; the rank is then watched as a
-rank between collectives, and dumps again only if it goes on to complete a new one.
-
->>> from denpex.collector.flight_recorder import GroupProgress as P
->>> watch = MovedPast.at_dump({"0": P(3, 3)}, answered_request=True)
->>> watch.completed({"0": P(4, 3)})   # entered #4, not finished: still behind at the dump's view
-{}
->>> watch.completed({"0": P(4, 4)})
-{'0': 4}
->>> MovedPast.at_dump({"0": P(3, 3)}, answered_request=False) is None
-True
->>> blocked = MovedPast(in_flight={"0": 4}, deadlines={"0": 1000.0})
->>> blocked.timed_out({"0": 4}, now=999.0), blocked.timed_out({"0": 4}, now=1000.0)
-(False, True)
->>> blocked.after_timeout({"0": P(4, 4)}).completed({"0": P(5, 5)})
-{'0': 5}
+dumper checks each op found complete against its deadline (FR ``time_created_ns`` +
+``timeout_ms``, read when the completion is seen): one seen at or past it may have ended by its
+timeout, and is no recovery. The rank is then watched in those groups only, and dumps again once
+it completes a newer op there before that op's own deadline. A genuine completion seen late (in
+the last poll before the deadline, or a Gloo op queued behind others, whose clock starts when it
+runs) is thus confirmed by the rank's next collective in that group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from denpex.collector.flight_recorder import GroupProgress
@@ -56,8 +45,9 @@ class MovedPast:
     """The op each group had in flight at the dump: all of them must complete."""
     enqueued: Mapping[str, int] = field(default_factory=dict)
     """With nothing in flight: each group's last enqueued op; completing any later one is enough."""
-    deadlines: Mapping[str, float] = field(default_factory=dict)
-    """When each in-flight op times out (seconds since the epoch), where FR told it."""
+    watch_new_groups: bool = True
+    """With ``enqueued``: whether a group created after the dump counts (it does after a dump that
+    answered a request; not after a timeout, when only the groups that timed out are watched)."""
 
     @classmethod
     def at_dump(cls, progress: Mapping[str, GroupProgress], *, answered_request: bool) -> MovedPast | None:
@@ -75,12 +65,11 @@ class MovedPast:
             done = all(pg in progress and progress[pg].last_completed >= seq for pg, seq in self.in_flight.items())
             return dict(self.in_flight) if done else {}
         return {pg: p.last_completed for pg, p in progress.items()
-                if p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
+                if (pg in self.enqueued or self.watch_new_groups)
+                and p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
 
-    def timed_out(self, completed: Mapping[str, int], *, now: float) -> bool:
-        """Whether an op found complete at ``now`` may have ended by its timeout, not by finishing."""
-        return any(pg in self.deadlines and now >= self.deadlines[pg] for pg in completed)
-
-    def after_timeout(self, progress: Mapping[str, GroupProgress]) -> MovedPast:
-        """The watch once the ops in flight ended by their timeout: a new completed op, if any."""
-        return MovedPast(enqueued={pg: p.last_enqueued for pg, p in progress.items()})
+    def after_timeout(self, progress: Mapping[str, GroupProgress], groups: Iterable[str]) -> MovedPast:
+        """The watch once the ops of ``groups`` may have ended by their timeout: a newer op
+        completed in one of those groups, and in no other."""
+        return MovedPast(enqueued={pg: progress[pg].last_enqueued for pg in groups if pg in progress},
+                         watch_new_groups=False)

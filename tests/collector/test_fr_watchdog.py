@@ -46,6 +46,7 @@ class MemoryRecorder:
     def __init__(self, status: dict[str, GroupProgress] | None = None) -> None:
         self.status = dict(status or {})
         self.ops: dict[tuple[str, int], InFlightOp] = {}
+        self.deadlines: dict[tuple[str, int], float] = {}
         self.dumps: Counter[DumpFormat] = Counter()
         self.lookups = 0
 
@@ -55,6 +56,9 @@ class MemoryRecorder:
     def in_flight_op(self, pg_id: str, seq: int) -> InFlightOp | None:
         self.lookups += 1
         return self.ops.get((pg_id, seq))
+
+    def op_deadlines(self, ops: dict[str, int]) -> dict[str, float]:
+        return {pg: self.deadlines[(pg, seq)] for pg, seq in ops.items() if (pg, seq) in self.deadlines}
 
     def dump(self, fmt: DumpFormat) -> bytes:
         self.dumps[fmt] += 1
@@ -390,43 +394,59 @@ class WallClock:
         return self.now
 
 
-def test_an_op_that_ends_by_its_timeout_gives_no_recovered_dump(tmp_path: Path) -> None:
-    """Gloo counts a timed-out collective as completed (``last_completed_collective`` reaches it,
-    its entry reads ``retired``): that is the hang ending in an error, not a recovery, and the
-    first dump must stay the one that shows the hang. Only a new collective completed afterwards
-    (the rank went on training) is a recovery."""
-    created = 1_000.0
-    recorder, clock, wall = MemoryRecorder(stuck()), Clock(), WallClock(created + 3.5)
-    recorder.ops[("1", 5)] = InFlightOp("1", 5, "1", "gloo:all_reduce", timeout_ms=4000,
-                                        created_ns=int(created * 1e9))
+def _stalled_dump(tmp_path: Path, wall: WallClock) -> tuple[MemoryRecorder, HangDumper, DumpRecord]:
+    """Rank 2 dumped on a stall in local group 1 #5 (a 4 s timeout from t=1000 s); group 0 idle."""
+    recorder, clock = MemoryRecorder(stuck()), Clock()
+    recorder.deadlines = {("1", 5): 1004.0, ("1", 6): 1010.0, ("1", 7): 1016.0, ("0", 4): 1012.0}
     dumper = make_dumper(tmp_path, recorder, clock, wall_clock=wall)
     dumper.poll_once()
     clock.now += 3.0
     first = dumper.poll_once()
     assert first is not None and first.trigger is DumpTrigger.STALL
+    return recorder, dumper, first
 
-    wall.now = created + 4.2  # the 4 s timeout fired: Gloo retires #5 and counts it completed
+
+def test_an_op_that_ends_by_its_timeout_gives_no_recovered_dump(tmp_path: Path) -> None:
+    """Gloo counts a timed-out collective as completed (``last_completed_collective`` reaches it,
+    its entry reads ``retired``): that is the hang ending in an error, not a recovery, and the
+    first dump must stay the one that shows the hang. Nor is an op the rank then completes in a
+    group that was not stuck (an error-path barrier, a checkpoint group), nor a retry that times
+    out too; only a newer op completed in time in the stuck group is."""
+    wall = WallClock(1003.5)
+    recorder, dumper, first = _stalled_dump(tmp_path, wall)
+
+    wall.now = 1004.2  # the 4 s timeout fired: Gloo retires #5 and counts it completed
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
     assert dumper.poll_once() is None
     assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #2"  # the first dump stands
-    assert dumper.record == first
+    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(5, 5)}  # another group moves on
+    assert dumper.poll_once() is None
+    wall.now = 1010.5
+    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(6, 6)}  # a retry of #6 timed out too
+    assert dumper.poll_once() is None and dumper.record == first
 
-    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}  # it carried on: #6 completed
+    wall.now = 1011.0
+    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(7, 7)}  # #7 finished in time
     again = dumper.poll_once()
     assert again is not None and again.trigger is DumpTrigger.RECOVERED
-    assert again.reason == "completed since the first dump: local group 1 #6"
+    assert again.reason == "completed since the first dump: local group 1 #7"
 
 
 def test_an_op_that_completes_before_its_deadline_is_a_recovery(tmp_path: Path) -> None:
-    created = 1_000.0
-    recorder, clock, wall = MemoryRecorder(stuck()), Clock(), WallClock(created + 3.5)
-    recorder.ops[("1", 5)] = InFlightOp("1", 5, "1", "gloo:all_reduce", timeout_ms=4000,
-                                        created_ns=int(created * 1e9))
-    dumper = make_dumper(tmp_path, recorder, clock, wall_clock=wall)
-    dumper.poll_once()
-    clock.now += 3.0
-    assert dumper.poll_once() is not None
-    wall.now = created + 3.9
+    wall = WallClock(1003.5)
+    recorder, dumper, _ = _stalled_dump(tmp_path, wall)
+    wall.now = 1003.9
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
     again = dumper.poll_once()
     assert again is not None and again.trigger is DumpTrigger.RECOVERED
+
+
+def test_unreadable_deadlines_keep_the_hangs_dump(tmp_path: Path) -> None:
+    wall = WallClock(1003.5)
+    recorder, dumper, first = _stalled_dump(tmp_path, wall)
+
+    def broken(ops: dict[str, int]) -> dict[str, float]:
+        raise RuntimeError("FR read failed")
+    recorder.op_deadlines = broken  # type: ignore[method-assign]
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
+    assert dumper.poll_once() is None and dumper.record == first
