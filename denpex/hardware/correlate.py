@@ -28,6 +28,11 @@ window but not on any candidate:
 The stronger of the two applies once, however many such events there are. When some candidate's
 host is unknown, events cannot be told apart from its own: they are reported, nothing is changed.
 Application errors, corrected errors and OOM kills elsewhere are reported and change nothing.
+
+**Tie rule** (:mod:`denpex.hardware.tie_break`). Members of an op the dumps cannot tell apart are
+separated by a fault signal on exactly one member's own GPU (an Xid on it, a fatal AER on its
+PCIe path) when no other member has a supporting signal: that member alone is named and its
+group becomes ``localized``. The elsewhere rule applies after it.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from denpex.hardware.bearing import Reading, is_fault_signal, read_elsewhere, re
 from denpex.hardware.events import HardwareEvent, TelemetryParseResult
 from denpex.hardware.pci import same_pci_device
 from denpex.hardware.placement import GpuDirectory, RankPlacement, host_key, place_rank, same_gpu
+from denpex.hardware.tie_break import separate_by_own_gpu
 from denpex.hardware.xid_catalog import XidCatalog, default_xid_catalog
 
 __all__ = ["CorrelationOptions", "HangWindow", "hang_window", "correlate", "supports_isolation"]
@@ -196,7 +202,10 @@ def correlate(
     notes = list(result.notes) + _notes(window, telemetry, len(telemetry.events) - len(in_window))
     if any(c.hardware for c in candidates) and CAVEAT not in notes:
         notes.append(CAVEAT)  # once for the report, not a reason of each candidate
-    verdict = result.verdict
+    # Before the checks below: a fault elsewhere in the job still makes a separated group ambiguous.
+    separated = separate_by_own_gpu(result.groups, candidates, result.verdict)
+    candidates, verdict, groups = separated.candidates, separated.verdict, separated.groups
+    notes += separated.notes
     factor = 1.0
     if (elsewhere_in_job or elsewhere_outside) and hosts_unknown:
         notes.append(
@@ -210,7 +219,7 @@ def correlate(
         notes.append(
             f"Fault signals on ranks of this job that are not candidates ({_first(elsewhere_in_job)}): the hang may "
             f"have started there; confidence x{factor:g}"
-            + ("; verdict changed from localized to ambiguous." if result.verdict is Verdict.LOCALIZED else ".")
+            + ("; verdict changed from localized to ambiguous." if separated.verdict is Verdict.LOCALIZED else ".")
         )
     elif elsewhere_outside:
         factor = options.outside_job_factor
@@ -227,7 +236,6 @@ def correlate(
             c.model_copy(update={"confidence": round(c.confidence * factor, 4), "reasons": [*c.reasons, lowered]})
             for c in candidates
         ]
-    groups = result.groups
     if elsewhere_in_job and not hosts_unknown:
         # The isolation gates act per group: a group left localized would still drain its rank's
         # node though the hang may have started on the faulty rank outside it.
