@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from denpex.analysis.models import Candidate, CandidateHardware, CandidateKind, GroupVerdict, HardwareBearing, Membership, Verdict
+from denpex.analysis.models import Candidate, CandidateKind, GroupVerdict, Membership, Verdict
 from denpex.analysis.triage import triage_path
-from denpex.hardware.tie_break import separate_by_own_gpu
+from denpex.hardware.tie_break import MemberEvidence, separate_by_own_gpu
 from denpex.investigate import investigate
 from denpex.isolation.policy import Scheduler
 from testkit.generators.nccl_dump import DumpFormat
@@ -33,11 +33,13 @@ def built() -> BuiltMoE:
     return build_moe_scenario(SCENARIO)
 
 
-def _dumps(tmp_path: Path) -> Path:
+def _dumps(tmp_path: Path, gpus: dict[int, str] = GPU, hosts: dict[int, str] | None = None) -> Path:
     folder = write_moe_scenario(built(), tmp_path / "dumps", DumpFormat.PICKLE)
     manifest = json.loads((folder / "manifest.json").read_text())
-    for rank, bus in GPU.items():
+    for rank, bus in gpus.items():
         manifest["ranks"][str(rank)]["gpu_pci_bus_id"] = bus
+    for rank, host in (hosts or {}).items():
+        manifest["ranks"][str(rank)]["host"] = host
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -60,7 +62,7 @@ def test_the_dumps_alone_leave_the_pair_tied(tmp_path: Path) -> None:
     report = investigate(_dumps(tmp_path)).report
     assert report.verdict is Verdict.AMBIGUOUS
     assert {c.rank for c in report.candidates} == {4, 5}
-    assert all(g.candidates == [4, 5] and g.verdict is Verdict.AMBIGUOUS for g in report.groups)
+    assert all((g.candidates, g.verdict, g.tied) == ([4, 5], Verdict.AMBIGUOUS, True) for g in report.groups)
 
 
 def test_an_xid_on_one_members_own_gpu_names_that_member_alone(tmp_path: Path) -> None:
@@ -92,38 +94,53 @@ def test_a_signal_that_falls_on_both_members_or_neither_separates_nothing(tmp_pa
     assert not any("were tied" in n for n in report.notes)
 
 
-def _stalled(rank: int, *, kind: str = "xid", membership: Membership = Membership.KNOWN,
-             bearing: HardwareBearing = HardwareBearing.SUPPORTS_HARDWARE_FAULT) -> Candidate:
-    signal = CandidateHardware(kind=kind, code=79, summary=f"{kind} on rank {rank}'s GPU", bearing=bearing)
-    return Candidate(rank=rank, kind=CandidateKind.STALLED, confidence=0.35, membership=membership,
-                     hardware=[signal])
-
-
-def _tied_group() -> GroupVerdict:
-    return GroupVerdict(process_group="7", collective_seq_id=12, verdict=Verdict.AMBIGUOUS, candidates=[4, 5])
-
-
-@pytest.mark.parametrize("five", [
-    pytest.param(_stalled(5, kind="nvlink"), id="nvlink-sits-on-the-link-between-them"),
-    pytest.param(_stalled(5, membership=Membership.INFERRED), id="an-inferred-member"),
-    pytest.param(_stalled(5, bearing=HardwareBearing.POINTS_AT_APPLICATION), id="an-application-xid"),
+@pytest.mark.parametrize(("gpus", "hosts"), [
+    pytest.param({5: GPU[5]}, None, id="the-peers-gpu-only-assumed-from-local-rank"),
+    pytest.param(GPU, {4: "gpu-node-099"}, id="no-telemetry-covers-the-peers-host"),
 ])
-def test_only_a_supporting_signal_on_a_known_members_own_gpu_separates(five: Candidate) -> None:
-    four = Candidate(rank=4, kind=CandidateKind.STALLED, confidence=0.35)
-    out = separate_by_own_gpu([_tied_group()], [four, five], Verdict.AMBIGUOUS)
+def test_missing_evidence_on_the_peer_is_not_read_as_health(tmp_path: Path, gpus: dict[int, str],
+                                                             hosts: dict[int, str] | None) -> None:
+    folder = _dumps(tmp_path, gpus, hosts)
+    found = investigate(folder, telemetry=[_kernel_log(tmp_path, folder, [_xid79(GPU[5])])],
+                        scheduler=Scheduler.SLURM, cluster="c1")
+    assert found.report.verdict is Verdict.AMBIGUOUS
+    assert {c.rank for c in found.report.candidates} == {4, 5}
+    assert found.plan is None or not found.plan.actions
+
+
+def _stalled(rank: int, membership: Membership = Membership.KNOWN) -> Candidate:
+    return Candidate(rank=rank, kind=CandidateKind.STALLED, confidence=0.35, membership=membership)
+
+
+def _tied_group(*ranks: int, tied: bool = True) -> GroupVerdict:
+    return GroupVerdict(process_group="7", collective_seq_id=12, verdict=Verdict.AMBIGUOUS,
+                        candidates=list(ranks or (4, 5)), tied=tied)
+
+
+FAULT = MemberEvidence(own_fault="Xid 79 on this rank's GPU", shown_clean=False)
+CLEAN = MemberEvidence(shown_clean=True)
+
+
+@pytest.mark.parametrize(("group", "five", "evidence"), [
+    pytest.param(_tied_group(tied=False), _stalled(5), {5: FAULT, 4: CLEAN}, id="ambiguous-but-not-a-tie"),
+    pytest.param(_tied_group(), _stalled(5, Membership.INFERRED), {5: FAULT, 4: CLEAN}, id="an-inferred-member"),
+    pytest.param(_tied_group(), _stalled(5), {5: FAULT, 4: MemberEvidence()}, id="the-peer-not-shown-clean"),
+    pytest.param(_tied_group(), _stalled(5), {5: FAULT, 4: FAULT}, id="both-faulty"),
+])
+def test_only_a_fault_beside_peers_shown_clean_separates_a_tie(group: GroupVerdict, five: Candidate,
+                                                               evidence: dict[int, MemberEvidence]) -> None:
+    out = separate_by_own_gpu([group], [_stalled(4), five], Verdict.AMBIGUOUS, evidence)
     assert (out.verdict, [c.rank for c in out.candidates], out.notes) == (Verdict.AMBIGUOUS, [4, 5], [])
-    assert out.groups == [_tied_group()]
-
-
-def test_a_peer_with_any_supporting_signal_keeps_the_tie() -> None:
-    out = separate_by_own_gpu([_tied_group()], [_stalled(4, kind="sxid"), _stalled(5)], Verdict.AMBIGUOUS)
-    assert out.verdict is Verdict.AMBIGUOUS and [c.rank for c in out.candidates] == [4, 5]
+    assert out.groups == [group]
 
 
 def test_a_separated_group_leaves_another_tied_group_and_the_incident_ambiguous() -> None:
-    other = GroupVerdict(process_group="9", collective_seq_id=3, verdict=Verdict.AMBIGUOUS, candidates=[6, 7])
-    quiet = [Candidate(rank=r, kind=CandidateKind.STALLED, confidence=0.35) for r in (4, 6, 7)]
-    out = separate_by_own_gpu([_tied_group(), other], [quiet[0], _stalled(5), *quiet[1:]], Verdict.AMBIGUOUS)
+    other = GroupVerdict(process_group="9", collective_seq_id=3, verdict=Verdict.AMBIGUOUS, candidates=[6, 7],
+                         tied=True)
+    candidates = [_stalled(r) for r in (4, 5, 6, 7)]
+    out = separate_by_own_gpu([_tied_group(), other], candidates, Verdict.AMBIGUOUS,
+                              {4: CLEAN, 5: FAULT, 6: CLEAN, 7: MemberEvidence()})
     assert out.verdict is Verdict.AMBIGUOUS
-    assert [c.rank for c in out.candidates] == [5, 6, 7]
-    assert [(g.verdict, g.candidates) for g in out.groups] == [(Verdict.LOCALIZED, [5]), (Verdict.AMBIGUOUS, [6, 7])]
+    assert [(c.rank, c.confidence) for c in out.candidates] == [(5, 0.7), (6, 0.35), (7, 0.35)]
+    assert [(g.verdict, g.candidates, g.tied) for g in out.groups] == [
+        (Verdict.LOCALIZED, [5], False), (Verdict.AMBIGUOUS, [6, 7], True)]
