@@ -139,14 +139,20 @@ class GroupVerdict(BaseModel):
     p2p_seq_id: int | None = None
     verdict: Verdict
     candidates: list[int]
+    tied: bool = False
+    """The named ranks each entered the stuck op and none finished, and nothing in the dumps tells
+    them apart (an ``ambiguous`` group); a fault on one member's own GPU may (correlation)."""
 
     @model_serializer(mode="wrap")
     def _one_id(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # The contract carries ``collective_seq_id`` or ``p2p_seq_id``, never a null other one.
+        # The contract carries ``collective_seq_id`` or ``p2p_seq_id``, never a null other one,
+        # and ``tied`` only where it is true (additive: older readers never see it otherwise).
         data: dict[str, Any] = handler(self)
         for key in ("collective_seq_id", "p2p_seq_id"):
             if data.get(key, 0) is None:
                 del data[key]
+        if not data.get("tied", True):
+            del data["tied"]
         return data
 
 

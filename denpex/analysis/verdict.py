@@ -25,14 +25,14 @@ from denpex.analysis.summary import RankSummary
 from denpex.analysis.waitgraph import Culprit, analyze
 from denpex.evidence.manifest import JobManifest
 
-__all__ = ["Decision", "SEPARATING_EVIDENCE", "decide", "verdict_of"]
+__all__ = ["BASE_CONFIDENCE", "Decision", "SEPARATING_EVIDENCE", "decide", "verdict_of"]
 
 # What would tell the members of an all-in op apart when the dumps cannot (reasons and notes).
 SEPARATING_EVIDENCE = ("What would separate them: a hardware signal (Xid, NVLink, PCIe) on one member's "
                        "GPU, NCCL timing (TORCH_NCCL_ENABLE_TIMING=1: a kernel that started on one "
                        "member and not on the other), or one member behind its peers in another group")
 
-_BASE_CONFIDENCE = {
+BASE_CONFIDENCE = {
     CandidateKind.NOT_ENTERED: 0.9,
     CandidateKind.MISMATCH: 0.85,
     CandidateKind.STALLED: 0.7,
@@ -84,10 +84,21 @@ def _group_verdicts(blockages: list[Blockage], reached: list[frozenset[int]], cu
         if not picked:
             continue
         verdict = verdict_of([culprits[i] for i in picked], [candidates[i] for i in picked])
+        tied = verdict is Verdict.AMBIGUOUS and _tied([culprits[i] for i in picked])
         groups.append(GroupVerdict(process_group=group, collective_seq_id=None if is_p2p else seq,
                                    p2p_seq_id=seq if is_p2p else None, verdict=verdict,
-                                   candidates=[culprits[i].rank for i in picked]))
+                                   candidates=[culprits[i].rank for i in picked], tied=tied))
     return groups
+
+
+def _tied(culprits: list[Culprit]) -> bool:
+    """Whether these culprits are exactly the members of one op they all entered and none finished:
+    not a cycle of different ops, not a stopped-CPU lead, no undecided wait, a known age."""
+    return len(culprits) >= 2 and all(
+        c.component_size == len(culprits) and any(b.tie for b in c.blocking)
+        and not any(b.kind is BlockageKind.STOPPED or b.undecided for b in c.blocking)
+        and not all(b.age_unknown for b in c.blocking)
+        for c in culprits)
 
 
 def verdict_of(culprits: list[Culprit], candidates: list[Candidate]) -> Verdict:
@@ -163,7 +174,7 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
         tied = any(b.tie for b in culprit.blocking)
         reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart"
                        + (f". {SEPARATING_EVIDENCE}" if tied else ""))
-    confidence = _BASE_CONFIDENCE[kind] / culprit.component_size
+    confidence = BASE_CONFIDENCE[kind] / culprit.component_size
     if first is not None and first.kind == BlockageKind.STOPPED:
         confidence *= _STOPPED_FACTOR
     if any(b.undecided for b in culprit.blocking):

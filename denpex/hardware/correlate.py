@@ -28,6 +28,12 @@ window but not on any candidate:
 The stronger of the two applies once, however many such events there are. When some candidate's
 host is unknown, events cannot be told apart from its own: they are reported, nothing is changed.
 Application errors, corrected errors and OOM kills elsewhere are reported and change nothing.
+
+**Tie rule** (:mod:`denpex.hardware.tie_break`). Members of an op the dumps cannot tell apart (a
+``tied`` group) are separated by a fault on exactly one member's own GPU (an Xid matched to that
+GPU, a fatal AER on its own PCI function) when every other member's GPU is named, its host's
+telemetry read, and nothing there: that member alone is named and its groups become
+``localized``. Not when a fault elsewhere in the job (rule 1) or an unknown host leaves doubt.
 """
 
 from __future__ import annotations
@@ -47,9 +53,10 @@ from denpex.analysis.models import (
 )
 from denpex.evidence.manifest import JobManifest
 from denpex.hardware.bearing import Reading, is_fault_signal, read_elsewhere, read_for_candidate
-from denpex.hardware.events import HardwareEvent, TelemetryParseResult
+from denpex.hardware.events import HardwareEvent, SignalKind, TelemetryParseResult
 from denpex.hardware.pci import same_pci_device
 from denpex.hardware.placement import GpuDirectory, RankPlacement, host_key, place_rank, same_gpu
+from denpex.hardware.tie_break import MemberEvidence, separate_by_own_gpu
 from denpex.hardware.xid_catalog import XidCatalog, default_xid_catalog
 
 __all__ = ["CorrelationOptions", "HangWindow", "hang_window", "correlate", "supports_isolation"]
@@ -156,6 +163,7 @@ def correlate(
     job = _JobMap(manifest, directory, domain)
 
     candidates: list[Candidate] = []
+    members: dict[int, MemberEvidence] = {}
     elsewhere_in_job: list[str] = []
     for candidate in result.candidates:
         place = placements[candidate.rank]
@@ -170,6 +178,7 @@ def correlate(
                 elsewhere_in_job.append(f"{event.kind.value} on rank {owner}'s GPU on {event.host}")
             readings.append((event, reading))
         hardware = _aggregate(readings, host=place.host)
+        members[candidate.rank] = _member_evidence(place, readings, telemetry, covered, domain)
         reasons = list(candidate.reasons) + _reasons(hardware, place, telemetry, covered, domain)
         candidates.append(
             candidate.model_copy(
@@ -196,7 +205,12 @@ def correlate(
     notes = list(result.notes) + _notes(window, telemetry, len(telemetry.events) - len(in_window))
     if any(c.hardware for c in candidates) and CAVEAT not in notes:
         notes.append(CAVEAT)  # once for the report, not a reason of each candidate
-    verdict = result.verdict
+    verdict, groups = result.verdict, result.groups
+    if not elsewhere_in_job and not hosts_unknown:
+        # A fault on another rank of the job may be where the hang began: then no tie is broken.
+        separated = separate_by_own_gpu(groups, candidates, verdict, members)
+        candidates, verdict, groups = separated.candidates, separated.verdict, separated.groups
+        notes += separated.notes
     factor = 1.0
     if (elsewhere_in_job or elsewhere_outside) and hosts_unknown:
         notes.append(
@@ -227,7 +241,6 @@ def correlate(
             c.model_copy(update={"confidence": round(c.confidence * factor, 4), "reasons": [*c.reasons, lowered]})
             for c in candidates
         ]
-    groups = result.groups
     if elsewhere_in_job and not hosts_unknown:
         # The isolation gates act per group: a group left localized would still drain its rank's
         # node though the hang may have started on the faulty rank outside it.
@@ -272,6 +285,33 @@ class _JobMap:
         shown = ", ".join(str(r) for r in ranks[:8]) + (" ..." if len(ranks) > 8 else "")
         gpu = f", rank {owner}'s GPU" if owner is not None else ""
         return f"{event.host} (ranks {shown}{gpu}, no candidate)"
+
+
+def _member_evidence(place: RankPlacement, readings: list[tuple[HardwareEvent, Reading]],
+                     telemetry: TelemetryParseResult, covered: set[str | None], domain: str | None) -> MemberEvidence:
+    """Whether the evidence shows a fault on this rank's own GPU, or shows that GPU clean (the tie rule)."""
+    if place.host is None or place.gpu is None or place.gpu_from_local_rank:
+        return MemberEvidence()  # a GPU not named cannot be told apart from its neighbours'
+    supporting = [(e, r) for e, r in readings if r.bearing is HardwareBearing.SUPPORTS_HARDWARE_FAULT]
+    own = next((r.summary for e, r in supporting if _on_own_gpu(e, place)), None)
+    host = host_key(place.host, domain)
+    gaps = any(host_key(g.host, domain) == host and (g.gpu is None or same_gpu(g.gpu, place.gpu) is not False)
+               for g in telemetry.unavailable)
+    unmatched = any(e.kind in (SignalKind.XID, SignalKind.NVLINK) and same_gpu(e.gpu, place.gpu) is None
+                    for e, _ in readings)
+    return MemberEvidence(own_fault=own, shown_clean=host in covered and not gaps and not unmatched and not supporting)
+
+
+def _on_own_gpu(event: HardwareEvent, place: RankPlacement) -> bool:
+    """An Xid matched to the GPU itself (not by pid), or an AER on the GPU's own PCI function."""
+    if place.gpu is None:
+        return False
+    if event.kind is SignalKind.XID:
+        return same_gpu(event.gpu, place.gpu) is True
+    if event.kind is SignalKind.PCIE_AER:
+        bus = place.gpu.pci_bus_id
+        return event.device_pci is not None and bus is not None and same_pci_device(event.device_pci, bus)
+    return False
 
 
 def _completed(event: HardwareEvent, directory: GpuDirectory) -> HardwareEvent:

@@ -114,8 +114,10 @@ def test_the_cli_prints_the_groups_in_json_and_text(tmp_path: Path) -> None:
     data = json.loads(out.stdout)
     assert data["verdict"] == "ambiguous" and data["plan"]["recommend_isolation"] is True
     for group in data["groups"]:
-        assert set(group) in ({"process_group", "collective_seq_id", "verdict", "candidates"},
-                              {"process_group", "p2p_seq_id", "verdict", "candidates"})
+        # ``tied`` appears only where true: the pair [6, 7] that nothing separates.
+        assert set(group) - {"tied"} in ({"process_group", "collective_seq_id", "verdict", "candidates"},
+                                         {"process_group", "p2p_seq_id", "verdict", "candidates"})
+        assert group.get("tied", False) is (group["candidates"] == [6, 7])
     text = runner.invoke(app, ["triage", str(folder), "--telemetry", str(log), "--scheduler", "slurm",
                                "--cluster", "c1"])
     assert text.exit_code == 0, text.output
