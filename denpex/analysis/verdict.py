@@ -93,9 +93,10 @@ def _group_verdicts(blockages: list[Blockage], reached: list[frozenset[int]], cu
 
 def _tied(culprits: list[Culprit]) -> bool:
     """Whether these culprits are exactly the members of one op they all entered and none finished:
-    not a cycle of different ops, not a stopped-CPU lead, no undecided wait, a known age."""
+    not a cycle of different ops, not a tied mismatch (a program's choice, which no hardware
+    signal settles), not a stopped-CPU lead, no undecided wait, a known age."""
     return len(culprits) >= 2 and all(
-        c.component_size == len(culprits) and any(b.tie for b in c.blocking)
+        c.component_size == len(culprits) and any(b.tie and b.kind == BlockageKind.OVERDUE for b in c.blocking)
         and not any(b.kind is BlockageKind.STOPPED or b.undecided for b in c.blocking)
         and not all(b.age_unknown for b in c.blocking)
         for c in culprits)

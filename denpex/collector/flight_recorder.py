@@ -69,10 +69,10 @@ class FlightRecorderSource(Protocol):
         """The unretired collective ``seq`` of group ``pg_id``, or None when FR has no such entry."""
         ...
 
-    def op_deadlines(self, ops: Mapping[str, int]) -> dict[str, float]:
+    def op_deadlines(self, ops: Mapping[str, int], default_timeout_ms: int | None = None) -> dict[str, float]:
         """When each op ``{pg_id: seq}`` times out, in seconds since the epoch (FR's
-        ``time_created_ns`` + ``timeout_ms``), read in one pass, retired or not; ops FR holds no
-        entry for, or no creation time and timeout, are left out. Called only when a completion
+        ``time_created_ns`` + ``timeout_ms``, else ``default_timeout_ms``), read in one pass, retired
+        or not; ops FR holds no entry for, or no creation time or timeout, are left out. Called only when a completion
         is seen after a dump, so its cost (a full read of the ring) is paid once or twice."""
         ...
 
@@ -114,10 +114,10 @@ class TorchFlightRecorder:
                                   timeout_ms=entry.get("timeout_ms"))
         return None
 
-    def op_deadlines(self, ops: Mapping[str, int]) -> dict[str, float]:
+    def op_deadlines(self, ops: Mapping[str, int], default_timeout_ms: int | None = None) -> dict[str, float]:
         # Retired entries count too: the op may have timed out since the dump read its progress.
         dump = json.loads(self._c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
-        return op_deadlines(dump.get("entries", []), ops)
+        return op_deadlines(dump.get("entries", []), ops, default_timeout_ms)
 
     def dump(self, fmt: DumpFormat) -> bytes:
         if fmt is DumpFormat.PICKLE:
@@ -126,7 +126,8 @@ class TorchFlightRecorder:
         return bytes(self._c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
 
 
-def op_deadlines(entries: Iterable[Mapping[str, Any]], ops: Mapping[str, int]) -> dict[str, float]:
+def op_deadlines(entries: Iterable[Mapping[str, Any]], ops: Mapping[str, int],
+                 default_timeout_ms: int | None = None) -> dict[str, float]:
     """Each op's timeout deadline (seconds since the epoch) from FR ``entries``, newest entry first.
 
     >>> op_deadlines([{"pg_id": 1, "collective_seq_id": 5, "time_created_ns": 10**9, "timeout_ms": 3000}],
@@ -139,7 +140,7 @@ def op_deadlines(entries: Iterable[Mapping[str, Any]], ops: Mapping[str, int]) -
         pg = str(entry.get("pg_id"))
         if wanted.get(pg) != entry.get("collective_seq_id") or entry.get("is_p2p") or pg in found:
             continue
-        created, timeout_ms = entry.get("time_created_ns"), entry.get("timeout_ms")
+        created, timeout_ms = entry.get("time_created_ns"), entry.get("timeout_ms") or default_timeout_ms
         if isinstance(created, int) and created > 0 and isinstance(timeout_ms, int) and timeout_ms > 0:
             found[pg] = created / 1e9 + timeout_ms / 1000
     return found

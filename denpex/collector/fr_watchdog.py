@@ -196,6 +196,8 @@ class HangDumper:
         return self._dump(trigger, reason, request, publish=False)
 
     def _dump(self, trigger: DumpTrigger, reason: str, request: DumpRequest | None, *, publish: bool) -> DumpRecord:
+        if self._record is not None:
+            return self._record  # without the lock: the watchdog may hold it reading the ring
         with self._lock:
             if self._record is not None:
                 return self._record
@@ -289,6 +291,9 @@ class HangDumper:
             if not completed:
                 return None
             late = self._maybe_timed_out(completed)
+            if late is None:
+                self._moved_past = None  # cannot be judged: the hang's dump stands, and the watch ends
+                return None
             if late:
                 # Gloo counts a timed-out collective as completed: the first dump still shows the hang.
                 _log.warning("rank %d: local group(s) %s completed at or past the op's deadline, perhaps by "
@@ -300,16 +305,18 @@ class HangDumper:
             ops = ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(completed.items()))
             return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {ops}")
 
-    def _maybe_timed_out(self, completed: dict[str, int]) -> list[str]:
-        """The groups whose op in ``completed`` was seen complete at or past its deadline; every
-        group when the deadlines cannot be read (the hang's dump then stands)."""
+    def _maybe_timed_out(self, completed: dict[str, int]) -> list[str] | None:
+        """The groups whose op in ``completed`` was seen complete at or past its deadline, or whose
+        deadline FR does not give; None when the ring cannot be read (said once, in the log)."""
+        default_ms = int(self._timeout.total_seconds() * 1000) if self._timeout else None
         try:
-            deadlines = self._source().op_deadlines(completed)
+            deadlines = self._source().op_deadlines(completed, default_ms)
         except Exception:  # noqa: BLE001 - the watchdog must never take the training down
-            _log.exception("rank %d: reading the deadlines of %s failed", self.rank, completed)
-            return sorted(completed)
+            _log.exception("rank %d: reading the deadlines of %s failed; whether the job recovered cannot be "
+                           "judged, so the hang's dump stands and no recovered dump will follow", self.rank, completed)
+            return None
         now = self._wall_clock()
-        return sorted(pg for pg in completed if pg in deadlines and now >= deadlines[pg])
+        return sorted(pg for pg in completed if pg not in deadlines or now >= deadlines[pg])
 
     def _stall_reason(self, blocked: list[BlockedOp]) -> str | None:
         if self._fraction is None:

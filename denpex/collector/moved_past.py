@@ -21,7 +21,8 @@ dumper checks each op found complete against its deadline (FR ``time_created_ns`
 timeout, and is no recovery. The rank is then watched in those groups only, and dumps again once
 it completes a newer op there before that op's own deadline. A genuine completion seen late (in
 the last poll before the deadline, or a Gloo op queued behind others, whose clock starts when it
-runs) is thus confirmed by the rank's next collective in that group.
+runs) is thus confirmed by the rank's next collective in that group. An op whose deadline the
+ring does not give is judged the same way (late), never taken for a recovery.
 """
 
 from __future__ import annotations

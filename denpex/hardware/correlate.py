@@ -31,8 +31,8 @@ Application errors, corrected errors and OOM kills elsewhere are reported and ch
 
 **Tie rule** (:mod:`denpex.hardware.tie_break`). Members of an op the dumps cannot tell apart (a
 ``tied`` group) are separated by a fault on exactly one member's own GPU (an Xid matched to that
-GPU, a fatal AER on its own PCI function) when every other member's GPU is named, its host's
-telemetry read, and nothing there: that member alone is named and its groups become
+GPU, a fatal AER on its own PCI function) when every other member's GPU is named (PCI id or
+UUID), its host's kernel log spans the hang, and nothing there could be its GPU's: that member alone is named and its groups become
 ``localized``. Not when a fault elsewhere in the job (rule 1) or an unknown host leaves doubt.
 """
 
@@ -53,7 +53,7 @@ from denpex.analysis.models import (
 )
 from denpex.evidence.manifest import JobManifest
 from denpex.hardware.bearing import Reading, is_fault_signal, read_elsewhere, read_for_candidate
-from denpex.hardware.events import HardwareEvent, SignalKind, TelemetryParseResult
+from denpex.hardware.events import HardwareEvent, Severity, SignalKind, TelemetryParseResult
 from denpex.hardware.pci import same_pci_device
 from denpex.hardware.placement import GpuDirectory, RankPlacement, host_key, place_rank, same_gpu
 from denpex.hardware.tie_break import MemberEvidence, separate_by_own_gpu
@@ -178,7 +178,9 @@ def correlate(
                 elsewhere_in_job.append(f"{event.kind.value} on rank {owner}'s GPU on {event.host}")
             readings.append((event, reading))
         hardware = _aggregate(readings, host=place.host)
-        members[candidate.rank] = _member_evidence(place, readings, telemetry, covered, domain)
+        members[candidate.rank] = _member_evidence(
+            place, readings, telemetry, domain, named_gpu=_gpu_named(manifest, candidate.rank),
+            needed=(window.start, result.as_of))
         reasons = list(candidate.reasons) + _reasons(hardware, place, telemetry, covered, domain)
         candidates.append(
             candidate.model_copy(
@@ -288,18 +290,43 @@ class _JobMap:
 
 
 def _member_evidence(place: RankPlacement, readings: list[tuple[HardwareEvent, Reading]],
-                     telemetry: TelemetryParseResult, covered: set[str | None], domain: str | None) -> MemberEvidence:
-    """Whether the evidence shows a fault on this rank's own GPU, or shows that GPU clean (the tie rule)."""
-    if place.host is None or place.gpu is None or place.gpu_from_local_rank:
-        return MemberEvidence()  # a GPU not named cannot be told apart from its neighbours'
+                     telemetry: TelemetryParseResult, domain: str | None, *, named_gpu: bool,
+                     needed: tuple[datetime | None, datetime | None]) -> MemberEvidence:
+    """Whether the evidence shows a fault on this rank's own GPU, or shows that GPU clean (the tie rule).
+
+    Clean needs more than no event seen: the manifest names the GPU (PCI id or UUID: an index may
+    count GPUs another way than NVML), the host's kernel log spans the hang (from the window's
+    start to the dumps), no source is marked unavailable there, nothing supports a fault, and no
+    GPU event or fatal AER on the host is left that could be this GPU's.
+    """
+    if place.host is None or place.gpu is None or place.gpu_from_local_rank or not named_gpu:
+        return MemberEvidence()
     supporting = [(e, r) for e, r in readings if r.bearing is HardwareBearing.SUPPORTS_HARDWARE_FAULT]
     own = next((r.summary for e, r in supporting if _on_own_gpu(e, place)), None)
     host = host_key(place.host, domain)
     gaps = any(host_key(g.host, domain) == host and (g.gpu is None or same_gpu(g.gpu, place.gpu) is not False)
                for g in telemetry.unavailable)
-    unmatched = any(e.kind in (SignalKind.XID, SignalKind.NVLINK) and same_gpu(e.gpu, place.gpu) is None
-                    for e, _ in readings)
-    return MemberEvidence(own_fault=own, shown_clean=host in covered and not gaps and not unmatched and not supporting)
+    unmatched = any(_maybe_this_gpu(e, place) for e, _ in readings)
+    spans = [span for h, span in telemetry.kernel_log_spans.items() if host_key(h, domain) == host]
+    start, as_of = needed
+    heard = start is not None and as_of is not None and any(
+        first <= start and last >= as_of for first, last in spans)
+    return MemberEvidence(own_fault=own, shown_clean=heard and not gaps and not unmatched and not supporting)
+
+
+def _maybe_this_gpu(event: HardwareEvent, place: RankPlacement) -> bool:
+    """A GPU event not matched to any GPU, or a fatal AER not proven off this GPU's PCIe path."""
+    if event.kind in (SignalKind.XID, SignalKind.NVLINK):
+        return same_gpu(event.gpu, place.gpu) is None
+    if event.kind is SignalKind.PCIE_AER and event.severity is Severity.FATAL:
+        return place.pcie_path is None or event.device_pci is None or event.device_pci in place.pcie_path
+    return False
+
+
+def _gpu_named(manifest: JobManifest | None, rank: int) -> bool:
+    """Whether the manifest names the rank's GPU by PCI id or UUID."""
+    identity = manifest.ranks.get(rank) if manifest is not None else None
+    return identity is not None and bool(identity.gpu_pci_bus_id or identity.gpu_uuid)
 
 
 def _on_own_gpu(event: HardwareEvent, place: RankPlacement) -> bool:

@@ -214,6 +214,10 @@ class TelemetryParseResult(BaseModel):
     unavailable: list[Unavailable] = Field(default_factory=list)
     # Hosts that any well-formed line came from: telemetry "covers" them, even with no events.
     hosts: list[str] = Field(default_factory=list)
+    kernel_log_spans: dict[str, tuple[datetime, datetime]] = Field(default_factory=dict)
+    """Per host, the first and last time of the kernel log lines read from it: when that host's
+    driver reports (Xid, AER) would have been seen. Other sources (a short NVML session) listen
+    for a moment only, so only this span can show a GPU clean."""
     sources: list[str] = Field(default_factory=list)
     lines_read: int = 0
     # Lines folded into an event (AER details, SXid data, repeated OOM reports, and the other lines
@@ -235,8 +239,19 @@ class TelemetryParseResult(BaseModel):
             gpus=[*self.gpus, *other.gpus],
             unavailable=[*self.unavailable, *other.unavailable],
             hosts=sorted({*self.hosts, *other.hosts}),
+            kernel_log_spans=_merged_spans(self.kernel_log_spans, other.kernel_log_spans),
             sources=[*self.sources, *other.sources],
             lines_read=self.lines_read + other.lines_read,
             continuation_lines=self.continuation_lines + other.continuation_lines,
             rejects=dict(rejects),
         )
+
+
+def _merged_spans(a: dict[str, tuple[datetime, datetime]],
+                  b: dict[str, tuple[datetime, datetime]]) -> dict[str, tuple[datetime, datetime]]:
+    """Both files' spans per host; two files of one host count as one span from first to last."""
+    merged = dict(a)
+    for host, (first, last) in b.items():
+        seen = merged.get(host)
+        merged[host] = (first, last) if seen is None else (min(seen[0], first), max(seen[1], last))
+    return merged

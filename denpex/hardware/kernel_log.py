@@ -135,6 +135,7 @@ class KernelLogReader:
         self._events: list[HardwareEvent] = []
         self._gpus: list[GpuIdentity] = []
         self._hosts: set[str] = set()
+        self._spans: dict[str, tuple[datetime, datetime]] = {}
         self._rejects: Counter[RejectReason] = Counter()
         self._lines = 0
         self._continuations = 0
@@ -173,6 +174,8 @@ class KernelLogReader:
             return
         host = prefix["host"]
         self._hosts.add(host)
+        first, last = self._spans.get(host, (time, time))
+        self._spans[host] = (min(first, time), max(last, time))
         msg = _PRINTK_TIME.sub("", prefix["msg"], count=1).strip()
         reason = self._read_message(host, time, msg, line[:MAX_SOURCE_LINE_CHARS])
         if reason is not None:
@@ -189,6 +192,7 @@ class KernelLogReader:
             events=sorted(self._events, key=lambda e: e.time),
             gpus=list(self._gpus),
             hosts=sorted(self._hosts),
+            kernel_log_spans=dict(self._spans),
             lines_read=self._lines,
             continuation_lines=self._continuations,
             rejects=dict(rejects),

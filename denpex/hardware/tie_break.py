@@ -15,9 +15,11 @@ What counts (:class:`MemberEvidence`, built by correlation, which holds the even
   a process may hold a context on its peer's GPU) or a fatal AER on the GPU's own PCI function
   (not on a bridge, which may sit above the peer's GPU too), with a GPU the manifest names (not
   one assumed from ``local_rank``);
-- every other member *shown clean*: its host known and covered by telemetry, its GPU named, no
-  source marked unavailable there, no supporting signal, and no GPU event on its host that could
-  not be matched to a GPU. Missing evidence is never read as health.
+- every other member *shown clean*: its GPU named by PCI id or UUID in the manifest, its host's
+  kernel log spanning the hang (from the window's start to the dumps: a short NVML session or a
+  log that ends early hears nothing), no source marked unavailable there, no supporting signal,
+  and no GPU event or fatal AER on its host that could be its GPU's. Missing evidence is never
+  read as health.
 
 Host-wide signals (an NVSwitch SXid, an OOM) and NVLink errors (on the link between the members)
 fall on both and separate nothing.

@@ -47,6 +47,8 @@ class MemoryRecorder:
         self.status = dict(status or {})
         self.ops: dict[tuple[str, int], InFlightOp] = {}
         self.deadlines: dict[tuple[str, int], float] = {}
+        """Set by a test; any other op's deadline is far off, and ops in ``unknown`` have none."""
+        self.unknown: set[tuple[str, int]] = set()
         self.dumps: Counter[DumpFormat] = Counter()
         self.lookups = 0
 
@@ -57,8 +59,8 @@ class MemoryRecorder:
         self.lookups += 1
         return self.ops.get((pg_id, seq))
 
-    def op_deadlines(self, ops: dict[str, int]) -> dict[str, float]:
-        return {pg: self.deadlines[(pg, seq)] for pg, seq in ops.items() if (pg, seq) in self.deadlines}
+    def op_deadlines(self, ops: dict[str, int], default_timeout_ms: int | None = None) -> dict[str, float]:
+        return {pg: self.deadlines.get((pg, seq), 1e12) for pg, seq in ops.items() if (pg, seq) not in self.unknown}
 
     def dump(self, fmt: DumpFormat) -> bytes:
         self.dumps[fmt] += 1
@@ -445,8 +447,24 @@ def test_unreadable_deadlines_keep_the_hangs_dump(tmp_path: Path) -> None:
     wall = WallClock(1003.5)
     recorder, dumper, first = _stalled_dump(tmp_path, wall)
 
-    def broken(ops: dict[str, int]) -> dict[str, float]:
+    calls = []
+
+    def broken(ops: dict[str, int], default_timeout_ms: int | None = None) -> dict[str, float]:
+        calls.append(ops)
         raise RuntimeError("FR read failed")
     recorder.op_deadlines = broken  # type: ignore[method-assign]
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
     assert dumper.poll_once() is None and dumper.record == first
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}
+    assert dumper.poll_once() is None and len(calls) == 1  # said once; the watch ended
+
+
+def test_an_op_without_a_known_deadline_is_no_recovery_until_a_newer_one_completes_in_time(tmp_path: Path) -> None:
+    wall = WallClock(1003.5)
+    recorder, dumper, first = _stalled_dump(tmp_path, wall)
+    recorder.unknown.add(("1", 5))  # FR holds no entry for #5 any more
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
+    assert dumper.poll_once() is None and dumper.record == first
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}
+    again = dumper.poll_once()
+    assert again is not None and again.trigger is DumpTrigger.RECOVERED

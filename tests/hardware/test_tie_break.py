@@ -10,7 +10,7 @@ neither finished, and both stopped short of the ep dispatch, so the dumps alone 
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
 
@@ -44,13 +44,23 @@ def _dumps(tmp_path: Path, gpus: dict[int, str] = GPU, hosts: dict[int, str] | N
     return folder
 
 
-def _kernel_log(tmp_path: Path, folder: Path, lines: list[str]) -> Path:
-    """``lines`` stamped two seconds after the oldest stuck op was enqueued, on the pair's node."""
-    enqueued = min(s.enqueued_at for s in triage_path(folder).stuck if s.enqueued_at is not None)
-    stamp = (enqueued + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S+0000")
+def _kernel_log(tmp_path: Path, folder: Path, lines: list[str], *, spans_the_hang: bool = True) -> Path:
+    """``lines`` stamped two seconds after the oldest stuck op was enqueued, on the pair's node;
+    with ``spans_the_hang``, between ordinary kernel lines from before the window to after the dumps
+    (a host's log must span the hang before silence on it counts as a clean GPU)."""
+    result = triage_path(folder)
+    enqueued = min(s.enqueued_at for s in result.stuck if s.enqueued_at is not None)
+    assert result.as_of is not None
+
+    def at(when: datetime) -> str:
+        return when.strftime("%Y-%m-%dT%H:%M:%S+0000")
     host = built().manifest.host_of(5)
+    body = [f"{at(enqueued + timedelta(seconds=2))} {host} kernel: {line}" for line in lines]
+    if spans_the_hang:
+        body = ([f"{at(enqueued - timedelta(minutes=6))} {host} kernel: EXT4-fs (nvme0n1p2): re-mounted."] + body
+                + [f"{at(result.as_of + timedelta(seconds=30))} {host} kernel: EXT4-fs (nvme0n1p2): re-mounted."])
     log = tmp_path / "kern.log"
-    log.write_text("".join(f"{stamp} {host} kernel: {line}\n" for line in lines))
+    log.write_text("".join(f"{line}\n" for line in body))
     return log
 
 
@@ -94,15 +104,19 @@ def test_a_signal_that_falls_on_both_members_or_neither_separates_nothing(tmp_pa
     assert not any("were tied" in n for n in report.notes)
 
 
-@pytest.mark.parametrize(("gpus", "hosts"), [
-    pytest.param({5: GPU[5]}, None, id="the-peers-gpu-only-assumed-from-local-rank"),
-    pytest.param(GPU, {4: "gpu-node-099"}, id="no-telemetry-covers-the-peers-host"),
+@pytest.mark.parametrize(("gpus", "hosts", "spans", "extra"), [
+    pytest.param({5: GPU[5]}, None, True, [], id="the-peers-gpu-only-assumed-from-local-rank"),
+    pytest.param(GPU, {4: "gpu-node-099"}, True, [], id="no-telemetry-covers-the-peers-host"),
+    pytest.param(GPU, None, False, [], id="the-kernel-log-does-not-span-the-hang"),
+    pytest.param(GPU, None, True, ["pcieport 0000:3a:00.0: AER: Uncorrected (Fatal) error received: 0000:3a:00.0"],
+                 id="a-fatal-aer-not-proven-off-the-peers-path"),
 ])
 def test_missing_evidence_on_the_peer_is_not_read_as_health(tmp_path: Path, gpus: dict[int, str],
-                                                             hosts: dict[int, str] | None) -> None:
+                                                             hosts: dict[int, str] | None, spans: bool,
+                                                             extra: list[str]) -> None:
     folder = _dumps(tmp_path, gpus, hosts)
-    found = investigate(folder, telemetry=[_kernel_log(tmp_path, folder, [_xid79(GPU[5])])],
-                        scheduler=Scheduler.SLURM, cluster="c1")
+    log = _kernel_log(tmp_path, folder, [_xid79(GPU[5]), *extra], spans_the_hang=spans)
+    found = investigate(folder, telemetry=[log], scheduler=Scheduler.SLURM, cluster="c1")
     assert found.report.verdict is Verdict.AMBIGUOUS
     assert {c.rank for c in found.report.candidates} == {4, 5}
     assert found.plan is None or not found.plan.actions
