@@ -33,7 +33,8 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,16 +246,9 @@ class EvidenceIntake:
         """An identical dump re-sent with new telemetry: the telemetry is stored and recorded on its own."""
         if not items:
             return
-        undo = _Undo()
-        try:
+        with _all_or_nothing("the telemetry") as undo:
             self._write_telemetry(base, items, known, undo)
             _record_telemetry(self._db, key, [item for item, _ in items], caller.key_id, time.time())
-        except BaseException as exc:
-            undo.run()
-            if isinstance(exc, (EvidenceError, sqlite3.Error)):
-                raise StoreUnavailableError(f"the telemetry cannot be stored ({exc}); nothing was stored, "
-                                            "retry the upload") from exc
-            raise
 
     def _store_stacks_alone(self, key: IncidentKey, base: str, caller: Caller,
                             items: list[tuple[StoredStacks, bytes]], earlier: list[StoredUpload],
@@ -263,18 +257,11 @@ class EvidenceIntake:
         their own (and made current when that version is the rank's newest)."""
         if not items:
             return
-        undo = _Undo()
         newest = max(u.version for u in earlier)
-        try:
+        with _all_or_nothing("the stacks") as undo:
             self._write_stacks(base, items[0][0].rank, items, earlier, held, undo,
                                current=items[0][0].version == newest, drop_stale=False)
             self.book.record_stacks(key, [item for item, _ in items], caller.key_id, time.time())
-        except BaseException as exc:
-            undo.run()
-            if isinstance(exc, (EvidenceError, sqlite3.Error)):
-                raise StoreUnavailableError(f"the stacks cannot be stored ({exc}); nothing was stored, "
-                                            "retry the upload") from exc
-            raise
 
     def _write_stacks(self, base: str, rank: int, items: list[tuple[StoredStacks, bytes]],
                       earlier: list[StoredUpload], held: list[StoredStacks], undo: _Undo, *, current: bool,
@@ -492,3 +479,18 @@ def _check_rank_host_registered(caller: Caller, identity: UploadIdentity, regist
     if caller.host is not None and registered_host is not None and registered_host != caller.host:
         raise ForbiddenError(f"rank {identity.rank} of job {identity.job_id!r} is registered on host "
                              f"{registered_host!r}; a key bound to host {caller.host!r} may not upload it")
+
+
+@contextmanager
+def _all_or_nothing(what: str) -> Iterator[_Undo]:
+    """Writes that are undone together when any of them, or their record, fails; a store or
+    database failure is a 503 that says nothing was stored."""
+    undo = _Undo()
+    try:
+        yield undo
+    except BaseException as exc:
+        undo.run()
+        if isinstance(exc, (EvidenceError, sqlite3.Error)):
+            raise StoreUnavailableError(f"{what} cannot be stored ({exc}); nothing was stored, "
+                                        "retry the upload") from exc
+        raise

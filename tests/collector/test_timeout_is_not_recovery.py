@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RANK_SCRIPT = r'''
