@@ -154,7 +154,9 @@ class EvidenceIntake:
         with self._locks.of(key):
             self._check_job(key, identity.job_id)
             earlier = self.book.uploads(key, identity.rank)
-            _check_rank_host(caller, identity, earlier)
+            # Re-sending the identical dump with the host's telemetry changes nothing of the rank's.
+            changes_rank = bool(sent_stacks) or not any(u.sha256 == sha256 for u in earlier)
+            _check_rank_host(caller, identity, earlier, changes_rank=changes_rank)
             if caller.host is not None:  # nor a rank that the job's registration places on another host
                 _check_rank_host_registered(caller, identity,
                                             self.manifests.registered_host(key, identity.job_id, identity.rank))
@@ -461,16 +463,20 @@ def _bound_to_host(caller: Caller, identity: UploadIdentity) -> UploadIdentity:
     return identity
 
 
-def _check_rank_host(caller: Caller, identity: UploadIdentity, earlier: list[StoredUpload]) -> None:
+def _check_rank_host(caller: Caller, identity: UploadIdentity, earlier: list[StoredUpload], *,
+                     changes_rank: bool) -> None:
     """A host-bound key names its own host, so the rank number is what it could still lie about:
-    it may not replace a rank that an earlier upload placed on another host (403)."""
+    it may not replace a rank that an earlier upload placed on another host (403); nor, when it
+    would change the rank (a new version, stacks), one uploaded without a host (a job's key left
+    it out: nothing shows the rank ran on this key's host, and a version's stacks are taken once)."""
     if caller.host is None:
         return
     for upload in earlier:
         host = json.loads(upload.identity).get("host")
-        if host is not None and host != caller.host:
-            raise ForbiddenError(f"rank {identity.rank} of this incident was uploaded from host {host!r}; a key "
-                                 f"bound to host {caller.host!r} may not replace it")
+        if host != caller.host and (host is not None or changes_rank):
+            where = f"from host {host!r}" if host is not None else "without a host"
+            raise ForbiddenError(f"rank {identity.rank} of this incident was uploaded {where}; a key "
+                                 f"bound to host {caller.host!r} may not replace it or add to it")
 
 
 def _check_rank_host_registered(caller: Caller, identity: UploadIdentity, registered_host: str | None) -> None:

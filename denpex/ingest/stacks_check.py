@@ -12,6 +12,7 @@ which writes within the bounds, never sees that. Example::
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -56,6 +57,7 @@ def check_stacks_part(data: bytes, source: StackSource, rank: int) -> CheckedSta
 def _strict(data: bytes, part: str) -> RankStacks:
     if len(data) > MAX_BYTES:  # the form's cap is this limit; a caller with a larger cap still stops here
         raise InvalidRequestError(f"the {part} part is {len(data):,} bytes, over the limit of {MAX_BYTES:,}")
+    _no_repeated_keys(data, part)
     try:
         return RankStacks.model_validate_json(data)
     except ValidationError:
@@ -69,3 +71,19 @@ def _strict(data: bytes, part: str) -> RankStacks:
     raise InvalidRequestError(f"the {part} part is over the stacks bounds (at most {MAX_THREADS} threads of "
                               f"{MAX_FRAMES} frames, {MAX_NOTES} notes, strings of at most {MAX_TEXT} printable "
                               "characters): trim it before sending")
+
+
+def _no_repeated_keys(data: bytes, part: str) -> None:
+    """A key named twice in one object is refused: this service reads the last one, another reader
+    of the stored bytes may read the first (``{"rank": 3, ..., "rank": 0}``) and see another rank."""
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            repeated = sorted({k for k in keys if keys.count(k) > 1})
+            raise InvalidRequestError(f"the {part} part names {', '.join(map(repr, repeated[:3]))} twice in "
+                                      "one object")
+        return dict(items)
+    try:
+        json.loads(data, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return  # not JSON, or nested past Python's limit: the readers' own checks say why

@@ -169,6 +169,8 @@ HOSTILE = {
                                         "over the stacks bounds"),
     "another rank": (json.dumps({"rank": 3, "source": "collector"}).encode(), "names rank 3"),
     "another source": (json.dumps({"rank": 0, "source": "py-spy"}).encode(), "source 'py-spy'"),
+    # Another reader of the stored bytes may take the first key where this service takes the last.
+    "a key named twice": (b'{"rank": 3, "source": "py-spy", "rank": 0, "source": "collector"}', "'rank', 'source' twice"),
     "empty": (b"", "is empty"),
 }
 
@@ -207,6 +209,13 @@ def test_a_host_bound_key_sends_stacks_of_its_own_hosts_ranks_only(lab: Lab) -> 
             "bound to host 'gpu-node-002'")
     assert agent.upload(identity(1, incident), dump(1), "rank_1.pkl", stacks=stacks(1)).status_code == 201
     assert "collector/rank_1.stacks.json" in objects(lab, incident)
+    # A rank the job's key uploaded without a host: nothing shows it ran on the agent's host, so the
+    # agent may neither add stacks to its version nor replace it (once, the first sender kept the slot).
+    bare = {k: v for k, v in identity(3, incident).items() if k != "host"}
+    assert client(lab).upload(bare, dump(3), "rank_3.pkl").status_code == 201
+    refused(agent.upload(bare, dump(3), "rank_3.pkl", stacks=stacks(3)), 403, "uploaded without a host")
+    refused(agent.upload(bare, dump(1), "rank_3.pkl", stacks=stacks(3)), 403, "uploaded without a host")
+    assert "collector/rank_3.stacks.json" not in objects(lab, incident)
     # Another cluster's key cannot add stacks to this incident: its uploads land in its own cluster.
     other = client(lab, lab.other_cluster_key).upload(identity(2, incident), dump(2), "rank_2.pkl", stacks=stacks(2))
     assert other.status_code == 201
