@@ -551,9 +551,12 @@ def main(argv: list[str] | None = None) -> int:
                 _say(f"approved {', '.join(nodes)} as demo-operator with their current TOTP code (DEMO_APPROVE=1)")
             else:
                 body = json.dumps({"run_input": {**answer, "code": "CODE"}}).replace('"CODE"', '"\'"$CODE"\'"')
+                # A busy SQLite server answers 503 for a locked database (Prefect rolls the request back
+                # and marks it retryable); curl retries it as Prefect's own client does, and -f keeps
+                # the 503 bodies out of the answer the operator reads.
                 _say("approve in the UI (Resume; choose demo-operator and type the code from the authenticator "
                      f"app that scanned the QR code above, or the one this prints: {code_command}), or with:\n"
-                     f"  CODE=$({code_command}); curl -s -u '{prefect.auth_string}' -X POST "
+                     f"  CODE=$({code_command}); curl -sSf --retry 8 --retry-delay 2 -u '{prefect.auth_string}' -X POST "
                      f"{api}/flow_runs/{run_id}/resume -H 'Content-Type: application/json' -d '{body}'\n"
                      "Ctrl-C stops the demo.")
             _wait_state(run_id, {"COMPLETED"}, timeout_s=None if not args.approve else 600)
