@@ -11,7 +11,9 @@ each in its own process tree, with a time cap and a memory cap:
 - **torchfrtrace**: ``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix P
   --allow-incomplete-ranks``; its output is searched for the ranks it blames.
 
-Reported per run: wall time, peak memory of the whole process tree (RSS summed over the tree,
+Reported per run: wall time, CPU time of the whole process tree (this process becomes a child
+subreaper, so the parse pool's workers and their forkserver, orphaned when the program exits, are
+reaped here and their CPU counted), peak memory of the whole process tree (RSS summed over the tree,
 sampled every 0.2 s, and PSS, which counts pages shared by forked workers once), the largest
 single-process max RSS (``wait4``), the ratio to the floor, and whether the verdict was right.
 The generated files are deleted after each size unless ``--keep``.
@@ -66,7 +68,8 @@ class Measurement:
     argv: list[str]
     wall_s: float
     cpu_s: float
-    """User + system CPU of the program and its waited-for children: steadier than wall time
+    """User + system CPU of the whole process tree: the program, the children it waited for, and
+    the descendants it left orphaned (reaped here as their subreaper). Steadier than wall time
     when other work shares the cores."""
     sys_s: float
     """The system part of ``cpu_s`` (reading files, mapping memory)."""
@@ -79,6 +82,8 @@ class Measurement:
     max_rss_single_mb: float = 0.0
     load_before: float = 0.0
     load_after: float = 0.0
+    main_cpu_s: float = 0.0
+    """The part of ``cpu_s`` spent in the program's own process (and the children it waited for)."""
 
 
 def _tree(root: int) -> list[int]:
@@ -118,6 +123,63 @@ def _memory(pids: list[int], with_pss: bool) -> tuple[int, int]:
         except (OSError, ValueError, IndexError):
             continue  # the process ended between listing and reading
     return rss, pss
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Adopt this process's orphaned descendants, so their CPU time can be collected by ``wait4``.
+
+    A forkserver pool's workers are children of the forkserver, which nobody waits for once the
+    program exits: without this their CPU time is lost to ``init``. Linux only; False elsewhere.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Processes still in process group ``pgid`` (field 5 of /proc/PID/stat)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(b")") + 2:].split()[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+def _reap_group(pgid: int, deadline_s: float = 10.0) -> tuple[float, float]:
+    """Reap what is left of process group ``pgid`` (already killed); sum their user, system CPU.
+
+    A descendant becomes our child only once its own parent is gone, so poll until no process
+    of the group is left, waiting on each as it is reparented to us.
+    """
+    user = system = 0.0
+    stop = time.monotonic() + deadline_s
+    while time.monotonic() < stop:
+        try:
+            pid, _, usage = os.wait4(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            pid = 0
+            if not _group_members(pgid):
+                break
+        if pid:
+            user += usage.ru_utime
+            system += usage.ru_stime
+        else:
+            time.sleep(0.02)
+    return user, system
 
 
 def measure(
@@ -165,10 +227,14 @@ def measure(
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    # Orphaned descendants (a forkserver and its workers) come to us as their subreaper.
+    orphan_user, orphan_sys = _reap_group(proc.pid)
+    main_cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
     return Measurement(
         argv=argv, wall_s=round(wall, 2),
-        cpu_s=round(usage.ru_utime + usage.ru_stime, 2) if usage else 0.0,
-        sys_s=round(usage.ru_stime, 2) if usage else 0.0,
+        cpu_s=round(main_cpu + orphan_user + orphan_sys, 2),
+        sys_s=round((usage.ru_stime if usage else 0.0) + orphan_sys, 2),
+        main_cpu_s=round(main_cpu, 2),
         returncode=proc.returncode, finished=not reason,
         stop_reason=reason, peak_rss_tree_mb=round(peak_rss / 2**20, 1),
         peak_pss_tree_mb=round(peak_pss / 2**20, 1),
@@ -367,16 +433,16 @@ def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
 # ---------------------------------------------------------------------------------------------
 def print_table(results: list[SizeResult]) -> None:
     head = (f"{'ranks':>6} {'scenario':<9} {'tool':<13} {'wall s':>8} {'cpu s':>8} "
-            f"{'RSS MB':>8} {'PSS MB':>8} {'x floor':>8} {'right':>6}  note")
+            f"{'RSS MB':>8} {'PSS MB':>8} {'x floor':>8} {'x cpu':>6} {'right':>6}  note")
     print("\n" + head + "\n" + "-" * len(head))
-    print("(x floor: wall time over the floor's wall time; the JSON also has x_floor_cpu.)")
+    print("(x floor: wall time over the floor's; x cpu: whole-tree CPU time over the floor's.)")
     for r in results:
         gen = r.generation
         if "error" in gen:
             print(f"{r.ranks:>6} {r.scenario:<9} {'-':<13} {gen['error']}")
             continue
         print(f"{r.ranks:>6} {r.scenario:<9} {'generate':<13} {gen.get('seconds', 0):>8.1f} "
-              f"{'':>8} {'':>8} {'':>8} {'':>8} {'':>6}  {gen.get('bytes', 0) / 2**30:.2f} GiB")
+              f"{'':>8} {'':>8} {'':>8} {'':>8} {'':>6} {'':>6}  {gen.get('bytes', 0) / 2**30:.2f} GiB")
         for tool, t in r.tools.items():
             wall = f"{t['wall_s']:.1f}" if t["finished"] else f">{t['wall_s']:.0f}"
             right = {True: "yes", False: "NO", None: "-"}[t.get("right")]
@@ -386,9 +452,10 @@ def print_table(results: list[SizeResult]) -> None:
             if tool == "torchfrtrace" and t["finished"]:
                 note = f"named {t.get('named_ranks')} ranks {t.get('named_sample')}; {note}"
             ratio = f"{t['x_floor']:.2f}" if "x_floor" in t else "-"
+            cpu_ratio = f"{t['x_floor_cpu']:.2f}" if "x_floor_cpu" in t else "-"
             print(f"{r.ranks:>6} {r.scenario:<9} {tool:<13} {wall:>8} {t['cpu_s']:>8.1f} "
                   f"{t['peak_rss_tree_mb']:>8.0f} {t['peak_pss_tree_mb']:>8.0f} "
-                  f"{ratio:>8} {right:>6}  {note[:90]}")
+                  f"{ratio:>8} {cpu_ratio:>6} {right:>6}  {note[:90]}")
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -436,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
         floor_main(Path(argv[1]), argv[2])
         return 0
     args = _parse_args(argv)
+    if not become_subreaper():
+        print("warning: cannot become a child subreaper; cpu s counts only the processes each "
+              "program waited for", file=sys.stderr)
     results: list[SizeResult] = []
     for ranks in args.sizes:
         for scenario in args.scenarios:

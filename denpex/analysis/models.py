@@ -142,17 +142,22 @@ class GroupVerdict(BaseModel):
     tied: bool = False
     """The named ranks each entered the stuck op and none finished, and nothing in the dumps tells
     them apart (an ``ambiguous`` group); a fault on one member's own GPU may (correlation)."""
+    hardware_separated: bool = False
+    """A tied group that correlation made ``localized`` by a fault on one member's own GPU: its
+    culprit rests on hardware evidence, not on the dumps, so the isolation gates ask for a fresh
+    supporting signal for it whatever the policy asks for its candidate kind."""
 
     @model_serializer(mode="wrap")
     def _one_id(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # The contract carries ``collective_seq_id`` or ``p2p_seq_id``, never a null other one,
-        # and ``tied`` only where it is true (additive: older readers never see it otherwise).
+        # and ``tied``, ``hardware_separated`` only where true (additive: older readers never see them).
         data: dict[str, Any] = handler(self)
         for key in ("collective_seq_id", "p2p_seq_id"):
             if data.get(key, 0) is None:
                 del data[key]
-        if not data.get("tied", True):
-            del data["tied"]
+        for flag in ("tied", "hardware_separated"):
+            if not data.get(flag, True):
+                del data[flag]
         return data
 
 

@@ -68,7 +68,8 @@ def separate_by_own_gpu(groups: Sequence[GroupVerdict], candidates: Sequence[Can
             picked[tied] = culprit
     if not picked:
         return TieBreak(list(groups), list(candidates), verdict, [])
-    new_groups = [group.model_copy(update={"verdict": Verdict.LOCALIZED, "candidates": [culprit], "tied": False})
+    new_groups = [group.model_copy(update={"verdict": Verdict.LOCALIZED, "candidates": [culprit], "tied": False,
+                                           "hardware_separated": True})
                   if group.tied and (culprit := picked.get(frozenset(group.candidates))) is not None else group
                   for group in groups]
     still_named = {r for g in new_groups for r in g.candidates}

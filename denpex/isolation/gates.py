@@ -111,12 +111,15 @@ def _host_of(candidate: Candidate, manifest: JobManifest | None) -> str | None:
 
 
 def _judge_candidate(
-    candidate: Candidate, host: str, rule: EvidenceRule, as_of: datetime, *, derived: bool = False
+    candidate: Candidate, host: str, rule: EvidenceRule, as_of: datetime, *, derived: bool = False,
+    rests_on_hardware: bool = False,
 ) -> tuple[tuple[str, ...] | None, BlockedNode | None]:
     """Evidence lines when the candidate's node may be isolated, else the block.
 
     A ``derived`` host (guessed from the scheduler's job record) needs a fresh supporting signal
-    that names that very host (its node agent's), whatever the candidate's kind."""
+    that names that very host (its node agent's), whatever the candidate's kind. So does a rank
+    that ``rests_on_hardware``: only a fault on its own GPU set it apart from tied peers, so a
+    policy that lets its kind go without a signal cannot let that signal be stale."""
     if derived:
         return _judge_derived(candidate, host, rule, as_of)
     rank = candidate.rank
@@ -131,7 +134,7 @@ def _judge_candidate(
     oldest = as_of - rule.max_age
     newest = as_of + rule.clock_skew
     fresh = [h for h in supporting if h.time is not None and oldest <= _utc(h.time) <= newest]
-    if fresh or candidate.kind not in rule.hardware_signal_required_for:
+    if fresh or (candidate.kind not in rule.hardware_signal_required_for and not rests_on_hardware):
         return tuple(describe_signal(h) for h in fresh), None
     if supporting:
         undated = [h for h in supporting if h.time is None]
@@ -208,6 +211,7 @@ def evidence_gate(
             message="verdict is no_hang: no process group is stuck, so there is nothing to isolate",
         )])
     candidates, guesses = _by_group_verdict(result)
+    rest_on_hardware = _resting_on_hardware(result)
     if result.verdict is Verdict.AMBIGUOUS and not candidates:
         named = ranks_phrase([c.rank for c in result.candidates]) if result.candidates else "no rank"
         return EvidenceDecision(blocked=[BlockedNode(
@@ -250,7 +254,8 @@ def evidence_gate(
             continue
         identity = manifest.ranks.get(candidate.rank) if manifest is not None else None
         derived = identity is not None and identity.host == host and identity.host_is_derived
-        evidence, block = _judge_candidate(candidate, host, rule, as_of, derived=derived)
+        evidence, block = _judge_candidate(candidate, host, rule, as_of, derived=derived,
+                                           rests_on_hardware=candidate.rank in rest_on_hardware)
         if block is not None:
             blocked.append(block)
             continue
@@ -264,6 +269,14 @@ def evidence_gate(
         for node, (ranks, lines) in sorted(by_node.items())
     ]
     return EvidenceDecision(proposals=proposals, blocked=blocked)
+
+
+def _resting_on_hardware(result: TriageResult) -> set[int]:
+    """Ranks acted on only because a hardware fault broke a tie (no dump-proven group names them)."""
+    separated = {r for g in result.groups if g.hardware_separated for r in g.candidates}
+    proven = {r for g in result.groups if not g.hardware_separated
+              and g.verdict in (Verdict.LOCALIZED, Verdict.INCOMPLETE) for r in g.candidates}
+    return separated - proven
 
 
 def _by_group_verdict(result: TriageResult) -> tuple[list[Candidate], list[BlockedNode]]:

@@ -84,7 +84,8 @@ def test_an_xid_on_one_members_own_gpu_names_that_member_alone(tmp_path: Path) -
     [five] = report.candidates
     assert (five.rank, five.kind, five.confidence) == (5, CandidateKind.STALLED, 0.7)  # no longer split in two
     assert any("set apart from rank 4" in r and "Xid 79" in r for r in five.reasons), five.reasons
-    assert report.groups and all((g.verdict, g.candidates) == (Verdict.LOCALIZED, [5]) for g in report.groups)
+    assert report.groups and all((g.verdict, g.candidates, g.hardware_separated) == (Verdict.LOCALIZED, [5], True)
+                                 for g in report.groups)
     assert any("Ranks 4, 5 were tied" in n and "rank 4 no longer" in n for n in report.notes), report.notes
     assert found.plan is not None
     assert [a.node for a in found.plan.actions] == [built().manifest.host_of(5)]
@@ -156,5 +157,5 @@ def test_a_separated_group_leaves_another_tied_group_and_the_incident_ambiguous(
                               {4: CLEAN, 5: FAULT, 6: CLEAN, 7: MemberEvidence()})
     assert out.verdict is Verdict.AMBIGUOUS
     assert [(c.rank, c.confidence) for c in out.candidates] == [(5, 0.7), (6, 0.35), (7, 0.35)]
-    assert [(g.verdict, g.candidates, g.tied) for g in out.groups] == [
-        (Verdict.LOCALIZED, [5], False), (Verdict.AMBIGUOUS, [6, 7], True)]
+    assert [(g.verdict, g.candidates, g.tied, g.hardware_separated) for g in out.groups] == [
+        (Verdict.LOCALIZED, [5], False, True), (Verdict.AMBIGUOUS, [6, 7], True, False)]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from denpex.analysis.models import CandidateKind, HardwareBearing, Membership, Verdict
+from denpex.analysis.models import CandidateKind, GroupVerdict, HardwareBearing, Membership, TriageResult, Verdict
 from denpex.evidence.manifest import JobManifest
 from denpex.isolation.breaker import BreakerState
 from denpex.isolation.plan import Gate, IsolationPlan, NodeAction, load_plan, save_plan
@@ -107,6 +107,35 @@ def test_stalled_rank_with_signal_is_isolated_but_policy_can_require_nothing_els
     p = plan(stalled, cluster(), policy=lenient)
     assert [a.node for a in p.actions] == ["gpu-node-006"]
     assert "without a hardware signal" in p.actions[0].reason
+
+
+def _separated_pair(*, age: timedelta, also_proven: bool = False) -> TriageResult:
+    """Ranks 4, 5 tied in tp collective 16; an Xid on rank 5's own GPU ``age`` ago set rank 5 apart."""
+    five = candidate(5, host="gpu-node-006", kind=CandidateKind.STALLED, hardware=[signal(host="gpu-node-006", age=age)])
+    groups = [GroupVerdict(process_group="0", collective_seq_id=16, verdict=Verdict.LOCALIZED, candidates=[5],
+                           hardware_separated=True)]
+    if also_proven:  # the dumps prove rank 5 in another group as well
+        groups.append(GroupVerdict(process_group="ep", collective_seq_id=3, verdict=Verdict.LOCALIZED, candidates=[5]))
+    return result_with(Verdict.LOCALIZED, [five]).model_copy(update={"groups": groups})
+
+
+def test_a_rank_set_apart_only_by_hardware_needs_a_fresh_signal_whatever_the_policy() -> None:
+    """Hostile review of the tie rule: a policy that lets ``stalled`` go without a signal must not
+    let a tie broken by a stale Xid drain a node: the rank is named only because of that Xid."""
+    lenient = IsolationPolicy(evidence=EvidenceRule(hardware_signal_required_for=frozenset()))
+    stale = plan(_separated_pair(age=timedelta(hours=3)), cluster(), policy=lenient)
+    assert not stale.actions
+    assert [(b.gate, b.node) for b in stale.blocked] == [(Gate.STALE_EVIDENCE, "gpu-node-006")]
+    fresh = plan(_separated_pair(age=timedelta(minutes=5)), cluster(), policy=lenient)
+    assert [(a.node, a.ranks) for a in fresh.actions] == [("gpu-node-006", (5,))]
+    # Proven by the dumps in a group of its own, the rank falls under the policy as any other.
+    proven = plan(_separated_pair(age=timedelta(hours=3), also_proven=True), cluster(), policy=lenient)
+    assert [a.node for a in proven.actions] == ["gpu-node-006"]
+
+
+def test_hardware_separated_appears_in_the_json_only_where_true() -> None:
+    dumped = [g.model_dump(mode="json") for g in _separated_pair(age=timedelta(0), also_proven=True).groups]
+    assert [g.get("hardware_separated") for g in dumped] == [True, None]
 
 
 def test_two_ranks_on_one_node_make_one_action() -> None:

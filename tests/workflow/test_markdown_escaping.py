@@ -75,6 +75,21 @@ def test_inline_text_is_one_literal_line() -> None:
     assert len(inline("y" * 10_000, limit=50)) <= 51
 
 
+# "Trojan Source": a right-to-left override makes a frame read `train.py:88 step()` while the
+# text says otherwise; zero-width characters make two different names look the same.
+TROJAN = "data.py:45 next_batch\u202e)(pets 88:yp.niart\u2066\u200b\ufeff"
+
+
+def test_invisible_format_characters_are_written_out_wherever_text_is_rendered() -> None:
+    for rendered in (inline(TROJAN), code_block(TROJAN), chat_text(TROJAN)):
+        assert not {"\u202e", "\u2066", "\u200b", "\ufeff"} & set(rendered), rendered
+        assert "u202e" in rendered and "u2066" in rendered and "u200b" in rendered and "ufeff" in rendered
+    assert "\\\\u202e" in inline(TROJAN)  # the backslash itself escaped, so markdown shows it
+    assert inline("gpu-node-003 é 中") == "gpu-node-003 é 中"  # ordinary letters untouched
+    markdown = report_markdown(_report(TROJAN, "gpu-node-003"), incident_id="inc-1", cluster="lab", plan=None)
+    assert "\u202e" not in markdown and "\u2066" not in markdown
+
+
 def test_decision_rows_and_the_chat_notice_escape_too() -> None:
     assert "\n## " not in decision_markdown("inc-1", "rejected", "no\n\n## Approved anyway")
     [row] = candidate_rows(_report("r", "node|<b>"), None)
