@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,9 +87,9 @@ class Measurement:
     """The part of ``cpu_s`` spent in the program's own process (and the children it waited for)."""
 
 
-def _tree(root: int) -> list[int]:
-    """``root`` and its descendants, from /proc (no psutil here)."""
-    children: dict[int, list[int]] = {}
+def _processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Each process's pid and its /proc/PID/stat fields after the command name (state, ppid,
+    pgrp, ...); a process that ends while listed is skipped."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -98,8 +99,14 @@ def _tree(root: int) -> list[int]:
         except OSError:
             continue
         # The command name may hold spaces and parentheses: split after the last ')'.
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        yield int(entry.name), stat[stat.rindex(b")") + 2:].split()
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants, from /proc (no psutil here)."""
+    children: dict[int, list[int]] = {}
+    for pid, fields in _processes():
+        children.setdefault(int(fields[1]), []).append(pid)
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -145,18 +152,7 @@ def become_subreaper() -> bool:
 
 def _group_members(pgid: int) -> list[int]:
     """Processes still in process group ``pgid`` (field 5 of /proc/PID/stat)."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(b")") + 2:].split()[2]) == pgid:
-            out.append(int(entry.name))
-    return out
+    return [pid for pid, fields in _processes() if int(fields[2]) == pgid]
 
 
 def _reap_group(pgid: int, deadline_s: float = 10.0) -> tuple[float, float]:
@@ -297,9 +293,9 @@ def judge_torch(stdout: Path, expected: dict[str, Any]) -> dict[str, Any]:
             for line in fh:
                 for m in re.finditer(r"Culprit rank (\d+)", line):
                     named.add(int(m.group(1)))
-                m = re.search(r"(?:missing ranks: |Missing dump files from ranks )" + _SET, line)
-                if m:
-                    named.update(int(x) for x in m.group(1).replace(",", " ").split())
+                missing = re.search(r"(?:missing ranks: |Missing dump files from ranks )" + _SET, line)
+                if missing:
+                    named.update(int(x) for x in missing.group(1).replace(",", " ").split())
                 gave_up += "Too many mismatches" in line
                 cannot_decide += "We cannot decide" in line
                 if re.match(r"\w*(Error|Exception)\b", line):
