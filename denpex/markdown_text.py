@@ -13,11 +13,17 @@ import re
 __all__ = ["inline", "code_block", "chat_text", "visible"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-# Invisible format characters: bidirectional overrides and isolates (a "Trojan Source" stack frame
-# or host name reads in another order than it is written), zero-width spaces and joiners, the
-# byte-order mark and tag characters. Shown as ``\u202e``, never rendered.
-_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
-                        "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]")
+# Characters that draw nothing (Unicode's Default_Ignorable_Code_Point, with the bidi marks):
+# bidirectional overrides and isolates (a "Trojan Source" stack frame or host name reads in
+# another order than it is written), zero-width spaces and joiners, fillers, variation selectors
+# and tag characters (which can hide a payload). Each run is written out by its codes, never drawn.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+")
+# A run is shown by its first few distinct codes and its length, so a flood of invisible
+# characters cannot push the visible text out of a bounded field.
+_SHOWN_CODES = 3
 # Every ASCII punctuation character may be backslash-escaped in CommonMark; these are the ones
 # that open or close markup anywhere in a line (emphasis, code, links, images, HTML, tables).
 _MARKUP = re.compile(r"([\\`*_{}\[\]()<>|~&])")
@@ -27,18 +33,32 @@ _BLOCK_START = re.compile(r"^(\s*)(?:([-+#=])|(\d+)([.]))")
 
 
 def visible(text: str) -> str:
-    """``text`` with each invisible format character written out as its code (``\u202e``)."""
-    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    r"""``text`` with each run of invisible characters written out by its codes: ``a\u202eb`` for
+    one, ``\u200b×27`` for a run of one kind, ``\u200b\u2066…×9`` for a mixed run."""
+    return _INVISIBLE.sub(_written_out, text)
+
+
+def _written_out(match: re.Match[str]) -> str:
+    run = match.group()
+    kinds = list(dict.fromkeys(run))
+    shown = "".join(_code(c) for c in kinds[:_SHOWN_CODES]) + ("…" if len(kinds) > _SHOWN_CODES else "")
+    return shown + (f"×{len(run)}" if len(run) > 1 else "")
+
+
+def _code(char: str) -> str:
+    point = ord(char)
+    return f"\\u{point:04x}" if point <= 0xFFFF else f"\\U{point:08x}"
 
 
 def inline(text: object, *, limit: int = 2000) -> str:
-    """``text`` as one line of literal markdown: control characters become spaces, invisible
-    format characters are written out (``visible``), markup is escaped, and overlong text is cut
-    (with an ellipsis) so one field cannot bury the rest."""
-    flat = visible(_CONTROL.sub(" ", str(text)))
+    """``text`` as one line of literal markdown: control characters become spaces, overlong text
+    is cut (with an ellipsis) so one field cannot bury the rest, invisible characters are written
+    out (``visible``; after the cut, so a run of them cannot push the rest out), and markup is
+    escaped."""
+    flat = _CONTROL.sub(" ", str(text))
     if len(flat) > limit:
         flat = flat[:limit] + "…"
-    escaped = _MARKUP.sub(r"\\\1", flat)
+    escaped = _MARKUP.sub(r"\\\1", visible(flat))
     return _BLOCK_START.sub(_escape_block_start, escaped, count=1)
 
 
@@ -61,5 +81,5 @@ def code_block(text: str, info: str = "text") -> str:
 def chat_text(text: object, *, limit: int = 500) -> str:
     """``text`` for a Slack-compatible message: one line, with ``&``, ``<`` and ``>`` escaped as
     Slack requires (``<url|label>`` and ``<!channel>`` are its only active markup)."""
-    flat = visible(_CONTROL.sub(" ", str(text)))[:limit]
+    flat = visible(_CONTROL.sub(" ", str(text))[:limit])
     return flat.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -551,12 +551,13 @@ def main(argv: list[str] | None = None) -> int:
                 _say(f"approved {', '.join(nodes)} as demo-operator with their current TOTP code (DEMO_APPROVE=1)")
             else:
                 body = json.dumps({"run_input": {**answer, "code": "CODE"}}).replace('"CODE"', '"\'"$CODE"\'"')
-                # A busy SQLite server answers 503 for a locked database (Prefect rolls the request back
-                # and marks it retryable); curl retries it as Prefect's own client does, and -f keeps
-                # the 503 bodies out of the answer the operator reads.
+                # A busy SQLite server answers 503 for a locked database (Prefect rolls the resume back
+                # first, so a retry is safe); curl retries it as Prefect's own client does. Each
+                # answer is printed (a 422 says which field was wrong), and the retries stop within
+                # 25 s, while the TOTP code read before them is still the current one.
                 _say("approve in the UI (Resume; choose demo-operator and type the code from the authenticator "
                      f"app that scanned the QR code above, or the one this prints: {code_command}), or with:\n"
-                     f"  CODE=$({code_command}); curl -sSf --retry 8 --retry-delay 2 -u '{prefect.auth_string}' -X POST "
+                     f"  CODE=$({code_command}); curl -sS --retry 8 --retry-delay 2 --retry-max-time 25 -u '{prefect.auth_string}' -X POST "
                      f"{api}/flow_runs/{run_id}/resume -H 'Content-Type: application/json' -d '{body}'\n"
                      "Ctrl-C stops the demo.")
             _wait_state(run_id, {"COMPLETED"}, timeout_s=None if not args.approve else 600)

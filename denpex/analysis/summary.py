@@ -370,7 +370,7 @@ class _Scan:
         self._note_backend_and_timing(entries)
 
     def _new_group(self, pg: Any, pg_id: object) -> _GroupScan:
-        desc = pg[1] if len(pg) > 1 and isinstance(pg[1], str) else None
+        desc = _short(pg[1]) if len(pg) > 1 and isinstance(pg[1], str) else None
         return _GroupScan(pg[0], desc, pg_id if type(pg_id) is int else None)
 
     def _note_backend_and_timing(self, entries: list[Any]) -> None:
@@ -618,7 +618,13 @@ def _dtypes(value: object) -> tuple[str, ...]:
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + "..."
+    """Text from a dump (an op name, a dtype, a group description), bounded and printable: a
+    control or invisible character (a terminal escape, a bidi override) is written out as its
+    code (``\\x1b``, ``\\u202e``), since reports and the CLI print these names."""
+    cut = text if len(text) <= _MAX_TEXT else text[:_MAX_TEXT] + "..."
+    if cut.isprintable():
+        return cut
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in cut)
 
 
 def _positive_int(value: object, *, allow_zero: bool = False) -> int | None:
@@ -653,5 +659,5 @@ def _apply_pg_config(groups: dict[str, GroupProgress], pg_config: object,
         group = groups.get(name)
         if group is None:
             desc = cfg.get("desc")
-            group = groups[name] = GroupProgress(name=name, desc=desc if isinstance(desc, str) else None)
+            group = groups[name] = GroupProgress(name=name, desc=_short(desc) if isinstance(desc, str) else None)
         group.config_ranks = ranks

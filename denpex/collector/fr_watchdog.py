@@ -290,20 +290,25 @@ class HangDumper:
             completed = self._moved_past.completed(progress)
             if not completed:
                 return None
+            if not self._moved_past.confirming:
+                # Gloo counts an op that ended in an error (its timeout, a dead peer) as completed:
+                # only a newer op completed in time shows the job moved on (moved_past.py).
+                _log.info("rank %d: %s completed since the dump; a recovered dump follows once a newer op "
+                          "there completes in time", self.rank, _ops(completed))
+                self._moved_past = self._moved_past.confirm_by_next(progress, completed)
+                return None
             late = self._maybe_timed_out(completed)
             if late is None:
                 self._moved_past = None  # cannot be judged: the hang's dump stands, and the watch ends
                 return None
             if late:
-                # Gloo counts a timed-out collective as completed: the first dump still shows the hang.
                 _log.warning("rank %d: local group(s) %s completed at or past the op's deadline, perhaps by "
                              "its timeout; no recovered dump until a newer op there completes in time",
                              self.rank, ", ".join(late))
-                self._moved_past = self._moved_past.after_timeout(progress, late)
+                self._moved_past = self._moved_past.confirm_by_next(progress, late)
                 return None
             self._moved_past = None
-            ops = ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(completed.items()))
-            return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {ops}")
+            return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {_ops(completed)}")
 
     def _maybe_timed_out(self, completed: dict[str, int]) -> list[str] | None:
         """The groups whose op in ``completed`` was seen complete at or past its deadline, or whose
@@ -358,3 +363,8 @@ class HangDumper:
             except Exception:  # noqa: BLE001 - the watchdog must never take the training down
                 _log.exception("rank %d: hang dumper poll failed; will retry", self.rank)
             self._stop.wait(self._poll_s)
+
+
+def _ops(completed: dict[str, int]) -> str:
+    """``local group 0 #4, local group 1 #6``."""
+    return ", ".join(f"local group {pg} #{seq}" for pg, seq in sorted(completed.items()))

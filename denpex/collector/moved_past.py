@@ -13,16 +13,16 @@ waiting for approval must see it, so the rank dumps once more (trigger ``recover
 - it had nothing in flight and dumped for another reason (a manual dump at the end of a healthy
   run): nothing to wait for, no second dump.
 
-A collective that times out is not one that completed, but Gloo counts it as one: when its
-timeout fires, ``pg_status.last_completed_collective`` reaches its sequence id and its entry is
-``retired``, exactly as for a success (seen with torch 2.13 on 2 Gloo ranks, one absent). So the
-dumper checks each op found complete against its deadline (FR ``time_created_ns`` +
-``timeout_ms``, read when the completion is seen): one seen at or past it may have ended by its
-timeout, and is no recovery. The rank is then watched in those groups only, and dumps again once
-it completes a newer op there before that op's own deadline. A genuine completion seen late (in
-the last poll before the deadline, or a Gloo op queued behind others, whose clock starts when it
-runs) is thus confirmed by the rank's next collective in that group. An op whose deadline the
-ring does not give is judged the same way (late), never taken for a recovery.
+A collective that completed is not yet a recovery: Gloo counts a collective that ended in an
+error as completed. When its timeout fires, or a peer's death closes the connection (the op raises
+before its deadline), ``pg_status.last_completed_collective`` reaches its sequence id and its entry
+is ``retired``, exactly as for a success (both seen with torch 2.13 on 2 Gloo ranks, one absent).
+So the first completions after the dump only arm a confirmation (``confirm_by_next``): the rank is
+then watched in those groups only, and dumps again once it completes a newer op there, before
+that op's own deadline (FR ``time_created_ns`` + ``timeout_ms``, read when the completion is seen).
+A job that recovered goes on to its next collective within a step; one whose op ended in an error
+raises, and does not. An op seen complete at or past its deadline, or whose deadline the ring does
+not give, may have ended by its timeout: the confirmation waits for a newer one again.
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ class MovedPast:
     """With nothing in flight: each group's last enqueued op; completing any later one is enough."""
     watch_new_groups: bool = True
     """With ``enqueued``: whether a group created after the dump counts (it does after a dump that
-    answered a request; not after a timeout, when only the groups that timed out are watched)."""
+    answered a request; not while confirming, when only the groups that completed are watched)."""
+    confirming: bool = False
+    """Whether the ops watched for are the confirmation (``confirm_by_next``): a completion in time
+    then shows the rank moved on; before it, a completion only arms the confirmation."""
 
     @classmethod
     def at_dump(cls, progress: Mapping[str, GroupProgress], *, answered_request: bool) -> MovedPast | None:
@@ -69,8 +72,8 @@ class MovedPast:
                 if (pg in self.enqueued or self.watch_new_groups)
                 and p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
 
-    def after_timeout(self, progress: Mapping[str, GroupProgress], groups: Iterable[str]) -> MovedPast:
-        """The watch once the ops of ``groups`` may have ended by their timeout: a newer op
-        completed in one of those groups, and in no other."""
+    def confirm_by_next(self, progress: Mapping[str, GroupProgress], groups: Iterable[str]) -> MovedPast:
+        """The watch once ops of ``groups`` completed, perhaps by an error or a timeout: a newer op
+        (enqueued after ``progress``) completed in one of those groups, and in no other."""
         return MovedPast(enqueued={pg: progress[pg].last_enqueued for pg in groups if pg in progress},
-                         watch_new_groups=False)
+                         watch_new_groups=False, confirming=True)

@@ -110,7 +110,8 @@ def _as_separated(candidate: Candidate, picked: Mapping[frozenset[int], int],
               f"{'their GPUs' if len(peers) > 1 else 'its peer' + chr(39) + 's GPU'} and shows none there")
     # The tie split the kind's confidence between the members; the separated one takes it back whole.
     confidence = min(candidate.confidence * (len(peers) + 1), BASE_CONFIDENCE[CandidateKind.STALLED])
-    return candidate.model_copy(update={"reasons": [*candidate.reasons, reason], "confidence": round(confidence, 4)})
+    # First: the approval form shows a candidate's first reason, and this is why it alone is named.
+    return candidate.model_copy(update={"reasons": [reason, *candidate.reasons], "confidence": round(confidence, 4)})
 
 
 def _note(tied: frozenset[int], culprit: int) -> str:

@@ -272,10 +272,12 @@ def evidence_gate(
 
 
 def _resting_on_hardware(result: TriageResult) -> set[int]:
-    """Ranks acted on only because a hardware fault broke a tie (no dump-proven group names them)."""
+    """Ranks acted on only because a hardware fault broke a tie: no group the dumps alone make
+    ``localized`` names them. An ``incomplete`` group proves nothing (its culprit may be the
+    cause, or not), so naming the rank there too does not lift the need for a fresh signal."""
     separated = {r for g in result.groups if g.hardware_separated for r in g.candidates}
-    proven = {r for g in result.groups if not g.hardware_separated
-              and g.verdict in (Verdict.LOCALIZED, Verdict.INCOMPLETE) for r in g.candidates}
+    proven = {r for g in result.groups if not g.hardware_separated and g.verdict is Verdict.LOCALIZED
+              for r in g.candidates}
     return separated - proven
 
 

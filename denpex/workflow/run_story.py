@@ -18,6 +18,7 @@ from denpex.analysis.models import TriageResult
 from denpex.analysis.wording import ranks_phrase
 from denpex.isolation.executor import ExecutionReport
 from denpex.isolation.plan import IsolationPlan
+from denpex.markdown_text import visible
 from denpex.report import PlanView
 
 __all__ = ["MAX_NAME_PART", "incident_run_name", "plain", "verdict_line", "plan_line", "execution_line",
@@ -26,7 +27,7 @@ __all__ = ["MAX_NAME_PART", "incident_run_name", "plain", "verdict_line", "plan_
 MAX_NAME_PART = 63
 """As a Kubernetes label value: a cluster or incident id never needs more."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 MAX_MESSAGE = 300
 
 
@@ -42,9 +43,10 @@ def _name_part(value: object) -> str:
 
 
 def plain(text: object, limit: int = 200) -> str:
-    """``text`` on one line (control characters become a space), at most ``limit`` characters."""
+    """``text`` on one line (control characters become a space), at most ``limit`` characters,
+    invisible ones (a bidi override) written out by their codes (``visible``)."""
     flat = _CONTROL.sub(" ", str(text)).strip()
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    return visible(flat if len(flat) <= limit else flat[: limit - 3] + "...")
 
 
 def verdict_line(result: TriageResult) -> str:

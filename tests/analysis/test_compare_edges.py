@@ -117,10 +117,10 @@ def test_many_silent_ranks_cost_linear_time() -> None:
         blockages.append(Blockage(f"tp{g}", 3, BlockageKind.BEHIND, "nccl:all_reduce",
                                   tuple(r for r in members if r not in dead),
                                   tuple(r for r in members if r in dead)))
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a busy CI machine stretched this wall time to 25 s
     decision = decide(Comparison(blockages=blockages), {}, {r: "no usable dump" for r in dead},
                       GroupMembership(), None)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert decision.verdict is V.INCOMPLETE and len(decision.candidates) == len(dead)
     assert all(len(c.reasons) >= 2 for c in decision.candidates[:3])
     assert elapsed < 15, f"{elapsed:.1f} s"
@@ -141,9 +141,9 @@ def test_the_text_report_of_thousands_of_stuck_ops_renders_in_linear_time() -> N
     candidates = [Candidate(rank=8 * g + 1, kind=K.NOT_ENTERED, confidence=0.9) for g in range(1, groups, 2)]
     report = TriageReport(verdict=V.LOCALIZED, world_size=8 * groups, ranks_with_evidence=[],
                           missing_ranks=[], candidates=candidates, stuck=stuck)
-    started = time.perf_counter()
+    started = time.process_time()
     text = render_text(report)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     assert "Stuck operations waiting directly on a candidate:" in text
     assert f"and {groups - 8} more stuck ops" in text
 

@@ -348,13 +348,15 @@ def test_dumps_again_once_the_ops_in_flight_at_the_dump_complete(tmp_path: Path)
     assert dumper.poll_once() is None  # still blocked: nothing new
 
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}  # local group 1 #5 completed
+    assert dumper.poll_once() is None  # by success, or by an error (Gloo counts both): not yet proof
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}  # the next step's op completed
     again = dumper.poll_once()
     assert again is not None and again.trigger is DumpTrigger.RECOVERED
-    assert again.reason == "completed since the first dump: local group 1 #5"
+    assert again.reason == "completed since the first dump: local group 1 #6"
     assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #3"
     assert DumpRecord.model_validate_json(record_path(tmp_path, 2).read_bytes()) == again
     assert dumper.record == again
-    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 5)}  # a later op: no third dump
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(8, 7)}  # later ops: no third dump
     clock.now += 10
     assert dumper.poll_once() is None and dumper.record == again
 
@@ -372,9 +374,11 @@ def test_a_rank_that_answered_a_request_between_collectives_dumps_again_once_it_
     recorder.status = {"0": GroupProgress(4, 3)}  # entered #4, not finished: the dump still holds
     assert dumper.poll_once() is None
     recorder.status = {"0": GroupProgress(4, 4)}
+    assert dumper.poll_once() is None  # #4 may have ended in an error: its next op is the proof
+    recorder.status = {"0": GroupProgress(5, 5)}
     again = dumper.poll_once()
     assert again is not None and again.trigger is DumpTrigger.RECOVERED
-    assert again.reason == "completed since the first dump: local group 0 #4"
+    assert again.reason == "completed since the first dump: local group 0 #5"
     assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #2"  # over the first
     recorder.status = {"0": GroupProgress(9, 9)}  # once more only
     assert dumper.poll_once() is None and dumper.record == again
@@ -434,13 +438,30 @@ def test_an_op_that_ends_by_its_timeout_gives_no_recovered_dump(tmp_path: Path) 
     assert again.reason == "completed since the first dump: local group 1 #7"
 
 
-def test_an_op_that_completes_before_its_deadline_is_a_recovery(tmp_path: Path) -> None:
+def test_an_op_that_completes_before_its_deadline_and_then_the_next_is_a_recovery(tmp_path: Path) -> None:
     wall = WallClock(1003.5)
     recorder, dumper, _ = _stalled_dump(tmp_path, wall)
     wall.now = 1003.9
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
+    assert dumper.poll_once() is None
+    wall.now = 1004.5
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}  # #6's deadline is 1010
     again = dumper.poll_once()
     assert again is not None and again.trigger is DumpTrigger.RECOVERED
+
+
+def test_an_op_that_a_dead_peer_ended_early_gives_no_recovered_dump(tmp_path: Path) -> None:
+    """CI, under load: the peer exited, Gloo's op raised "Connection closed by peer" before its
+    deadline and counted as completed, and the old rule wrote a recovered dump over the hang's.
+    The job raised and made no further collective: the hang's dump stands."""
+    wall = WallClock(1003.5)
+    recorder, dumper, first = _stalled_dump(tmp_path, wall)
+    wall.now = 1003.6
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
+    for _ in range(3):
+        wall.now += 5
+        assert dumper.poll_once() is None
+    assert dumper.record == first and dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #2"
 
 
 def test_unreadable_deadlines_keep_the_hangs_dump(tmp_path: Path) -> None:
@@ -454,8 +475,10 @@ def test_unreadable_deadlines_keep_the_hangs_dump(tmp_path: Path) -> None:
         raise RuntimeError("FR read failed")
     recorder.op_deadlines = broken  # type: ignore[method-assign]
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
-    assert dumper.poll_once() is None and dumper.record == first
+    assert dumper.poll_once() is None and dumper.record == first and not calls  # arms the confirmation
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}
+    assert dumper.poll_once() is None and dumper.record == first
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(7, 7)}
     assert dumper.poll_once() is None and len(calls) == 1  # said once; the watch ended
 
 

@@ -83,7 +83,8 @@ def test_an_xid_on_one_members_own_gpu_names_that_member_alone(tmp_path: Path) -
     assert report.verdict is Verdict.LOCALIZED
     [five] = report.candidates
     assert (five.rank, five.kind, five.confidence) == (5, CandidateKind.STALLED, 0.7)  # no longer split in two
-    assert any("set apart from rank 4" in r and "Xid 79" in r for r in five.reasons), five.reasons
+    # First: the approval form shows a candidate's first reason.
+    assert "set apart from rank 4" in five.reasons[0] and "Xid 79" in five.reasons[0], five.reasons
     assert report.groups and all((g.verdict, g.candidates, g.hardware_separated) == (Verdict.LOCALIZED, [5], True)
                                  for g in report.groups)
     assert any("Ranks 4, 5 were tied" in n and "rank 4 no longer" in n for n in report.notes), report.notes

@@ -109,13 +109,16 @@ def test_stalled_rank_with_signal_is_isolated_but_policy_can_require_nothing_els
     assert "without a hardware signal" in p.actions[0].reason
 
 
-def _separated_pair(*, age: timedelta, also_proven: bool = False) -> TriageResult:
+def _separated_pair(*, age: timedelta, also_proven: bool = False, also_incomplete: bool = False) -> TriageResult:
     """Ranks 4, 5 tied in tp collective 16; an Xid on rank 5's own GPU ``age`` ago set rank 5 apart."""
     five = candidate(5, host="gpu-node-006", kind=CandidateKind.STALLED, hardware=[signal(host="gpu-node-006", age=age)])
     groups = [GroupVerdict(process_group="0", collective_seq_id=16, verdict=Verdict.LOCALIZED, candidates=[5],
                            hardware_separated=True)]
     if also_proven:  # the dumps prove rank 5 in another group as well
         groups.append(GroupVerdict(process_group="ep", collective_seq_id=3, verdict=Verdict.LOCALIZED, candidates=[5]))
+    if also_incomplete:  # a dp op whose waits reach rank 5 and a silent rank: may be the cause, or not
+        groups.append(GroupVerdict(process_group="dp", collective_seq_id=7, verdict=Verdict.INCOMPLETE,
+                                   candidates=[5, 9]))
     return result_with(Verdict.LOCALIZED, [five]).model_copy(update={"groups": groups})
 
 
@@ -128,6 +131,10 @@ def test_a_rank_set_apart_only_by_hardware_needs_a_fresh_signal_whatever_the_pol
     assert [(b.gate, b.node) for b in stale.blocked] == [(Gate.STALE_EVIDENCE, "gpu-node-006")]
     fresh = plan(_separated_pair(age=timedelta(minutes=5)), cluster(), policy=lenient)
     assert [(a.node, a.ranks) for a in fresh.actions] == [("gpu-node-006", (5,))]
+    # Hostile review: an incomplete group naming it too proves nothing, so the signal must still be fresh.
+    beside = plan(_separated_pair(age=timedelta(hours=3), also_incomplete=True), cluster(), policy=lenient)
+    assert "gpu-node-006" not in [a.node for a in beside.actions]
+    assert (Gate.STALE_EVIDENCE, "gpu-node-006") in [(b.gate, b.node) for b in beside.blocked]
     # Proven by the dumps in a group of its own, the rank falls under the policy as any other.
     proven = plan(_separated_pair(age=timedelta(hours=3), also_proven=True), cluster(), policy=lenient)
     assert [a.node for a in proven.actions] == ["gpu-node-006"]

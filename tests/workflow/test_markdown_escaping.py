@@ -17,7 +17,7 @@ from denpex.evidence.errors import ManifestError
 from denpex.evidence.manifest import parse_manifest_bytes
 from denpex.ingest.errors import InvalidRequestError
 from denpex.ingest.identity import parse_identity
-from denpex.markdown_text import chat_text, code_block, inline
+from denpex.markdown_text import chat_text, code_block, inline, visible
 from denpex.report import PlanAction, PlanView, TriageReport
 from denpex.workflow.markdown import candidate_rows, decision_markdown, report_markdown
 from denpex.workflow.notify import approval_notice
@@ -86,6 +86,10 @@ def test_invisible_format_characters_are_written_out_wherever_text_is_rendered()
         assert "u202e" in rendered and "u2066" in rendered and "u200b" in rendered and "ufeff" in rendered
     assert "\\\\u202e" in inline(TROJAN)  # the backslash itself escaped, so markdown shows it
     assert inline("gpu-node-003 é 中") == "gpu-node-003 é 中"  # ordinary letters untouched
+    # Hostile review: a flood of zero-width spaces must not push the frame out of a bounded field.
+    flood = inline("\u200b" * 500 + "train.py:88 step()", limit=600)
+    assert flood == "\\\\u200b×500train.py:88 step\\(\\)", flood
+    assert visible("\U000e0041") == "\\U000e0041"  # a tag character, not \ue004 then "1"
     markdown = report_markdown(_report(TROJAN, "gpu-node-003"), incident_id="inc-1", cluster="lab", plan=None)
     assert "\u202e" not in markdown and "\u2066" not in markdown
 
