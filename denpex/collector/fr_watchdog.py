@@ -160,10 +160,22 @@ class HangDumper:
         try:
             if isinstance(exc, Exception):
                 self.request(DumpTrigger.ERROR, f"{type(exc).__name__}: {exc}")
+            else:
+                self._after_clean_exit()
         except Exception:  # noqa: BLE001 - the body's exception is the one the job must see
-            _log.exception("rank %d: dumping after %s failed", self.rank, type(exc).__name__)
+            _log.exception("rank %d: dumping at the end of the job's body failed", self.rank)
         finally:
             self.stop()
+
+    def _after_clean_exit(self) -> None:
+        """The body returned after the ops the watch waited for completed, and no newer op confirmed
+        it (the stuck op was the job's last collective): returning without an error is the proof."""
+        with self._lock:
+            watch = self._moved_past
+            if watch is not None and (watch.confirming or watch.completed(self._source().progress())):
+                self._moved_past = None
+                self._write_dump(DumpTrigger.RECOVERED, "the stuck ops completed and the job's body returned "
+                                                        "without an error")
 
     # -- dumping ------------------------------------------------------------------------------
 
@@ -294,21 +306,22 @@ class HangDumper:
                 # Gloo counts an op that ended in an error (its timeout, a dead peer) as completed:
                 # only a newer op completed in time shows the job moved on (moved_past.py).
                 _log.info("rank %d: %s completed since the dump; a recovered dump follows once a newer op "
-                          "there completes in time", self.rank, _ops(completed))
-                self._moved_past = self._moved_past.confirm_by_next(progress, completed)
+                          "completes in time", self.rank, _ops(completed))
+                self._moved_past = MovedPast.confirm_by_next(progress)
                 return None
             late = self._maybe_timed_out(completed)
             if late is None:
                 self._moved_past = None  # cannot be judged: the hang's dump stands, and the watch ends
                 return None
-            if late:
+            in_time = {pg: seq for pg, seq in completed.items() if pg not in late}
+            if not in_time:
                 _log.warning("rank %d: local group(s) %s completed at or past the op's deadline, perhaps by "
-                             "its timeout; no recovered dump until a newer op there completes in time",
+                             "its timeout; no recovered dump until a newer op completes in time",
                              self.rank, ", ".join(late))
-                self._moved_past = self._moved_past.confirm_by_next(progress, late)
+                self._moved_past = MovedPast.confirm_by_next(progress)
                 return None
             self._moved_past = None
-            return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {_ops(completed)}")
+            return self._write_dump(DumpTrigger.RECOVERED, f"completed since the first dump: {_ops(in_time)}")
 
     def _maybe_timed_out(self, completed: dict[str, int]) -> list[str] | None:
         """The groups whose op in ``completed`` was seen complete at or past its deadline, or whose

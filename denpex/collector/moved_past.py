@@ -4,7 +4,7 @@ A rank dumps once per incident. If the job then recovers (a stopped rank is cont
 waiting for approval must see it, so the rank dumps once more (trigger ``recovered``). What
 "moved on" means depends on what the rank was doing at its dump:
 
-- it had ops in flight (it was blocked): every one of them completed;
+- it had ops in flight (it was blocked): every one of them completed (then confirmed, below);
 - it had nothing in flight and answered another rank's request: it was between collectives,
   perhaps *behind* the others (not yet in the collective they wait in); it moved on once it
   completes any collective it had not enqueued at the dump. A stopped rank that is continued
@@ -16,18 +16,23 @@ waiting for approval must see it, so the rank dumps once more (trigger ``recover
 A collective that completed is not yet a recovery: Gloo counts a collective that ended in an
 error as completed. When its timeout fires, or a peer's death closes the connection (the op raises
 before its deadline), ``pg_status.last_completed_collective`` reaches its sequence id and its entry
-is ``retired``, exactly as for a success (both seen with torch 2.13 on 2 Gloo ranks, one absent).
-So the first completions after the dump only arm a confirmation (``confirm_by_next``): the rank is
-then watched in those groups only, and dumps again once it completes a newer op there, before
-that op's own deadline (FR ``time_created_ns`` + ``timeout_ms``, read when the completion is seen).
-A job that recovered goes on to its next collective within a step; one whose op ended in an error
-raises, and does not. An op seen complete at or past its deadline, or whose deadline the ring does
+is ``retired``, exactly as for a success (both seen with torch 2.13 on 2 Gloo ranks, one absent),
+and FR entries carry no error. So the completions the watch waited for only arm a confirmation
+(``confirm_by_next``): the rank dumps again once it completes an op enqueued after that, in any
+group, before that op's own deadline (FR ``time_created_ns`` + ``timeout_ms``, read when the
+completion is seen). An op seen complete at or past its deadline, or whose deadline the ring does
 not give, may have ended by its timeout: the confirmation waits for a newer one again.
+
+What this cannot tell: a job that catches the error and runs another collective (a retry or an
+error-path barrier; on Gloo an op on a group whose connection closed fails at once, and counts as
+completed in time) looks recovered, and any dump taken after a failed Gloo op shows it completed.
+A body run under ``with HangDumper(...)`` that returns cleanly while the confirmation is armed
+(the stuck op was the job's last collective) is a recovery.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from denpex.collector.flight_recorder import GroupProgress
@@ -72,8 +77,9 @@ class MovedPast:
                 if (pg in self.enqueued or self.watch_new_groups)
                 and p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
 
-    def confirm_by_next(self, progress: Mapping[str, GroupProgress], groups: Iterable[str]) -> MovedPast:
-        """The watch once ops of ``groups`` completed, perhaps by an error or a timeout: a newer op
-        (enqueued after ``progress``) completed in one of those groups, and in no other."""
-        return MovedPast(enqueued={pg: progress[pg].last_enqueued for pg in groups if pg in progress},
-                         watch_new_groups=False, confirming=True)
+    @staticmethod
+    def confirm_by_next(progress: Mapping[str, GroupProgress]) -> MovedPast:
+        """The watch once the ops it waited for completed, perhaps by an error or a timeout: an op
+        enqueued after ``progress`` completed, in any group (the stuck one may be used rarely: a
+        checkpoint group, a pipeline's p2p)."""
+        return MovedPast(enqueued={pg: p.last_enqueued for pg, p in progress.items()}, confirming=True)

@@ -415,9 +415,8 @@ def _stalled_dump(tmp_path: Path, wall: WallClock) -> tuple[MemoryRecorder, Hang
 def test_an_op_that_ends_by_its_timeout_gives_no_recovered_dump(tmp_path: Path) -> None:
     """Gloo counts a timed-out collective as completed (``last_completed_collective`` reaches it,
     its entry reads ``retired``): that is the hang ending in an error, not a recovery, and the
-    first dump must stay the one that shows the hang. Nor is an op the rank then completes in a
-    group that was not stuck (an error-path barrier, a checkpoint group), nor a retry that times
-    out too; only a newer op completed in time in the stuck group is."""
+    first dump must stay the one that shows the hang. Nor is a retry that times out too; only a
+    newer op completed in time is."""
     wall = WallClock(1003.5)
     recorder, dumper, first = _stalled_dump(tmp_path, wall)
 
@@ -425,17 +424,51 @@ def test_an_op_that_ends_by_its_timeout_gives_no_recovered_dump(tmp_path: Path) 
     recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}
     assert dumper.poll_once() is None
     assert dump_path(tmp_path, 2, DumpFormat.PICKLE).read_bytes() == b"pickle dump #2"  # the first dump stands
-    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(5, 5)}  # another group moves on
-    assert dumper.poll_once() is None
     wall.now = 1010.5
-    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(6, 6)}  # a retry of #6 timed out too
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(6, 6)}  # a retry of #6 timed out too
     assert dumper.poll_once() is None and dumper.record == first
 
     wall.now = 1011.0
-    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(7, 7)}  # #7 finished in time
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(7, 7)}  # #7 finished in time
     again = dumper.poll_once()
     assert again is not None and again.trigger is DumpTrigger.RECOVERED
     assert again.reason == "completed since the first dump: local group 1 #7"
+
+
+def test_a_rarely_used_stuck_group_is_confirmed_by_the_next_op_of_any_group(tmp_path: Path) -> None:
+    """Hostile review: stuck in a checkpoint group the job uses once an hour, a recovered job goes
+    on in its step groups; waiting for the stuck group's next op left the hang's dump in place and
+    let the flow drain the node of a job that had recovered. A late op in one group does not veto
+    an in-time one in another."""
+    wall = WallClock(1003.5)
+    recorder, dumper, _ = _stalled_dump(tmp_path, wall)
+    recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}  # #5 completed: arms
+    assert dumper.poll_once() is None
+    wall.now = 1011.0  # group 1's #6 is late (1010), group 0's #4 in time (1012)
+    recorder.status = {"0": GroupProgress(4, 4), "1": GroupProgress(6, 6)}
+    again = dumper.poll_once()
+    assert again is not None and again.trigger is DumpTrigger.RECOVERED
+    assert again.reason == "completed since the first dump: local group 0 #4"
+
+
+def test_a_body_that_returns_after_its_last_collective_completed_is_a_recovery(tmp_path: Path) -> None:
+    """The stuck op was the job's last collective (a final barrier): no newer op can confirm it,
+    and the body returning without an error is the proof. Returning with an error is not."""
+    for raises in (False, True):
+        folder = tmp_path / str(raises)
+        wall = WallClock(1003.5)
+        recorder, dumper, first = _stalled_dump(folder, wall)
+        recorder.status = {"0": GroupProgress(3, 3), "1": GroupProgress(5, 5)}  # #5 completed
+        if raises:
+            with pytest.raises(RuntimeError):
+                with dumper:
+                    raise RuntimeError("Connection closed by peer")
+            assert dumper.record == first
+        else:
+            with dumper:
+                pass
+            assert dumper.record is not None and dumper.record.trigger is DumpTrigger.RECOVERED
+            assert "returned without an error" in dumper.record.reason
 
 
 def test_an_op_that_completes_before_its_deadline_and_then_the_next_is_a_recovery(tmp_path: Path) -> None:

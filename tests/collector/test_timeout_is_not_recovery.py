@@ -76,4 +76,4 @@ def test_a_failed_gloo_collective_is_counted_completed_but_gives_no_recovered_du
     assert seen["trigger"] == "stall", seen  # the hang's dump stands
     # Seen complete, by the timeout or (on a loaded machine, CI) early, when rank 1's exit closed the
     # connection: either way only a newer op completed in time would have been a recovery.
-    assert "a recovered dump follows once a newer op there completes in time" in stderr, stderr[-3000:]
+    assert "a recovered dump follows once a newer op completes in time" in stderr, stderr[-3000:]
