@@ -279,3 +279,19 @@ def test_the_contract_docs_stacks_examples_pass_the_services_check() -> None:
     assert [name for name, _ in bodies] == ["stacks", "stacks_pyspy"]
     for (name, body), source in zip(bodies, (StackSource.COLLECTOR, StackSource.PY_SPY), strict=True):
         assert check_stacks_part(body.encode(), source, 2).source is source, name
+
+
+def test_a_part_of_one_key_repeated_is_refused_in_linear_time() -> None:
+    """Review: naming the repeated keys counted each key's copies by ``list.count``, quadratic in
+    the keys: 3.6 MB of ``"a":1`` (600,000 copies) would have held the request's worker for hours."""
+    import time
+
+    from denpex.ingest.errors import InvalidRequestError
+    from denpex.ingest.stacks_check import check_stacks_part
+
+    data = b"{" + b",".join(b'"a":1' for _ in range(600_000)) + b"}"
+    assert len(data) <= MAX_BYTES
+    started = time.process_time()
+    with pytest.raises(InvalidRequestError, match="names 'a' twice"):
+        check_stacks_part(data, StackSource.COLLECTOR, 0)
+    assert time.process_time() - started < 10
