@@ -12,13 +12,15 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
   op reads ``retired`` is a race);
 - used as a context manager it also dumps (and signals) when the body raises;
 - after its dump it keeps watching the ops it had in flight then; once all of them completed
-  (the job recovered, e.g. a stopped rank was continued) it dumps once more, trigger
-  ``recovered``, over the first dump, so that a flow waiting for approval sees the recovery;
-  an op that ended by its timeout (Gloo counts it as completed) is no recovery and gives none;
+  and a newer op then completed in time, in any group (the job recovered, e.g. a stopped rank
+  was continued), it dumps once more, trigger ``recovered``, over the first dump, so that a flow
+  waiting for approval sees the recovery. Gloo counts an op that ended in an error (its
+  timeout, a dead peer) as completed, hence the newer op (:mod:`denpex.collector.moved_past`);
+  a body that returns cleanly under ``with`` after the ops completed counts too;
 - a rank that answered a request with nothing in flight may be the one the others wait for (it
   had not entered their collective yet: a stopped rank continued, whose watchdog thread won the
-  race to the first poll); it dumps once more as soon as it completes a collective it had not
-  enqueued at its dump. Without that, its dump would say "behind" for good.
+  race to the first poll); it dumps once more once it completes a collective it had not
+  enqueued at its dump, confirmed the same way. Without that, its dump would say "behind" for good.
 
 Files (see :mod:`denpex.collector.layout`): ``<out>/rank_<global rank>.pkl`` and ``.json``,
 a :class:`~denpex.collector.dump_record.DumpRecord` and the rank's Python stacks
@@ -70,8 +72,9 @@ _log = logging.getLogger(__name__)
 class HangDumper:
     """Per-rank watchdog: dumps FR on a stall, on a request from any rank, or on an error.
 
-    It dumps once, and once more if the ops in flight at that dump all complete (or, for a dump
-    that answered a request between collectives, once the rank completes a new one). Nothing here
+    It dumps once, and once more if the ops in flight at that dump all complete and a newer op
+    confirms it (or, for a dump that answered a request between collectives, once the rank
+    completes a new one, confirmed the same way). Nothing here
     is process-global: create one per rank and pass in the
     signal and recorder to use (defaults: a :class:`FileDumpSignal` in ``out_dir`` and the real
     :class:`TorchFlightRecorder`).

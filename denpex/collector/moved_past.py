@@ -7,7 +7,7 @@ waiting for approval must see it, so the rank dumps once more (trigger ``recover
 - it had ops in flight (it was blocked): every one of them completed (then confirmed, below);
 - it had nothing in flight and answered another rank's request: it was between collectives,
   perhaps *behind* the others (not yet in the collective they wait in); it moved on once it
-  completes any collective it had not enqueued at the dump. A stopped rank that is continued
+  completes any collective it had not enqueued at the dump (then confirmed, below). A stopped rank that is continued
   shows this: its watchdog thread may answer the pending request before the main thread
   re-enters the collective, and that dump alone would call it "behind" forever;
 - it had nothing in flight and dumped for another reason (a manual dump at the end of a healthy
@@ -50,10 +50,8 @@ class MovedPast:
     in_flight: Mapping[str, int] = field(default_factory=dict)
     """The op each group had in flight at the dump: all of them must complete."""
     enqueued: Mapping[str, int] = field(default_factory=dict)
-    """With nothing in flight: each group's last enqueued op; completing any later one is enough."""
-    watch_new_groups: bool = True
-    """With ``enqueued``: whether a group created after the dump counts (it does after a dump that
-    answered a request; not while confirming, when only the groups that completed are watched)."""
+    """With nothing in flight (or while confirming): each group's last enqueued op; completing any
+    later one, or any op of a group created since, is enough."""
     confirming: bool = False
     """Whether the ops watched for are the confirmation (``confirm_by_next``): a completion in time
     then shows the rank moved on; before it, a completion only arms the confirmation."""
@@ -69,13 +67,13 @@ class MovedPast:
         return None
 
     def completed(self, progress: Mapping[str, GroupProgress]) -> dict[str, int]:
-        """The ops completed since the dump that make it out of date; empty while it is not."""
+        """The ops completed since the dump (since the arming, while confirming) that this watch
+        waits for; empty while there are none."""
         if self.in_flight:
             done = all(pg in progress and progress[pg].last_completed >= seq for pg, seq in self.in_flight.items())
             return dict(self.in_flight) if done else {}
         return {pg: p.last_completed for pg, p in progress.items()
-                if (pg in self.enqueued or self.watch_new_groups)
-                and p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
+                if p.last_completed > self.enqueued.get(pg, _NOTHING_YET)}
 
     @staticmethod
     def confirm_by_next(progress: Mapping[str, GroupProgress]) -> MovedPast:
