@@ -287,11 +287,13 @@ def test_a_part_of_one_key_repeated_is_refused_in_linear_time() -> None:
     import time
 
     from denpex.ingest.errors import InvalidRequestError
-    from denpex.ingest.stacks_check import check_stacks_part
+    from denpex.ingest.stacks_check import _no_repeated_keys, check_stacks_part
 
     data = b"{" + b",".join(b'"a":1' for _ in range(600_000)) + b"}"
     assert len(data) <= MAX_BYTES
     started = time.process_time()
     with pytest.raises(InvalidRequestError, match="names 'a' twice"):
+        _no_repeated_keys(data, "stacks")  # the check itself, which the service runs on valid records
+    with pytest.raises(InvalidRequestError):  # the service refuses it before that (not a record)
         check_stacks_part(data, StackSource.COLLECTOR, 0)
     assert time.process_time() - started < 10
