@@ -71,7 +71,7 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     job = resolve_manifest(store, manifest)
     inventory = take_inventory(store, world_size=world_size, manifest=job)
     outcomes = summarize_inventory(store, inventory, options, progress=progress)
-    result = triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+    result = triage_outcomes(inventory, outcomes, as_of=as_of, options=options, store=store)
     standing = job_progress(outcomes, inventory.world_size) if keep_progress else None
     del outcomes  # the summaries are not needed past this point; keep memory bounded
     # Hosts and GPUs for correlation and planning: the collector's records serve as a manifest.

@@ -15,7 +15,7 @@ from denpex.collector.dump_record import DumpRecord, rank_identities
 from denpex.collector.layout import COLLECTOR_DIR
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, ProcessGroupSpec
-from denpex.evidence.store import EvidenceStore, open_store
+from denpex.evidence.store import EvidenceStore
 
 __all__ = ["RecordsManifest", "manifest_from_records"]
 
@@ -36,7 +36,7 @@ class RecordsManifest:
 def manifest_from_records(store: EvidenceStore, world_size: int | None) -> RecordsManifest:
     """Read ``collector/*.record.json`` under ``store``; no records gives no manifest."""
     try:
-        folder = open_store(f"{store.uri.rstrip('/')}/{COLLECTOR_DIR}")
+        folder = store.folder(COLLECTOR_DIR)
         names = [o.name for o in folder.list() if o.name.endswith(_RECORD_SUFFIX)]
     except EvidenceError:
         return RecordsManifest(None, [])

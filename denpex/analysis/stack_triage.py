@@ -45,7 +45,7 @@ def attach_stacks(result: TriageResult, store: EvidenceStore, dumps: Mapping[int
     except EvidenceError as exc:  # the store could not be listed: the triage stands without stacks
         return result.model_copy(update={"notes": [*result.notes, f"stacks could not be read: {exc}"]})
     records = list(evidence.records)
-    records += _fr_callsites(result, dumps, records, max_dump_bytes)
+    records += _fr_callsites(result, store, dumps, records, max_dump_bytes)
     if not records and not evidence.refused and not evidence.notes:
         return result
     members: dict[str, set[int]] = {}
@@ -80,8 +80,8 @@ def _why_no_stack(candidate: Candidate, found: StackFindings) -> str:
     return "no stacks file from any source names this rank"
 
 
-def _fr_callsites(result: TriageResult, dumps: Mapping[int, DumpRef], records: list[RankStacks],
-                  max_dump_bytes: int) -> list[RankStacks]:
+def _fr_callsites(result: TriageResult, store: EvidenceStore, dumps: Mapping[int, DumpRef],
+                  records: list[RankStacks], max_dump_bytes: int) -> list[RankStacks]:
     """FR's call sites of the first stuck ops, for the candidates and a few waiting peers that no
     other source gives a stack."""
     covered = {r.rank for r in records if r.unavailable is None and r.threads}
@@ -96,7 +96,7 @@ def _fr_callsites(result: TriageResult, dumps: Mapping[int, DumpRef], records: l
             continue
         budget -= len(refs)
         got = read_fr_callsites(refs, group_name=stuck.process_group, seq_id=stuck.collective_seq_id,
-                                p2p=stuck.is_p2p, max_bytes=max_dump_bytes)
+                                p2p=stuck.is_p2p, max_bytes=max_dump_bytes, store=store)
         found += got.records
         covered.update(r.rank for r in got.records)
         if budget <= 0:

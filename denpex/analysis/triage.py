@@ -113,7 +113,7 @@ def triage_store(store: EvidenceStore, *, world_size: int | None = None,
     """Triage every dump in ``store``; ``progress`` is told (dumps read, dumps in all)."""
     inventory = take_inventory(store, world_size=world_size, manifest=manifest)
     outcomes = summarize_inventory(store, inventory, options, progress=progress)
-    return triage_outcomes(inventory, outcomes, as_of=as_of, options=options)
+    return triage_outcomes(inventory, outcomes, as_of=as_of, options=options, store=store)
 
 
 def summarize_inventory(store: EvidenceStore, inventory: EvidenceInventory,
@@ -127,8 +127,13 @@ def summarize_inventory(store: EvidenceStore, inventory: EvidenceInventory,
 
 
 def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary | SkippedFile], *,
-                    as_of: datetime | None = None, options: TriageOptions | None = None) -> TriageResult:
-    """Compare the summaries of an inventory's dumps (however they were fanned out)."""
+                    as_of: datetime | None = None, options: TriageOptions | None = None,
+                    store: EvidenceStore | None = None) -> TriageResult:
+    """Compare the summaries of an inventory's dumps (however they were fanned out).
+
+    ``store`` is the inventory's own store where the caller holds it (its S3 client reused for the
+    stacks); otherwise the store is reopened from ``inventory.store_uri``.
+    """
     options = options or TriageOptions()
     skipped = list(inventory.skipped)
     summaries: dict[int, RankSummary] = {}
@@ -137,7 +142,7 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
             skipped.append(outcome)
         else:
             summaries[outcome.rank] = outcome
-    twin_notes = _check_twins(inventory, summaries, skipped, options)
+    twin_notes = _check_twins(inventory, summaries, skipped, options, store)
     if not summaries:
         raise NoUsableEvidence(_nothing_usable(inventory.store_uri, skipped))
     result = triage_summaries(summaries, world_size=inventory.world_size, manifest=inventory.manifest,
@@ -147,23 +152,28 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
     result.notes[:0] = inventory.notes + twin_notes
     if options.stacks:
         # After the verdict, from the same store: the CLI and the flow's merge step both land here.
-        result = attach_stacks(result, open_store(inventory.store_uri), inventory.dumps,
+        if store is None or store.uri != inventory.store_uri:
+            store = open_store(inventory.store_uri)
+        result = attach_stacks(result, store, inventory.dumps,
                                max_dump_bytes=options.max_dump_bytes)
     return result
 
 
 def _check_twins(inventory: EvidenceInventory, summaries: dict[int, RankSummary],
-                 skipped: list[SkippedFile], options: TriageOptions) -> list[str]:
+                 skipped: list[SkippedFile], options: TriageOptions,
+                 store: EvidenceStore | None) -> list[str]:
     """Compare each rank's JSON twin with the dump used; keep the newer when they differ.
 
-    Twins are rare (a rank whose pickle and JSON both arrived); each is read from its own store
-    URI, so this works the same after a fanned-out parse.
+    Twins are rare (a rank whose pickle and JSON both arrived); each is read through ``store``
+    when the caller holds the inventory's store, else from its own store URI, so this works the
+    same after a fanned-out parse.
     """
     twins = [ref for rank, ref in inventory.twins.items() if rank in summaries]
     if not twins:
         return []
     notes = []
-    for outcome in summarize_all(twins, max_bytes=options.max_dump_bytes, workers=options.workers):
+    own = store if store is not None and store.uri == inventory.store_uri else None
+    for outcome in summarize_all(twins, max_bytes=options.max_dump_bytes, workers=options.workers, store=own):
         if isinstance(outcome, SkippedFile):
             continue  # the pickle is used; the twin's flaw is already noted as a copy
         used = summaries[outcome.rank]

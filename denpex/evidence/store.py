@@ -53,6 +53,11 @@ class EvidenceStore(Protocol):
         """Remove ``name``; a name that is not there is no error."""
         ...
 
+    def folder(self, name: str) -> EvidenceStore:
+        """The store of the sub-folder ``name``, reached the same way as this one (the same S3
+        client, endpoint and credentials: a store given a client must not fall back to defaults)."""
+        ...
+
 
 class LocalStore:
     """A folder on disk. Only regular files directly in the folder are evidence."""
@@ -119,6 +124,9 @@ class LocalStore:
         except OSError as exc:
             raise EvidenceSourceError(f"cannot delete {self.root / name} ({exc.strerror or exc})") from exc
 
+    def folder(self, name: str) -> LocalStore:
+        return LocalStore(self._path(name))
+
     def _path(self, name: str) -> Path:
         if name.startswith("/") or ".." in Path(name).parts:
             raise EvidenceSourceError(f"object name {name!r} escapes the store root")
@@ -137,6 +145,11 @@ class S3Store:
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
+
+    def folder(self, name: str) -> S3Store:
+        if name.startswith("/") or ".." in name.split("/"):
+            raise EvidenceSourceError(f"folder name {name!r} escapes the store root")
+        return S3Store(self.bucket, self._key(name), client=self._client)
 
     def list(self) -> list[StoredObject]:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from denpex.evidence.discovery import TELEMETRY_SUFFIXES, is_telemetry_name
 from denpex.evidence.errors import EvidenceError
-from denpex.evidence.store import EvidenceStore, open_store
+from denpex.evidence.store import EvidenceStore
 from denpex.hardware.errors import TelemetryFileError
 from denpex.hardware.events import TelemetryParseResult
 from denpex.hardware.stored_telemetry import load_stored_telemetry
@@ -36,7 +36,7 @@ def telemetry_files_in_store(store: EvidenceStore) -> TelemetryParseResult:
     """Parse the telemetry files at the store's top level and under ``telemetry/`` (each named in
     ``sources`` as ``STORE_URI/NAME``); bad lines are counted, never fatal."""
     result = TelemetryParseResult()
-    sub = open_store(f"{store.uri.rstrip('/')}/{_SUBFOLDER}")
+    sub = store.folder(_SUBFOLDER)
     for source in (store, sub):
         try:
             names = telemetry_names(source)

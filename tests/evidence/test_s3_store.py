@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Iterator
 
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
 from denpex.analysis.models import Verdict
 from denpex.analysis.triage import triage_store
 from denpex.evidence.errors import DumpError, EvidenceSourceError
+from denpex.evidence.stacks import StackSource
 from denpex.evidence.store import S3Store
 from dumps import dump, history
 
@@ -37,10 +40,14 @@ def endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    # The stores here are given this client: a store reopened from its URI instead would reach
+    # the default endpoint, here a closed local port, and fail at once rather than go to AWS.
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                       "AWS_DEFAULT_REGION": "us-east-1",
+                       "DENPEX_S3_ENDPOINT_URL": "http://127.0.0.1:9"}.items():
         monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=endpoint)
+    # Three attempts: enough for the flaky case (two failures), few backoff sleeps for the broken one.
+    client = boto3.client("s3", endpoint_url=endpoint, config=Config(retries={"max_attempts": 3, "mode": "standard"}))
     client.create_bucket(Bucket="evidence")
     for rank in range(4):
         body = dump(history("0", 5, pending=0 if rank == 1 else 1))
@@ -67,6 +74,42 @@ def test_triage_from_s3(s3) -> None:  # noqa: ANN001
     assert result.verdict is Verdict.LOCALIZED
     assert [c.rank for c in result.candidates] == [1]
     assert result.skipped_files == []
+
+
+def test_every_read_of_a_triage_goes_through_the_store_it_was_given(s3) -> None:  # noqa: ANN001
+    """The stacks, the collector's records and FR's call sites are read with the store's own client
+    (a store given a client once reached AWS's default endpoint for them: minutes of retries)."""
+    mine = {"rank": 1, "source": "collector", "threads": [
+        {"name": "MainThread", "frames": [{"file": "/job/data.py", "line": 45, "function": "next_batch"}]}]}
+    s3.put_object(Bucket="evidence", Key="incident-7/collector/rank_1.stacks.json", Body=json.dumps(mine).encode())
+    read: list[str] = []
+
+    def seen(request, **_: object) -> None:  # noqa: ANN001
+        read.append(request.url.rsplit("/incident-7/", 1)[-1])
+
+    s3.meta.events.register("before-send.s3.GetObject", seen)
+    try:
+        result = triage_store(S3Store("evidence", "incident-7", client=s3))
+    finally:
+        s3.meta.events.unregister("before-send.s3.GetObject", seen)
+        s3.delete_object(Bucket="evidence", Key="incident-7/collector/rank_1.stacks.json")
+    (culprit,) = result.candidates
+    assert culprit.stack is not None and culprit.stack.source is StackSource.COLLECTOR
+    assert "collector/rank_1.stacks.json" in read
+    # The waiting peers' dumps are read a second time, for FR's call sites of the stuck op.
+    assert read.count("rank_0.pkl") == 2 and read.count("rank_2.pkl") == 2
+    assert not [n for n in result.notes if "cannot" in n]
+
+
+def test_a_folder_of_an_s3_store_keeps_its_client_and_stays_inside(s3) -> None:  # noqa: ANN001
+    store = S3Store("evidence", "incident-7", client=s3)
+    sub = store.folder("scratch")
+    assert sub.uri == "s3://evidence/incident-7/scratch"
+    sub.write("x.json", b"{}")
+    assert [o.name for o in sub.list()] == ["x.json"]
+    for hostile in ("../incident-8", "/etc", "a/../../b"):
+        with pytest.raises(EvidenceSourceError, match="escapes"):
+            store.folder(hostile)
 
 
 def test_flaky_s3_is_retried(s3) -> None:  # noqa: ANN001

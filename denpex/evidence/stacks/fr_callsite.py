@@ -27,7 +27,7 @@ from denpex.evidence.errors import EvidenceError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.stacks.bounds import validated
 from denpex.evidence.stacks.model import RankStacks, StackError, StackSource
-from denpex.evidence.store import open_store
+from denpex.evidence.store import EvidenceStore, open_store
 
 if TYPE_CHECKING:  # discovery imports the analysis models; the collector imports this package
     from denpex.evidence.discovery import DumpRef
@@ -46,15 +46,20 @@ class FrCallsites(BaseModel):
 
 
 def read_fr_callsites(refs: Iterable[DumpRef], *, group_name: str, seq_id: int, p2p: bool = False,
-                      max_bytes: int) -> FrCallsites:
+                      max_bytes: int, store: EvidenceStore | None = None) -> FrCallsites:
     """The call site of one op in each of ``refs``' dumps (a few ranks: the candidates and some
     peers; the triage's own pass keeps no frames, so these dumps are decoded once more, with the
-    same safe decoder and budgets)."""
+    same safe decoder and budgets).
+
+    A ref in ``store`` is read through it (its S3 client); any other is reopened from its URI.
+    """
     records: list[RankStacks] = []
     missing: dict[int, str] = {}
+    stores: dict[str, EvidenceStore] = {store.uri: store} if store is not None else {}
     for ref in refs:
         try:
-            decoded = decode_dump(open_store(ref.store_uri).read(ref.name, max_bytes=max_bytes), source=ref.name)
+            source = stores.get(ref.store_uri) or stores.setdefault(ref.store_uri, open_store(ref.store_uri))
+            decoded = decode_dump(source.read(ref.name, max_bytes=max_bytes), source=ref.name)
             stacks = fr_callsite_stacks(decoded.raw, rank=ref.rank, group_name=group_name, seq_id=seq_id, p2p=p2p)
         except EvidenceError as exc:  # DumpError, StackError
             missing[ref.rank] = f"{ref.name}: {exc}"

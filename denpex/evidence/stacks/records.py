@@ -52,7 +52,7 @@ def read_collected_stacks(location: EvidenceStore | Path) -> CollectedStacks:
     records: list[RankStacks] = []
     refused: dict[str, str] = {}
     try:
-        folder = open_store(f"{root.uri.rstrip('/')}/{STACKS_DIR}")
+        folder = root.folder(STACKS_DIR)
         objects = folder.list()
     except EvidenceError:
         return CollectedStacks(records=[], refused={})  # no collector folder: no stacks from it
