@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from denpex.analysis.membership_guess import GUESSED_CONFIDENCE
 from denpex.analysis.models import Membership
 from denpex.analysis.triage import triage_path
 from denpex.evidence.safe_pickle import safe_loads
@@ -82,7 +83,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_live_cases_triage_to_the_truth(live: dict[str, Path], name: str) -> None:
-    assert outcome(live[name]) == expected(live[name])
+    got, truth = outcome(live[name]), expected(live[name])
+    if not CASES[name].suspects_vary:
+        assert got == truth
+        return
+    # Which ops still read in flight is the race's; what the case is about is not: the verdict, and
+    # no rank named but through a guessed membership, at the lowest confidence.
+    assert {k: got[k] for k in ("verdict", "stale_ranks")} == {k: truth[k] for k in ("verdict", "stale_ranks")}
+    assert got["culprits"] and sorted(got["inferred"]) == sorted(int(r) for r in got["culprits"]), got
+    assert set(got["culprits"].values()) <= {"not_entered", "stalled"}, got
+    assert all(c.confidence <= GUESSED_CONFIDENCE for c in triage_path(live[name]).candidates)
 
 
 # -- family 8: the folder HangDumper wrote (dumps plus collector/ records), with no manifest --------
