@@ -42,6 +42,7 @@ from moto.server import ThreadedMotoServer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from denpex.ingest.layout import incident_prefix  # noqa: E402
 from testkit.services.prefect import PrefectServer, prefect_server, wait_for_deployments  # noqa: E402
 
 TEMPLATE = REPO / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
@@ -162,6 +163,11 @@ def cancel(server: PrefectServer, incident: str) -> None:
                    json={"state": {"type": "CANCELLED", "name": "Cancelled"}, "force": True})
 
 
+def bench_prefix(incident: str) -> str:
+    """Where the ingest service stores ``incident`` (the flow triages only that folder)."""
+    return incident_prefix("bench", CLUSTER, f"job-{incident}", incident)
+
+
 def alert_params(incident: str, uri: str, alert_time: datetime, world_size: int) -> dict[str, Any]:
     return {"tenant": "bench", "cluster": CLUSTER, "job_id": f"job-{incident}", "incident_id": incident,
             "alert_time": alert_time.isoformat(), "evidence": uri, "world_size": world_size,
@@ -181,7 +187,7 @@ def scale(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectSe
     print(f"generated {generated.world_size} ranks in {time.perf_counter() - started:.1f} s", flush=True)
     expected = json.loads((folder / "expected.json").read_text())
     started = time.perf_counter()
-    uri = upload_folder(endpoint, "scale", folder, {"manifest.json": manifest_with_gpus(folder)})
+    uri = upload_folder(endpoint, bench_prefix("scale-1"), folder, {"manifest.json": manifest_with_gpus(folder)})
     print(f"uploaded to {uri} in {time.perf_counter() - started:.1f} s", flush=True)
     # The CLI names the culprit's host and the evidence time; the Xid goes there, a minute before.
     cli_wall, body = run_cli(uri, env)
@@ -190,7 +196,7 @@ def scale(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectSe
     culprit = body["candidates"][0]
     local_rank = json.loads((folder / "manifest.json").read_text())["ranks"][str(culprit["rank"])]["local_rank"]
     boto3.client("s3", endpoint_url=endpoint).put_object(
-        Bucket=BUCKET, Key="scale/kernel.log",
+        Bucket=BUCKET, Key=f"{bench_prefix('scale-1')}/kernel.log",
         Body=xid79(culprit["host"], as_of - timedelta(minutes=1), int(local_rank)))
     cli_wall_2, body_2 = run_cli(uri, env)  # the same URI, now with the kernel log the flow also reads
     print(f"denpex triage {uri} (with kernel.log): {cli_wall_2:.1f} s", flush=True)
@@ -243,7 +249,7 @@ def latency(args: argparse.Namespace, work: Path, endpoint: str, server: Prefect
             breakdown: list[dict[str, Any]] = []
             for attempt in range(args.repeats):
                 incident = f"lat-{len(results)}-{attempt}"
-                uri = upload_folder(endpoint, incident, GLOO, {"manifest.json": manifest_with_gpus(GLOO),
+                uri = upload_folder(endpoint, bench_prefix(incident), GLOO, {"manifest.json": manifest_with_gpus(GLOO),
                                                                "kernel.log": xid79("gpu-node-003", alert_time - timedelta(minutes=1))})
                 event = AlertEvent(**alert_params(incident, uri, alert_time, 4))
                 started = time.perf_counter()

@@ -32,7 +32,7 @@ from denpex.isolation.slurm_layout import mark_derived_candidates
 from denpex.report import PlanView, TriageReport
 from denpex.state_paths import state_path
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
-from denpex.workflow.flow_parameters import check_flow_parameters
+from denpex.workflow.flow_parameters import EVIDENCE_ROOT_ENV, check_evidence_binding, check_flow_parameters
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
@@ -111,6 +111,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     # Anyone who reaches the Prefect API can start a run: its parameters are checked as a request's.
     check_flow_parameters(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
                           alert_id=alert_id or None, evidence=evidence)
+    # ... and the evidence must be this incident's own folder, never another tenant's or a forged one.
+    check_evidence_binding(evidence, tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
+                           root=os.environ.get(EVIDENCE_ROOT_ENV) or None)
     runbook, runbook_file = load_runbook_for_flow()
     timing = runbook.workflow
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,

@@ -7,6 +7,11 @@ evidence location never climbs with ``..``. Every problem is reported at once::
 
     check_flow_parameters(tenant="acme", cluster="lab", incident_id="../../x")
     # FlowParameterError: invalid flow parameters: incident_id '../../x' must match ...
+
+The evidence is then bound to the incident (:func:`check_evidence_binding`): it must be the
+folder the ingest service stores that incident in, ``<root>/<tenant>/<cluster>/<job>/<incident>``,
+so a run started for one tenant's cluster cannot triage another tenant's uploads, or a folder
+someone forged, and show that to the approver as this incident's evidence.
 """
 
 from __future__ import annotations
@@ -15,9 +20,15 @@ import re
 
 from denpex.ingest.errors import RegistryError
 from denpex.ingest.identity import ID_PATTERN, INCIDENT_ID_PATTERN
+from denpex.ingest.layout import incident_prefix, join_uri
 from denpex.ingest.registry import check_name
 
-__all__ = ["FlowParameterError", "check_flow_parameters"]
+__all__ = ["EVIDENCE_ROOT_ENV", "FlowParameterError", "check_evidence_binding", "check_flow_parameters"]
+
+EVIDENCE_ROOT_ENV = "DENPEX_EVIDENCE_ROOT"
+"""The flow worker's setting: the ingest service's ``--store`` (``s3://evidence``, a folder).
+An environment variable on the worker, never a block or a parameter: both are editable by anyone
+who reaches the Prefect API, the very party the binding guards against."""
 
 
 class FlowParameterError(ValueError):
@@ -60,3 +71,37 @@ def _evidence_problems(uri: str) -> list[str]:
     if ".." in rest.split("/"):
         problems.append(f"evidence {uri!r} climbs with '..'; name the folder or prefix itself")
     return problems
+
+
+def check_evidence_binding(evidence: str, *, tenant: str, cluster: str, job_id: str, incident_id: str,
+                           root: str | None) -> None:
+    """Raise FlowParameterError unless ``evidence`` is the incident's own folder.
+
+    With ``root`` (the ingest service's store) it must be exactly ``join_uri(root,
+    incident_prefix(...))``; without one, at least end in ``<tenant>/<cluster>/<job>/<incident>``,
+    the ingest layout, so another tenant's prefix of the same store never passes. Call it after
+    :func:`check_flow_parameters` (the parts are then names without ``/`` or ``..``).
+    """
+    prefix = incident_prefix(tenant, cluster, job_id, incident_id)
+    given = _normal(evidence)
+    if root is not None:
+        expected = join_uri(_normal(root), prefix)
+        if given != expected:
+            raise FlowParameterError(
+                f"evidence {evidence!r} is not incident {incident_id}'s folder: the ingest service stores "
+                f"it at {expected!r} ({EVIDENCE_ROOT_ENV}={root!r}); nothing was done")
+        return
+    if given.split("/")[-4:] != prefix.split("/") or given == prefix:
+        raise FlowParameterError(
+            f"evidence {evidence!r} is not incident {incident_id}'s folder: it must end in {prefix!r}, "
+            f"as the ingest service lays incidents out (set {EVIDENCE_ROOT_ENV} to its store to bind it "
+            "exactly); nothing was done")
+
+
+def _normal(uri: str) -> str:
+    """``file:///srv/x/`` and ``/srv//x`` -> ``/srv/x``; ``s3://b/p/`` -> ``s3://b/p``."""
+    scheme = "s3://" if uri.startswith("s3://") else ""
+    rest = uri[len(scheme):] if scheme else uri.removeprefix("file://")
+    absolute = rest.startswith("/")
+    parts = [p for p in rest.split("/") if p not in ("", ".")]
+    return scheme + ("/" if absolute else "") + "/".join(parts)

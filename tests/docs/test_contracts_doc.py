@@ -24,7 +24,7 @@ from denpex.ingest.signing import sign
 from denpex.isolation.approval import Approval
 from denpex.report import TriageReport
 from denpex.workflow.alert_event import AlertEvent
-from denpex.workflow.flow_parameters import check_flow_parameters
+from denpex.workflow.flow_parameters import check_evidence_binding, check_flow_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "contracts.md"
@@ -64,6 +64,9 @@ def _flow_parameters(body: str) -> None:
     _validates(AlertEvent)(body)
     check_flow_parameters(**{k: v for k, v in json.loads(body).items()
                              if k in {"tenant", "cluster", "job_id", "incident_id", "alert_id", "evidence"}})
+    names = json.loads(body)
+    check_evidence_binding(names["evidence"], tenant=names["tenant"], cluster=names["cluster"], job_id=names["job_id"],
+                           incident_id=names["incident_id"], root="s3://evidence")
 
 
 def _kernel_log(body: str) -> None:

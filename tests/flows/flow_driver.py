@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from denpex.ingest.layout import incident_prefix
 from denpex.isolation.audit import AuditLog, verify_audit_log
 from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, load_plan
@@ -80,8 +81,18 @@ def xid79_log(node: str = CULPRIT_NODE) -> bytes:
             "GPU has fallen off the bus.\n").encode()
 
 
+_NAMES = dict(tenant="acme", cluster="lab", job_id="gloo-withheld_one")
+
+
+def evidence_prefix(incident_id: str, **overrides: str) -> str:
+    """Where the ingest service stores the incident ``alert(incident_id, ..., **overrides)`` names:
+    the flow triages only that folder (``check_evidence_binding``)."""
+    names = {**_NAMES, **overrides}
+    return incident_prefix(names["tenant"], names["cluster"], names["job_id"], incident_id)
+
+
 def alert(incident_id: str, evidence: str, **overrides: Any) -> AlertEvent:
-    fields: dict[str, Any] = dict(tenant="acme", cluster="lab", job_id="gloo-withheld_one", incident_id=incident_id,
+    fields: dict[str, Any] = dict(**_NAMES, incident_id=incident_id,
                                   alert_time=ALERT_TIME, evidence=evidence, world_size=4, reported_by_rank=0,
                                   alert_id=f"am-{incident_id}")
     fields.update(overrides)

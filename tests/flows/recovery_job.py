@@ -30,13 +30,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--evidence", type=Path, help="where the dumps go (default: WORK/evidence)")
     args = parser.parse_args()
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.FileStore(str(args.work / "store"), WORLD), rank=args.rank,
                             world_size=WORLD, timeout=TIMEOUT)
-    dumper = HangDumper(args.work / "evidence", rank=args.rank, collective_timeout=TIMEOUT,
+    dumper = HangDumper(args.evidence or args.work / "evidence", rank=args.rank, collective_timeout=TIMEOUT,
                         host=f"gpu-node-{args.rank + 1:03d}", local_rank=0, formats=(DumpFormat.PICKLE,),
                         trigger_fraction=0.01, poll_interval=timedelta(seconds=0.25))
     tensor = torch.ones(16)

@@ -22,6 +22,7 @@ from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
     alert,
+    evidence_prefix,
     keyed_audit_log,
     manifest_with_gpus,
     report_of,
@@ -40,8 +41,8 @@ REFUSED = "does not extend its stored copy"
 SCENARIO = FIXTURES / "withheld_one"
 
 
-def _evidence(rig: FlowRig, prefix: str) -> str:
-    return upload(rig.s3_endpoint, prefix, SCENARIO,
+def _evidence(rig: FlowRig, incident: str) -> str:
+    return upload(rig.s3_endpoint, evidence_prefix(incident), SCENARIO,
                   extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log()})
 
 

@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from conftest import FIXTURES, write_runbooks
 from denpex.ingest.errors import RegistryError
+from denpex.ingest.layout import incident_prefix
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import Registry
 from denpex.isolation.plan import save_plan
@@ -72,8 +73,9 @@ def a_cluster_api() -> Iterator[FakeApiServer]:
             DenpexKubernetesTarget.delete(block_name_for(A_CLUSTER))
 
 
-def _evidence(tmp_path: Path) -> str:
-    folder = tmp_path / "evidence"
+def _evidence(tmp_path: Path, tenant: str, incident: str, cluster: str = A_CLUSTER) -> str:
+    """The incident's folder as the ingest service lays it out (the flow triages no other)."""
+    folder = tmp_path / "evidence" / incident_prefix(tenant, cluster, "gloo-withheld_one", incident)
     shutil.copytree(SCENARIO, folder)
     (folder / "manifest.json").write_bytes(manifest_with_gpus(SCENARIO))
     (folder / "kernel.log").write_bytes(xid79_log())
@@ -130,7 +132,8 @@ def test_tenant_b_cannot_drain_tenant_a_cluster_through_a_target(state: Path, a_
     _two_tenants(state)
     incident = f"xt-{uuid.uuid4().hex[:8]}"
     result = _run_as_attacker(state, tenant="b", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
-                              alert_time=ALERT_TIME, evidence=_evidence(tmp_path), world_size=4, reported_by_rank=0,
+                              alert_time=ALERT_TIME, evidence=_evidence(tmp_path, "b", incident), world_size=4,
+                              reported_by_rank=0,
                               alert_id=f"am-{incident}")
 
     assert not [r for r in a_cluster_api.requests if r[0] in {"PATCH", "POST", "DELETE"}], a_cluster_api.requests
@@ -139,6 +142,24 @@ def test_tenant_b_cannot_drain_tenant_a_cluster_through_a_target(state: Path, a_
     assert result["reason"] == (f"cluster {A_CLUSTER!r} belongs to tenant 'a' in the operator's registry, not to "
                                 "the incident's tenant 'b'")
     assert not (state / "plans" / f"{incident}.json").exists()  # nothing was put up for approval
+
+
+def test_a_run_cannot_triage_another_tenants_uploads_as_its_own_incident(state: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tenant b's upload (its own cluster, its own job) shown to tenant a's approver as a's incident:
+    the run fails on its parameters before it reads a byte, with the ingest store bound or not."""
+    from flows.triage import triage
+
+    _two_tenants(state)
+    incident = f"xt-{uuid.uuid4().hex[:8]}"
+    theirs = _evidence(tmp_path, "b", incident, cluster=B_CLUSTER)
+    for root in (None, str(tmp_path / "evidence")):
+        if root:
+            monkeypatch.setenv("DENPEX_EVIDENCE_ROOT", root)
+        with pytest.raises(ValueError, match=f"evidence '{theirs}' is not incident {incident}'s folder"):
+            triage(tenant="a", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
+                   alert_time=ALERT_TIME, evidence=theirs, world_size=4, alert_id=f"am-{incident}")
+    assert not (state / "plans").exists() and not (state / "reports").exists()
 
 
 def _planted_plan(path: Path) -> None:

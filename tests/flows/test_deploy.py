@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT, write_runbooks
-from flow_driver import alert, manifest_with_gpus, report_of, wait_for, xid79_log
+from flow_driver import alert, evidence_prefix, manifest_with_gpus, report_of, wait_for, xid79_log
 from testkit.services.prefect import PrefectServer
 
 # Sized to what it starts: `prefect deploy --all`, a process worker, and a run it waits up to 420 s for.
@@ -79,7 +79,7 @@ def test_prefect_deploy_all_and_a_process_worker_runs_manual_triage(worker: tupl
     from prefect.deployments import run_deployment
 
     env, state = worker
-    evidence = tmp_path / "incident"
+    evidence = tmp_path / "ingest-store" / evidence_prefix("inc-deployed", cluster="no-such-cluster")
     shutil.copytree(FIXTURES / "withheld_one", evidence, ignore=shutil.ignore_patterns("*.json"))
     (evidence / "manifest.json").write_bytes(manifest_with_gpus(FIXTURES / "withheld_one"))
     (evidence / "kernel.log").write_bytes(xid79_log())

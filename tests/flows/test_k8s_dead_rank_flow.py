@@ -24,6 +24,7 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import write_runbooks
+from denpex.ingest.layout import incident_prefix
 from denpex.isolation.k8s_layout import COMPLETION_INDEX
 from denpex.isolation.kubernetes import TAINT_KEY
 from flow_driver import enroll_approvers, find_run, resume, saved_plan, wait_for
@@ -76,8 +77,8 @@ def api() -> Iterator[FakeApiServer]:
             DenpexKubernetesTarget.delete(block_name_for(CLUSTER))
 
 
-def _evidence(tmp_path: Path, *, xid_on: str | None) -> str:
-    folder = tmp_path / "evidence"
+def _evidence(tmp_path: Path, incident: str, *, xid_on: str | None) -> str:
+    folder = tmp_path / "evidence" / incident_prefix("acme", CLUSTER, JOB, incident)  # the ingest layout
     shutil.copytree(SIGKILL, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     del manifest["ranks"]["1"]  # the dead rank never said where it ran
@@ -122,7 +123,7 @@ def _run(state: Path, incident: str, evidence: str, *, approve: bool) -> dict[st
 def test_the_dead_ranks_pod_places_it_and_its_nodes_own_xid_confirms_the_cordon(
         state: Path, api: FakeApiServer, tmp_path: Path) -> None:
     incident = f"k8s-{uuid.uuid4().hex[:8]}"
-    out = _run(state, incident, _evidence(tmp_path, xid_on=DEAD_NODE), approve=True)
+    out = _run(state, incident, _evidence(tmp_path, incident, xid_on=DEAD_NODE), approve=True)
     [action] = out["plan"].actions
     assert (action.node, action.action.value) == (DEAD_NODE, "cordon_taint")
     assert action.evidence[0] == f"host {DEAD_NODE} derived from the scheduler's job record, confirmed by its own signal"
@@ -139,7 +140,7 @@ def test_the_dead_ranks_pod_places_it_and_its_nodes_own_xid_confirms_the_cordon(
 def test_a_derived_host_without_its_own_signal_is_not_cordoned(
         state: Path, api: FakeApiServer, tmp_path: Path) -> None:
     incident = f"k8s-{uuid.uuid4().hex[:8]}"
-    out = _run(state, incident, _evidence(tmp_path, xid_on=None), approve=False)
+    out = _run(state, incident, _evidence(tmp_path, incident, xid_on=None), approve=False)
     report = out["result"]
     assert report["plan"]["recommend_isolation"] is False
     assert any("derived from the scheduler's job record" in b for b in report["plan"]["blocked"]), report["plan"]

@@ -27,6 +27,7 @@ from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
     alert,
+    evidence_prefix,
     enroll_approvers,
     find_run,
     fire,
@@ -79,7 +80,7 @@ def pg_rig(postgres_prefect: PostgresPrefect, s3_endpoint: str, slurm_lab: Slurm
     with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
         register_blocks(slurm_lab)
         env = {**server.env(), **AWS_ENV, "DENPEX_STATE_DIR": str(state), "DENPEX_RUNBOOKS_DIR": str(runbooks),
-               "DENPEX_S3_ENDPOINT_URL": s3_endpoint}
+               "DENPEX_S3_ENDPOINT_URL": s3_endpoint, "DENPEX_EVIDENCE_ROOT": "s3://evidence"}
         with log.open("wb") as out:
             served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
                                       stdout=out, stderr=subprocess.STDOUT)
@@ -105,7 +106,7 @@ def paused_incident(rig: ServerRig, incident: str) -> Any:
 def paused_incidents(rig: ServerRig, *incidents: str) -> list[Any]:
     """Fire an alert per incident, then wait for every run to pause (they triage side by side)."""
     for incident in incidents:
-        evidence = upload(rig.flows.s3_endpoint, incident, SCENARIO,
+        evidence = upload(rig.flows.s3_endpoint, evidence_prefix(incident), SCENARIO,
                           extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log(),
                                  **withheld_one_stacks()})
         fire(rig.server.api_url, alert(incident, evidence))

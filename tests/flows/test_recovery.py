@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT
 from denpex.analysis.summary import summarize_dump
 from denpex.evidence.fr_dump import decode_dump
+from denpex.ingest.layout import incident_prefix
 from denpex.isolation.audit import AuditKind
 from flow_driver import FlowRig, alert, keyed_audit_log, report_of, resume, saved_plan, start_manual, wait_for
 from lab.rig import drained_nodes
@@ -30,6 +31,9 @@ from testkit.services.slurm import SlurmLab
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 JOB = Path(__file__).with_name("recovery_job.py")
+INCIDENT = "inc-recovers"
+# The job's collector writes where the ingest service would store the incident: the flow triages no other folder.
+EVIDENCE = f"ingest-store/{incident_prefix('acme', 'lab', 'gloo-recovery', INCIDENT)}"
 STOPPED = 2
 STUCK_SEQ = 4  # two all_reduces and a barrier, then the all_reduce that rank 2 is stopped before
 
@@ -66,7 +70,8 @@ def _dumps_before(evidence: Path, seq: int) -> dict[int, str]:
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[tuple[Path, dict[int, subprocess.Popen[bytes]]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = {r: subprocess.Popen([sys.executable, str(JOB), "--rank", str(r), "--work", str(tmp_path)],
+    procs = {r: subprocess.Popen([sys.executable, str(JOB), "--rank", str(r), "--work", str(tmp_path),
+                                  "--evidence", str(tmp_path / EVIDENCE)],
                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                  stderr=(tmp_path / f"rank-{r}.log").open("wb"))
              for r in range(4)}
@@ -94,7 +99,7 @@ def _manifest(evidence: Path, procs: dict[int, subprocess.Popen[bytes]]) -> None
 def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
         flow_rig: FlowRig, lab: SlurmLab, job: tuple[Path, dict[int, subprocess.Popen[bytes]]]) -> None:
     work, procs = job
-    evidence = work / "evidence"
+    evidence = work / EVIDENCE
     _wait(lambda: all(_trigger(evidence, r) for r in (0, 1, 3)), "ranks 0, 1 and 3 to dump the hang")
     state = Path(f"/proc/{procs[STOPPED].pid}/status").read_text()
     assert "\nState:\tT" in state, "rank 2 is not stopped"
@@ -102,7 +107,7 @@ def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
         f"rank 2 dumped before SIGCONT: {_dumps_before(evidence, STUCK_SEQ)} (a false stall before the hang?)")
     _manifest(evidence, procs)
 
-    incident = "inc-recovers"
+    incident = INCIDENT
     run_id = start_manual(alert(incident, str(evidence), job_id="gloo-recovery", alert_time=datetime.now(UTC)))
     wait_for(run_id, {"PAUSED"})
     plan = saved_plan(flow_rig.state_dir, incident)

@@ -18,6 +18,7 @@ from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
     alert,
+    evidence_prefix,
     manifest_with_gpus,
     report_of,
     resume,
@@ -58,7 +59,7 @@ def test_the_hung_job_note_leads_to_the_requeue_deployment(flow_rig: FlowRig, la
     job = hung_job_on(lab, CULPRIT_NODE)
     # The manifest names the job (its id wins over the alert's): here the Slurm job that hung.
     manifest = {**json.loads(manifest_with_gpus(SCENARIO)), "job_id": job}
-    evidence = upload(flow_rig.s3_endpoint, incident, SCENARIO,
+    evidence = upload(flow_rig.s3_endpoint, evidence_prefix(incident, job_id=job), SCENARIO,
                       extra={"manifest.json": json.dumps(manifest).encode(), "kernel.log": xid79_log()})
     run_id = start_manual(alert(incident, evidence, job_id=job))
     assert wait_for(run_id, {"PAUSED"}) == "PAUSED"

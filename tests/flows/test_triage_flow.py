@@ -24,6 +24,7 @@ from flow_driver import (
     CULPRIT_STACK,
     FlowRig,
     alert,
+    evidence_prefix,
     find_run,
     fire,
     form_texts,
@@ -47,8 +48,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SCENARIO = FIXTURES / "withheld_one"
 
 
-def _evidence(rig: FlowRig, prefix: str, *, ranks: set[int] | None = None) -> str:
-    return upload(rig.s3_endpoint, prefix, SCENARIO, ranks=ranks,
+def _evidence(rig: FlowRig, incident: str, *, ranks: set[int] | None = None) -> str:
+    return upload(rig.s3_endpoint, evidence_prefix(incident), SCENARIO, ranks=ranks,
                   extra={"manifest.json": manifest_with_gpus(SCENARIO), "kernel.log": xid79_log(),
                          **withheld_one_stacks()})
 
@@ -265,7 +266,7 @@ def test_late_evidence_is_waited_for_then_triaged_without_the_missing_rank(flow_
     started = time.monotonic()
     run_id = start_manual(alert(incident, evidence))
     time.sleep(2)
-    upload(flow_rig.s3_endpoint, incident, SCENARIO, ranks={2})
+    upload(flow_rig.s3_endpoint, evidence_prefix(incident), SCENARIO, ranks={2})
     state = wait_for(run_id, {"PAUSED", "COMPLETED"})
     waited = time.monotonic() - started
     if state == "PAUSED":

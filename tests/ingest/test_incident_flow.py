@@ -72,7 +72,9 @@ def test_alert_through_the_service_starts_one_real_triage_run(lab: Lab,
     server, work = flow_engine
     api_url = server.api_url
     env = {**server.env(), **AWS_ENV, "DENPEX_RUNBOOKS_DIR": str(work / "runbooks"),
-           "DENPEX_STATE_DIR": str(work / "flow-state"), "DENPEX_S3_ENDPOINT_URL": lab.s3.endpoint}
+           "DENPEX_STATE_DIR": str(work / "flow-state"), "DENPEX_S3_ENDPOINT_URL": lab.s3.endpoint,
+           # The service's --store: the run triages exactly the incident's folder in it.
+           "DENPEX_EVIDENCE_ROOT": f"s3://{lab.s3.bucket}/{lab.prefix}"}
     log = work / "serve.log"
     with log.open("ab") as out:
         served = subprocess.Popen([sys.executable, "-m", "flows.serve", "--only", "on-alert"], cwd=ROOT, env=env,

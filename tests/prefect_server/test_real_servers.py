@@ -91,7 +91,7 @@ def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(tmp_path:
     from denpex.workflow.alert_event import AlertEvent
 
     event = AlertEvent(tenant="acme", cluster="lab", job_id="j", incident_id="inc-auth",
-                       alert_time=datetime.now(UTC), evidence="s3://evidence/inc-auth", alert_id="am-auth")
+                       alert_time=datetime.now(UTC), evidence="s3://evidence/acme/lab/j/inc-auth", alert_id="am-auth")
     with prefect_server(tmp_path, ui=False, auth_string="ops:s3cret") as server:
         assert httpx.post(f"{server.api_url}/flow_runs/filter", json={}, timeout=10).status_code == 401
         with pytest.raises(StoreUnavailableError, match="HTTP 401"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from denpex.state_paths import StatePathError, state_path
-from denpex.workflow.flow_parameters import FlowParameterError, check_flow_parameters
+from denpex.workflow.flow_parameters import FlowParameterError, check_evidence_binding, check_flow_parameters
 
 GOOD = dict(tenant="acme", cluster="gpu.prod", job_id="job-123", incident_id="fr-20261201T130914Z",
             alert_id="am-7f3a", evidence="s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z")
@@ -51,3 +51,37 @@ def test_state_paths_stay_in_the_state_directory(tmp_path: Path) -> None:
     for parts in [("plans", "../../x.json"), ("..", "x"), ("plans", ""), ("plans", "."), ("a\0b",), ()]:
         with pytest.raises(StatePathError):
             state_path(tmp_path, *parts)
+
+
+BOUND = dict(tenant="acme", cluster="gpu.prod", job_id="job-123", incident_id="fr-20261201T130914Z")
+
+
+@pytest.mark.parametrize("evidence, root", [
+    ("s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", "s3://evidence"),
+    ("s3://evidence/ingest/acme/gpu.prod/job-123/fr-20261201T130914Z/", "s3://evidence/ingest/"),
+    ("/srv/evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", "file:///srv/evidence"),
+    ("file:///srv//evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", "/srv/evidence"),
+    ("s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", None),
+    ("/tmp/replay/acme/gpu.prod/job-123/fr-20261201T130914Z", None),
+])
+def test_the_incidents_own_folder_is_bound(evidence: str, root: str | None) -> None:
+    check_evidence_binding(evidence, root=root, **BOUND)
+
+
+@pytest.mark.parametrize("evidence, root, why", [
+    # Another tenant's upload in the same store, shown to acme's approver as acme's incident.
+    ("s3://evidence/globex/g1/job-9/inc-1", "s3://evidence", "s3://evidence/acme/gpu.prod/job-123/"),
+    ("s3://evidence/globex/g1/job-9/inc-1", None, "must end in 'acme/gpu.prod/job-123/fr-20261201T130914Z'"),
+    # The right tail under a root that is not the ingest service's (a bucket someone else filled).
+    ("s3://forged/acme/gpu.prod/job-123/fr-20261201T130914Z", "s3://evidence", "DENPEX_EVIDENCE_ROOT"),
+    ("/tmp/x/acme/gpu.prod/job-123/fr-20261201T130914Z", "/srv/evidence", "is not incident"),
+    # Another incident, or another job, of the same tenant and cluster.
+    ("s3://evidence/acme/gpu.prod/job-123/fr-other", "s3://evidence", "is not incident"),
+    ("s3://evidence/acme/gpu.prod/job-7/fr-20261201T130914Z", None, "must end in"),
+    ("/srv/evidence", None, "must end in"),
+    ("acme/gpu.prod/job-123/fr-20261201T130914Z", None, "must end in"),
+])
+def test_any_other_folder_is_refused(evidence: str, root: str | None, why: str) -> None:
+    with pytest.raises(FlowParameterError, match="is not incident fr-20261201T130914Z's folder") as caught:
+        check_evidence_binding(evidence, root=root, **BOUND)
+    assert why in str(caught.value) and str(caught.value).endswith("nothing was done")
