@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             state.mkdir()
             register_blocks(server)
             env = {**server.env(), **AWS_ENV, "DENPEX_S3_ENDPOINT_URL": endpoint,
-                   "DENPEX_STATE_DIR": str(state), "DENPEX_RUNBOOKS_DIR": str(runbooks)}
+                   "DENPEX_STATE_DIR": str(state), "DENPEX_RUNBOOKS_DIR": str(runbooks),
+                   "DENPEX_EVIDENCE_ROOT": f"s3://{BUCKET}"}
             if not args.skip_scale:
                 figures["scale"] = scale(args, work, endpoint, server, env)
             if not args.skip_latency:

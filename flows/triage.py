@@ -111,9 +111,10 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     # Anyone who reaches the Prefect API can start a run: its parameters are checked as a request's.
     check_flow_parameters(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
                           alert_id=alert_id or None, evidence=evidence)
-    # ... and the evidence must be this incident's own folder, never another tenant's or a forged one.
-    check_evidence_binding(evidence, tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
-                           root=os.environ.get(EVIDENCE_ROOT_ENV) or None)
+    # ... and the evidence must be this incident's own folder, never another tenant's or a forged one;
+    # what is read from here on is that folder as the check wrote it, never the caller's spelling.
+    evidence = check_evidence_binding(evidence, tenant=tenant, cluster=cluster, job_id=job_id,
+                                      incident_id=incident_id, roots=os.environ.get(EVIDENCE_ROOT_ENV, "").split())
     runbook, runbook_file = load_runbook_for_flow()
     timing = runbook.workflow
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,

@@ -147,8 +147,10 @@ class S3Store:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def folder(self, name: str) -> S3Store:
-        if name.startswith("/") or ".." in name.split("/"):
-            raise EvidenceSourceError(f"folder name {name!r} escapes the store root")
+        # S3 keys are literal: "", "." and "a//b" would name other keys than the folder a LocalStore
+        # reads for the same name, so only plain parts are taken.
+        if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+            raise EvidenceSourceError(f"folder name {name!r} escapes the store root or is not a plain path")
         return S3Store(self.bucket, self._key(name), client=self._client)
 
     def list(self) -> list[StoredObject]:

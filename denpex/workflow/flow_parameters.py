@@ -11,12 +11,15 @@ evidence location never climbs with ``..``. Every problem is reported at once::
 The evidence is then bound to the incident (:func:`check_evidence_binding`): it must be the
 folder the ingest service stores that incident in, ``<root>/<tenant>/<cluster>/<job>/<incident>``,
 so a run started for one tenant's cluster cannot triage another tenant's uploads, or a folder
-someone forged, and show that to the approver as this incident's evidence.
+someone forged, and show that to the approver as this incident's evidence. With no root
+configured, no run reads anything.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
+from collections.abc import Sequence
 
 from denpex.ingest.errors import RegistryError
 from denpex.ingest.identity import ID_PATTERN, INCIDENT_ID_PATTERN
@@ -26,8 +29,9 @@ from denpex.ingest.registry import check_name
 __all__ = ["EVIDENCE_ROOT_ENV", "FlowParameterError", "check_evidence_binding", "check_flow_parameters"]
 
 EVIDENCE_ROOT_ENV = "DENPEX_EVIDENCE_ROOT"
-"""The flow worker's setting: the ingest service's ``--store`` (``s3://evidence``, a folder).
-An environment variable on the worker, never a block or a parameter: both are editable by anyone
+"""The flow worker's setting: the ingest service's ``--store`` (``s3://evidence``, an absolute
+folder); several, separated by whitespace, where several services feed one worker. An environment
+variable on the worker, never a block or a parameter: both are editable by anyone
 who reaches the Prefect API, the very party the binding guards against."""
 
 
@@ -74,34 +78,49 @@ def _evidence_problems(uri: str) -> list[str]:
 
 
 def check_evidence_binding(evidence: str, *, tenant: str, cluster: str, job_id: str, incident_id: str,
-                           root: str | None) -> None:
-    """Raise FlowParameterError unless ``evidence`` is the incident's own folder.
+                           roots: Sequence[str]) -> str:
+    """The location to read the incident's evidence from; FlowParameterError unless ``evidence`` is
+    the incident's own folder, ``<root>/<tenant>/<cluster>/<job>/<incident>``, in one of ``roots``
+    (the ingest services' stores).
 
-    With ``root`` (the ingest service's store) it must be exactly ``join_uri(root,
-    incident_prefix(...))``; without one, at least end in ``<tenant>/<cluster>/<job>/<incident>``,
-    the ingest layout, so another tenant's prefix of the same store never passes. Call it after
-    :func:`check_flow_parameters` (the parts are then names without ``/`` or ``..``).
+    An ``s3://`` location is compared as S3 reads it, character for character (a trailing ``/``
+    aside): ``acme//lab`` or ``./acme`` is another key prefix, not a spelling of ``acme/lab``. A
+    folder is compared as the file system reads it (``//`` and ``.`` folded). The caller reads the
+    location returned, never its own spelling of it. No roots: nothing is bound, so nothing is
+    read. Call it after :func:`check_flow_parameters` (the parts are then names without ``/`` or
+    ``..``).
     """
-    prefix = incident_prefix(tenant, cluster, job_id, incident_id)
-    given = _normal(evidence)
-    if root is not None:
-        expected = join_uri(_normal(root), prefix)
-        if given != expected:
-            raise FlowParameterError(
-                f"evidence {evidence!r} is not incident {incident_id}'s folder: the ingest service stores "
-                f"it at {expected!r} ({EVIDENCE_ROOT_ENV}={root!r}); nothing was done")
-        return
-    if given.split("/")[-4:] != prefix.split("/") or given == prefix:
+    if not roots:
         raise FlowParameterError(
-            f"evidence {evidence!r} is not incident {incident_id}'s folder: it must end in {prefix!r}, "
-            f"as the ingest service lays incidents out (set {EVIDENCE_ROOT_ENV} to its store to bind it "
-            "exactly); nothing was done")
+            f"{EVIDENCE_ROOT_ENV} is not set on this worker: set it to the ingest service's --store, so "
+            "a run triages only an incident's own folder there (denpex triage FOLDER reads any folder, "
+            "and acts on nothing); nothing was done")
+    prefix = incident_prefix(tenant, cluster, job_id, incident_id)
+    given = _location(evidence)
+    expected = [join_uri(_root(root), prefix) for root in roots]
+    if given in expected:
+        return given
+    raise FlowParameterError(
+        f"evidence {evidence!r} is not incident {incident_id}'s folder: the ingest service stores it at "
+        + " or ".join(repr(e) for e in expected) + f" ({EVIDENCE_ROOT_ENV}); nothing was done")
 
 
-def _normal(uri: str) -> str:
-    """``file:///srv/x/`` and ``/srv//x`` -> ``/srv/x``; ``s3://b/p/`` -> ``s3://b/p``."""
-    scheme = "s3://" if uri.startswith("s3://") else ""
-    rest = uri[len(scheme):] if scheme else uri.removeprefix("file://")
-    absolute = rest.startswith("/")
-    parts = [p for p in rest.split("/") if p not in ("", ".")]
-    return scheme + ("/" if absolute else "") + "/".join(parts)
+def _root(root: str) -> str:
+    """A configured root as :func:`_location` writes it; a relative folder, ``..`` or an S3 URI
+    without a bucket is a misconfiguration, refused rather than read from the worker's cwd."""
+    text = root.removeprefix("file://")
+    problems = _evidence_problems(root)
+    if not root.startswith("s3://") and not text.startswith("/"):
+        problems.append(f"{root!r} is a relative folder; give an absolute one")
+    if problems:
+        raise FlowParameterError(f"{EVIDENCE_ROOT_ENV} entry {root!r} is not usable: " + "; ".join(problems)
+                                 + "; nothing was done")
+    return _location(root)
+
+
+def _location(uri: str) -> str:
+    """``s3://b/p/`` -> ``s3://b/p`` (S3 keys are literal: nothing else changes); ``file:///srv//x/.``
+    -> ``/srv/x`` (as the file system resolves it; ``..`` is refused before this)."""
+    if uri.startswith("s3://"):
+        return uri.rstrip("/")
+    return posixpath.normpath(uri.removeprefix("file://"))

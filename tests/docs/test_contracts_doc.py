@@ -66,7 +66,7 @@ def _flow_parameters(body: str) -> None:
                              if k in {"tenant", "cluster", "job_id", "incident_id", "alert_id", "evidence"}})
     names = json.loads(body)
     check_evidence_binding(names["evidence"], tenant=names["tenant"], cluster=names["cluster"], job_id=names["job_id"],
-                           incident_id=names["incident_id"], root="s3://evidence")
+                           incident_id=names["incident_id"], roots=["s3://evidence"])
 
 
 def _kernel_log(body: str) -> None:

@@ -107,7 +107,7 @@ def test_a_folder_of_an_s3_store_keeps_its_client_and_stays_inside(s3) -> None: 
     assert sub.uri == "s3://evidence/incident-7/scratch"
     sub.write("x.json", b"{}")
     assert [o.name for o in sub.list()] == ["x.json"]
-    for hostile in ("../incident-8", "/etc", "a/../../b"):
+    for hostile in ("../incident-8", "/etc", "a/../../b", "", ".", "a//b", "a/"):
         with pytest.raises(EvidenceSourceError, match="escapes"):
             store.folder(hostile)
 

@@ -24,6 +24,14 @@ from testkit.services.slurm import SlurmLab
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gloo"
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+INGEST_STORE = "s3://evidence/ingest"
+"""The --store of the ingest services the flow tests start (the rig's flows triage only in it,
+in ``s3://evidence`` where ``upload`` puts incidents, and in ``local_store``)."""
+
+
+def local_store(rig: FlowRig) -> Path:
+    """The rig's folder store: incidents laid out as the ingest service lays them out on disk."""
+    return rig.state_dir.parent / "ingest-store"
 
 
 def write_runbooks(folder: Path) -> None:
@@ -104,6 +112,7 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
     register_blocks(slurm_lab)
     env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
            "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,
+           "DENPEX_EVIDENCE_ROOT": f"s3://evidence {INGEST_STORE} {work / 'ingest-store'}",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     log = work / "serve.log"
     with log.open("wb") as out:

@@ -50,6 +50,7 @@ def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path / "state"))
     enroll_approvers(tmp_path / "state", ("alice", "bob"))
     monkeypatch.setenv("DENPEX_RUNBOOKS_DIR", str(runbooks))
+    monkeypatch.setenv("DENPEX_EVIDENCE_ROOT", str(tmp_path / "evidence"))  # where _evidence lays incidents out
     from blocks import DenpexRunbook
 
     DenpexRunbook(name="hang-triage").save("default", overwrite=True)
@@ -147,16 +148,16 @@ def test_tenant_b_cannot_drain_tenant_a_cluster_through_a_target(state: Path, a_
 def test_a_run_cannot_triage_another_tenants_uploads_as_its_own_incident(state: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Tenant b's upload (its own cluster, its own job) shown to tenant a's approver as a's incident:
-    the run fails on its parameters before it reads a byte, with the ingest store bound or not."""
+    the run fails on its parameters before it reads a byte; with no ingest store set, no run reads."""
     from flows.triage import triage
 
     _two_tenants(state)
     incident = f"xt-{uuid.uuid4().hex[:8]}"
     theirs = _evidence(tmp_path, "b", incident, cluster=B_CLUSTER)
-    for root in (None, str(tmp_path / "evidence")):
-        if root:
-            monkeypatch.setenv("DENPEX_EVIDENCE_ROOT", root)
-        with pytest.raises(ValueError, match=f"evidence '{theirs}' is not incident {incident}'s folder"):
+    for roots in (str(tmp_path / "evidence"), ""):  # bound to the store, and with no store set at all
+        monkeypatch.setenv("DENPEX_EVIDENCE_ROOT", roots)
+        why = f"evidence '{theirs}' is not incident {incident}'s folder" if roots else "DENPEX_EVIDENCE_ROOT is not set"
+        with pytest.raises(ValueError, match=why):
             triage(tenant="a", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
                    alert_time=ALERT_TIME, evidence=theirs, world_size=4, alert_id=f"am-{incident}")
     assert not (state / "plans").exists() and not (state / "reports").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import INGEST_STORE
 from denpex.collector import EvidenceUploader, UploadTarget
 from denpex.ingest.client import IngestClient
 from denpex.ingest.incidents import IncidentBook
@@ -64,8 +65,8 @@ def ingest(flow_rig: FlowRig, tmp_path: Path) -> Iterator[Ingest]:
     state = tmp_path / "api-state"
     registry = Registry(state)
     registry.add_tenant("acme", PlanTier.DATA_CENTER)
-    prefix = f"dead-{uuid.uuid4().hex[:6]}"
-    api = ApiServer(state, f"s3://evidence/{prefix}", s3_endpoint=flow_rig.s3_endpoint,
+    prefix = INGEST_STORE.removeprefix("s3://evidence/")  # the store the rig's flows triage in (jobs are unique)
+    api = ApiServer(state, INGEST_STORE, s3_endpoint=flow_rig.s3_endpoint,
                     prefect_api_url=flow_rig.api_url, log_dir=tmp_path)
     api.start()
     try:

@@ -47,7 +47,7 @@ def _deployed_worker(server_env: dict[str, str], api: str,
     write_runbooks(runbooks)
     # The server's own PREFECT_HOME and API, never the session harness's.
     env = {**{k: v for k, v in _env(api, state, runbooks).items() if not k.startswith("PREFECT_")},
-           **server_env, "PREFECT_API_URL": api}
+           **server_env, "PREFECT_API_URL": api, "DENPEX_EVIDENCE_ROOT": str(tmp_path / "ingest-store")}
     created = subprocess.run([PREFECT, "work-pool", "create", "denpex", "--type", "process", "--overwrite"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert created.returncode == 0, created.stdout + created.stderr

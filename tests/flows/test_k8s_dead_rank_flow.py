@@ -47,6 +47,7 @@ def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path / "state"))
     enroll_approvers(tmp_path / "state")
     monkeypatch.setenv("DENPEX_RUNBOOKS_DIR", str(runbooks))
+    monkeypatch.setenv("DENPEX_EVIDENCE_ROOT", str(tmp_path / "evidence"))  # where _evidence lays incidents out
     from blocks import DenpexRunbook
 
     DenpexRunbook(name="hang-triage").save("default", overwrite=True)

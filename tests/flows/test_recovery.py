@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, local_store
 from denpex.analysis.summary import summarize_dump
 from denpex.evidence.fr_dump import decode_dump
 from denpex.ingest.layout import incident_prefix
@@ -32,8 +33,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 JOB = Path(__file__).with_name("recovery_job.py")
 INCIDENT = "inc-recovers"
-# The job's collector writes where the ingest service would store the incident: the flow triages no other folder.
-EVIDENCE = f"ingest-store/{incident_prefix('acme', 'lab', 'gloo-recovery', INCIDENT)}"
+# The job's collector writes where the ingest service would store the incident in the rig's folder
+# store (conftest.local_store): the flow triages no other folder.
+EVIDENCE = incident_prefix("acme", "lab", "gloo-recovery", INCIDENT)
 STOPPED = 2
 STUCK_SEQ = 4  # two all_reduces and a barrier, then the all_reduce that rank 2 is stopped before
 
@@ -68,10 +70,12 @@ def _dumps_before(evidence: Path, seq: int) -> dict[int, str]:
 
 
 @pytest.fixture
-def job(tmp_path: Path) -> Iterator[tuple[Path, dict[int, subprocess.Popen[bytes]]]]:
+def job(tmp_path: Path, flow_rig: FlowRig) -> Iterator[tuple[Path, dict[int, subprocess.Popen[bytes]]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    evidence = local_store(flow_rig) / EVIDENCE
+    shutil.rmtree(evidence, ignore_errors=True)  # a rerun in the same session starts clean
     procs = {r: subprocess.Popen([sys.executable, str(JOB), "--rank", str(r), "--work", str(tmp_path),
-                                  "--evidence", str(tmp_path / EVIDENCE)],
+                                  "--evidence", str(evidence)],
                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                  stderr=(tmp_path / f"rank-{r}.log").open("wb"))
              for r in range(4)}
@@ -99,7 +103,7 @@ def _manifest(evidence: Path, procs: dict[int, subprocess.Popen[bytes]]) -> None
 def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
         flow_rig: FlowRig, lab: SlurmLab, job: tuple[Path, dict[int, subprocess.Popen[bytes]]]) -> None:
     work, procs = job
-    evidence = work / EVIDENCE
+    evidence = local_store(flow_rig) / EVIDENCE
     _wait(lambda: all(_trigger(evidence, r) for r in (0, 1, 3)), "ranks 0, 1 and 3 to dump the hang")
     state = Path(f"/proc/{procs[STOPPED].pid}/status").read_text()
     assert "\nState:\tT" in state, "rank 2 is not stopped"

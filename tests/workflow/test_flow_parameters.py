@@ -54,34 +54,50 @@ def test_state_paths_stay_in_the_state_directory(tmp_path: Path) -> None:
 
 
 BOUND = dict(tenant="acme", cluster="gpu.prod", job_id="job-123", incident_id="fr-20261201T130914Z")
+INCIDENT = "acme/gpu.prod/job-123/fr-20261201T130914Z"
 
 
-@pytest.mark.parametrize("evidence, root", [
-    ("s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", "s3://evidence"),
-    ("s3://evidence/ingest/acme/gpu.prod/job-123/fr-20261201T130914Z/", "s3://evidence/ingest/"),
-    ("/srv/evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", "file:///srv/evidence"),
-    ("file:///srv//evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", "/srv/evidence"),
-    ("s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z", None),
-    ("/tmp/replay/acme/gpu.prod/job-123/fr-20261201T130914Z", None),
+@pytest.mark.parametrize("evidence, roots, read", [
+    (f"s3://evidence/{INCIDENT}", ["s3://evidence"], f"s3://evidence/{INCIDENT}"),
+    (f"s3://evidence/ingest/{INCIDENT}/", ["s3://evidence/ingest/"], f"s3://evidence/ingest/{INCIDENT}"),
+    (f"/srv/evidence/{INCIDENT}", ["file:///srv/evidence"], f"/srv/evidence/{INCIDENT}"),
+    (f"file:///srv//evidence/./{INCIDENT}/", ["/srv/evidence"], f"/srv/evidence/{INCIDENT}"),
+    (f"s3://b2/{INCIDENT}", ["s3://evidence", "s3://b2"], f"s3://b2/{INCIDENT}"),  # two services, one worker
 ])
-def test_the_incidents_own_folder_is_bound(evidence: str, root: str | None) -> None:
-    check_evidence_binding(evidence, root=root, **BOUND)
+def test_the_incidents_own_folder_is_bound_and_read_as_checked(evidence: str, roots: list[str], read: str) -> None:
+    assert check_evidence_binding(evidence, roots=roots, **BOUND) == read
 
 
-@pytest.mark.parametrize("evidence, root, why", [
+@pytest.mark.parametrize("evidence, roots, why", [
     # Another tenant's upload in the same store, shown to acme's approver as acme's incident.
-    ("s3://evidence/globex/g1/job-9/inc-1", "s3://evidence", "s3://evidence/acme/gpu.prod/job-123/"),
-    ("s3://evidence/globex/g1/job-9/inc-1", None, "must end in 'acme/gpu.prod/job-123/fr-20261201T130914Z'"),
-    # The right tail under a root that is not the ingest service's (a bucket someone else filled).
-    ("s3://forged/acme/gpu.prod/job-123/fr-20261201T130914Z", "s3://evidence", "DENPEX_EVIDENCE_ROOT"),
-    ("/tmp/x/acme/gpu.prod/job-123/fr-20261201T130914Z", "/srv/evidence", "is not incident"),
+    ("s3://evidence/globex/g1/job-9/inc-1", ["s3://evidence"], f"stores it at 's3://evidence/{INCIDENT}'"),
+    # The right tail in a bucket or folder that is not the ingest service's.
+    (f"s3://forged/{INCIDENT}", ["s3://evidence"], "DENPEX_EVIDENCE_ROOT"),
+    ("s3://acme/gpu.prod/job-123/fr-20261201T130914Z", ["s3://evidence"], "is not incident"),
+    (f"/tmp/x/{INCIDENT}", ["/srv/evidence"], "is not incident"),
+    # S3 keys are literal: these name other objects than the incident's, whatever they look like.
+    ("s3://evidence/acme//gpu.prod/job-123/fr-20261201T130914Z", ["s3://evidence"], "is not incident"),
+    (f"s3://evidence/./{INCIDENT}", ["s3://evidence"], "is not incident"),
+    (f"s3://evidence//{INCIDENT}", ["s3://evidence"], "is not incident"),
+    (f"s3://evidence/{INCIDENT}/.", ["s3://evidence"], "is not incident"),
+    (f"s3://Evidence/{INCIDENT}", ["s3://evidence"], "is not incident"),
     # Another incident, or another job, of the same tenant and cluster.
-    ("s3://evidence/acme/gpu.prod/job-123/fr-other", "s3://evidence", "is not incident"),
-    ("s3://evidence/acme/gpu.prod/job-7/fr-20261201T130914Z", None, "must end in"),
-    ("/srv/evidence", None, "must end in"),
-    ("acme/gpu.prod/job-123/fr-20261201T130914Z", None, "must end in"),
+    ("s3://evidence/acme/gpu.prod/job-123/fr-other", ["s3://evidence"], "is not incident"),
+    ("/srv/evidence", ["/srv/evidence"], "is not incident"),
 ])
-def test_any_other_folder_is_refused(evidence: str, root: str | None, why: str) -> None:
+def test_any_other_folder_is_refused(evidence: str, roots: list[str], why: str) -> None:
     with pytest.raises(FlowParameterError, match="is not incident fr-20261201T130914Z's folder") as caught:
-        check_evidence_binding(evidence, root=root, **BOUND)
+        check_evidence_binding(evidence, roots=roots, **BOUND)
     assert why in str(caught.value) and str(caught.value).endswith("nothing was done")
+
+
+@pytest.mark.parametrize("roots, why", [
+    ([], "DENPEX_EVIDENCE_ROOT is not set on this worker"),  # unset or blank: nothing is read
+    (["evidence"], "is a relative folder"),
+    (["/srv/../etc"], "climbs"),
+    (["s3://"], "names no bucket"),
+    (["http://example.com"], "neither a folder nor an s3:// URI"),
+])
+def test_without_a_usable_root_nothing_is_read(roots: list[str], why: str) -> None:
+    with pytest.raises(FlowParameterError, match=why):
+        check_evidence_binding(f"/srv/evidence/{INCIDENT}", roots=roots, **BOUND)
