@@ -67,11 +67,12 @@ class GlooCase:
     suspects: dict[int, CandidateKind] = field(default_factory=dict)
     # The named ranks (culprits or suspects) whose candidate says ``"membership": "inferred"``.
     inferred: tuple[int, ...] = ()
-    # The race an on-demand dump catches decides which suspects a live run shows (the committed
-    # dumps show ``suspects``): e.g. on a loaded machine both pairs' last ops can still read in
-    # flight, and then every rank is a suspect of the other pair. A live run must then say the
-    # verdict, and name ranks only as guessed-membership suspects.
-    suspects_vary: bool = False
+    # The race an on-demand dump catches decides which ops a live run shows still in flight (the
+    # committed dumps show the answer above). Where it leaves a whole group's last op in flight on
+    # every member that mentions it (on a loaded machine it can), no peer retired it and no age is
+    # known, so the honest answer is ``incomplete`` naming ranks only as guessed-membership suspects,
+    # never ``no_hang`` (issue 17, families 3 and 4). A live run must say one of the two.
+    on_demand_race: bool = False
     # Seconds after every rank reached the case before the launcher asks for dumps (None: the
     # ranks' own stall trigger at 0.75 x timeout).
     request_after_s: float | None = None
@@ -142,11 +143,11 @@ CASES: dict[str, GlooCase] = {c.name: c for c in (
              "ranks 2, 3 mention their pair, so its other members look unknown; Gloo's pg_config "
              "shows that ranks 0, 1 built a subgroup, which is not this one", Verdict.INCOMPLETE, {},
              suspects={0: NE, 1: NE}, inferred=(0, 1), request_after_s=2.0, old_dumps=(0, 1, 2, 3),
-             suspects_vary=True),
+             on_demand_race=True),
     GlooCase("overlap_retire_race", 17, "issue 17 family 5: healthy; overlapping pairs [0, 1], "
              "[1, 2], [2, 3] run all_reduces in one order and each rank dumps right after its last "
              "op returned: a member's last op reads retired=False while its peer retired it",
-             Verdict.NO_HANG, {}, request_after_s=1.0, old_dumps=(0, 1, 2, 3)),
+             Verdict.NO_HANG, {}, request_after_s=1.0, old_dumps=(0, 1, 2, 3), on_demand_race=True),
     GlooCase("restart_withheld", 17, "issue 17 family 6: the default group runs 8 all_reduces, is "
              "destroyed and built again in the same processes; in the new incarnation ranks 0, 2, 3 "
              "wait in all_reduce #4 and rank 1 never calls it. The ring holds both incarnations, "

@@ -84,12 +84,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", NAMES)
 def test_live_cases_triage_to_the_truth(live: dict[str, Path], name: str) -> None:
     got, truth = outcome(live[name]), expected(live[name])
-    if not CASES[name].suspects_vary:
+    if not CASES[name].on_demand_race or got == truth:
         assert got == truth
         return
-    # Which ops still read in flight is the race's; what the case is about is not: the verdict, and
-    # no rank named but through a guessed membership, at the lowest confidence.
-    assert {k: got[k] for k in ("verdict", "stale_ranks")} == {k: truth[k] for k in ("verdict", "stale_ranks")}
+    # The race left a whole group's op in flight (GlooCase.on_demand_race): what the case is about
+    # still holds. No culprit, no stale rank; every rank named only through a guessed membership,
+    # at the guess's confidence, in an incomplete verdict.
+    assert got["verdict"] == "incomplete" and got["stale_ranks"] == truth["stale_ranks"], got
     assert got["culprits"] and sorted(got["inferred"]) == sorted(int(r) for r in got["culprits"]), got
     assert set(got["culprits"].values()) <= {"not_entered", "stalled"}, got
     assert all(c.confidence <= GUESSED_CONFIDENCE for c in triage_path(live[name]).candidates)
