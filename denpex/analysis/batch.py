@@ -17,7 +17,7 @@ from denpex.evidence.discovery import DumpRef
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.read_ahead import read_ahead
-from denpex.evidence.store import EvidenceStore, open_store
+from denpex.evidence.store import EvidenceStore, store_for
 
 __all__ = ["RankOutcome", "summarize_batch", "summarize_in_worker", "worker_init", "split_batches",
            "DEFAULT_MAX_DUMP_BYTES"]
@@ -33,7 +33,7 @@ def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_B
     outcomes: list[RankOutcome] = []
     stores: dict[str, EvidenceStore] = {}
     rank_lists: dict[str, RankRuns | None] = {}
-    sources = [store if store is not None else _store_for(ref.store_uri, stores) for ref in refs]
+    sources = [store if store is not None else store_for(ref.store_uri, stores) for ref in refs]
     for ref, data in read_ahead(list(zip(refs, sources)), max_bytes):
         try:
             if isinstance(data, DumpError):
@@ -44,14 +44,6 @@ def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_B
         except DumpError as exc:
             outcomes.append(SkippedFile(path=ref.name, rank=ref.rank, reason=str(exc)))
     return outcomes
-
-
-def _store_for(uri: str, stores: dict[str, EvidenceStore]) -> EvidenceStore:
-    # One store (one S3 client and its connection pool) per batch: a client per dump cost about
-    # 0.1 s each, ten times the GET itself.
-    if uri not in stores:
-        stores[uri] = open_store(uri)
-    return stores[uri]
 
 
 def split_batches(refs: Sequence[DumpRef], n_batches: int) -> list[list[DumpRef]]:

@@ -135,6 +135,8 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
     stacks); otherwise the store is reopened from ``inventory.store_uri``.
     """
     options = options or TriageOptions()
+    if store is not None and store.uri != inventory.store_uri:
+        store = None  # another store's client must not read this inventory
     skipped = list(inventory.skipped)
     summaries: dict[int, RankSummary] = {}
     for outcome in outcomes:
@@ -152,9 +154,7 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
     result.notes[:0] = inventory.notes + twin_notes
     if options.stacks:
         # After the verdict, from the same store: the CLI and the flow's merge step both land here.
-        if store is None or store.uri != inventory.store_uri:
-            store = open_store(inventory.store_uri)
-        result = attach_stacks(result, store, inventory.dumps,
+        result = attach_stacks(result, store or open_store(inventory.store_uri), inventory.dumps,
                                max_dump_bytes=options.max_dump_bytes)
     return result
 
@@ -164,16 +164,15 @@ def _check_twins(inventory: EvidenceInventory, summaries: dict[int, RankSummary]
                  store: EvidenceStore | None) -> list[str]:
     """Compare each rank's JSON twin with the dump used; keep the newer when they differ.
 
-    Twins are rare (a rank whose pickle and JSON both arrived); each is read through ``store``
-    when the caller holds the inventory's store, else from its own store URI, so this works the
+    Twins are rare (a rank whose pickle and JSON both arrived); each is read through ``store`` (the
+    inventory's own, when the caller holds it), else from its own store URI, so this works the
     same after a fanned-out parse.
     """
     twins = [ref for rank, ref in inventory.twins.items() if rank in summaries]
     if not twins:
         return []
     notes = []
-    own = store if store is not None and store.uri == inventory.store_uri else None
-    for outcome in summarize_all(twins, max_bytes=options.max_dump_bytes, workers=options.workers, store=own):
+    for outcome in summarize_all(twins, max_bytes=options.max_dump_bytes, workers=options.workers, store=store):
         if isinstance(outcome, SkippedFile):
             continue  # the pickle is used; the twin's flaw is already noted as a copy
         used = summaries[outcome.rank]

@@ -27,7 +27,7 @@ from denpex.evidence.errors import EvidenceError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.stacks.bounds import validated
 from denpex.evidence.stacks.model import RankStacks, StackError, StackSource
-from denpex.evidence.store import EvidenceStore, open_store
+from denpex.evidence.store import EvidenceStore, store_for
 
 if TYPE_CHECKING:  # discovery imports the analysis models; the collector imports this package
     from denpex.evidence.discovery import DumpRef
@@ -58,8 +58,7 @@ def read_fr_callsites(refs: Iterable[DumpRef], *, group_name: str, seq_id: int, 
     stores: dict[str, EvidenceStore] = {store.uri: store} if store is not None else {}
     for ref in refs:
         try:
-            source = stores.get(ref.store_uri) or stores.setdefault(ref.store_uri, open_store(ref.store_uri))
-            decoded = decode_dump(source.read(ref.name, max_bytes=max_bytes), source=ref.name)
+            decoded = decode_dump(store_for(ref.store_uri, stores).read(ref.name, max_bytes=max_bytes), source=ref.name)
             stacks = fr_callsite_stacks(decoded.raw, rank=ref.rank, group_name=group_name, seq_id=seq_id, p2p=p2p)
         except EvidenceError as exc:  # DumpError, StackError
             missing[ref.rank] = f"{ref.name}: {exc}"
