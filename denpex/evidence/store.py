@@ -125,7 +125,10 @@ class LocalStore:
             raise EvidenceSourceError(f"cannot delete {self.root / name} ({exc.strerror or exc})") from exc
 
     def folder(self, name: str) -> LocalStore:
-        return LocalStore(self._path(name))
+        path = self._path(name)
+        if path.is_symlink():  # as list() skips a linked file: a linked folder may lead out of the store
+            raise EvidenceSourceError(f"{path} is a symbolic link, not a folder of the store")
+        return LocalStore(path)
 
     def _path(self, name: str) -> Path:
         if name.startswith("/") or ".." in Path(name).parts:

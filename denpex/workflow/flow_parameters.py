@@ -100,9 +100,10 @@ def check_evidence_binding(evidence: str, *, tenant: str, cluster: str, job_id: 
     expected = [join_uri(_root(root), prefix) for root in roots]
     if given in expected:
         return given
+    # The roots are not named: the message becomes the run's state, readable through the API.
     raise FlowParameterError(
         f"evidence {evidence!r} is not incident {incident_id}'s folder: the ingest service stores it at "
-        + " or ".join(repr(e) for e in expected) + f" ({EVIDENCE_ROOT_ENV}); nothing was done")
+        f"{prefix!r} under one of the worker's evidence roots ({EVIDENCE_ROOT_ENV}); nothing was done")
 
 
 def _root(root: str) -> str:

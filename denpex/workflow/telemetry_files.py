@@ -36,8 +36,11 @@ def telemetry_files_in_store(store: EvidenceStore) -> TelemetryParseResult:
     """Parse the telemetry files at the store's top level and under ``telemetry/`` (each named in
     ``sources`` as ``STORE_URI/NAME``); bad lines are counted, never fatal."""
     result = TelemetryParseResult()
-    sub = store.folder(_SUBFOLDER)
-    for source in (store, sub):
+    try:
+        sources = [store, store.folder(_SUBFOLDER)]
+    except EvidenceError:  # a telemetry/ that is a link, not a folder of the store, is not read
+        sources = [store]
+    for source in sources:
         try:
             names = telemetry_names(source)
         except EvidenceError:  # a missing telemetry/ folder is normal
