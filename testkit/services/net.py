@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
@@ -9,14 +10,51 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["free_port", "log_tail", "wait_http"]
+__all__ = ["free_port", "free_port_block", "listener_port_range", "log_tail", "wait_http"]
+
+
+def listener_port_range() -> tuple[int, int]:
+    """Where the kit's servers get their ports: below the kernel's ephemeral range if there is room.
+
+    A port found free is bound by the server a moment later. An outgoing connection (every test
+    talks to moto, Prefect, sshd...) takes its port from the ephemeral range, and one that lands
+    on the port in that moment makes the server exit ("Address already in use"; CI lost a run to
+    a slurmd that way). Below the range, only another listener can take it.
+    """
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    if ephemeral_low - 10000 >= 2000:
+        return 10000, ephemeral_low
+    return 20000, 60000
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on ``port`` on any address (servers such as slurmd bind 0.0.0.0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int) -> int:
+    """First port of ``count`` consecutive free ports in ``listener_port_range()``."""
+    low, high = listener_port_range()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(low, high - count)
+        if all(port_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no block of {count} free TCP ports found between {low} and {high}")
 
 
 def free_port() -> int:
-    """A port the kernel just handed out (bind to 0), free for a server to take."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port for a server to take, outside the ephemeral range (see listener_port_range)."""
+    return free_port_block(1)
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None,

@@ -5,8 +5,9 @@ installed here (``scripts/lab_install.sh`` does that in CI); a missing binary is
 names the script to run.
 
 Why the details below:
-- ports are picked free at start-up (slurmctld/slurmd listen on 0.0.0.0), so two labs on one
-  machine never collide;
+- ports are picked free at start-up (slurmctld/slurmd listen on 0.0.0.0), below the ephemeral
+  range, so two labs on one machine never collide; a port taken anyway before a daemon binds it
+  starts slurm again on fresh ports;
 - every daemon runs in the foreground as our child, with ``PR_SET_PDEATHSIG`` so that a killed
   pytest takes its daemons with it;
 - at teardown jobs are cancelled first (slurmstepd is reparented to PID 1 and outlives slurmd),
@@ -17,15 +18,15 @@ from __future__ import annotations
 
 import ctypes
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from testkit.services.net import free_port_block
 
 __all__ = ["LabError", "SlurmLab", "REQUIRED_BINARIES"]
 
@@ -42,26 +43,6 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec: if pytest dies, the daemon gets SIGTERM.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port_block(count: int) -> int:
-    """First port of ``count`` consecutive free ports in an unusual range."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - count)
-        if all(_port_free(base + i) for i in range(count)):
-            return base
-    raise LabError(f"no block of {count} free TCP ports found between 20000 and 60000")
 
 
 def _binary(name: str) -> str:
@@ -124,8 +105,7 @@ class SlurmLab:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         try:
             self._start_munge(binaries)
-            self._write_slurm_conf()
-            self._start_slurm(binaries)
+            self._start_slurm_on_free_ports(binaries)
             self._start_sshd(binaries)
         except BaseException:
             self.stop()
@@ -265,7 +245,7 @@ class SlurmLab:
                    self.root / "log" / "munged.log")
 
     def _write_slurm_conf(self) -> None:
-        base = _free_port_block(self.node_count + 2)
+        base = free_port_block(self.node_count + 2)
         self.ctld_port = base
         lab = self.root
         first, last = 1, self.node_count
@@ -302,6 +282,40 @@ class SlurmLab:
             ])
         )
 
+    def _start_slurm_on_free_ports(self, b: dict[str, str], attempts: int = 3) -> None:
+        """Start slurmctld and the slurmds; on a port taken between the check and the bind, retry.
+
+        A free port can still be taken by another lab's daemons before ours bind it. Only that
+        failure is retried, on a fresh block of ports; the clashing attempt's logs are kept.
+        """
+        for attempt in range(1, attempts + 1):
+            self._write_slurm_conf()
+            try:
+                self._start_slurm(b)
+                return
+            except LabError:
+                if attempt == attempts or not self._port_was_taken():
+                    raise
+            self._stop_slurm_daemons()
+            self._set_logs_aside(f"port-clash-{attempt}")
+
+    def _port_was_taken(self) -> bool:
+        logs = [self.ctld_log, *(self.root / "log").glob("slurmd-*.log")]
+        return any("Address already in use" in log.read_text(errors="replace")
+                   for log in logs if log.exists())
+
+    def _stop_slurm_daemons(self) -> None:
+        for name in [n for n in self._procs if n.startswith("slurm")]:
+            self._terminate(name)
+            del self._procs[name]
+
+    def _set_logs_aside(self, folder: str) -> None:
+        aside = self.root / "log" / folder
+        aside.mkdir()
+        for log in (self.root / "log").glob("slurm*"):
+            if log.is_file():
+                log.rename(aside / log.name)
+
     def _start_slurm(self, b: dict[str, str]) -> None:
         self._spawn("slurmctld", [b["slurmctld"], "-D", "-i"], self.root / "log" / "slurmctld.out")
         self._wait(lambda: "UP" in self.run(["scontrol", "ping"], check=False).stdout,
@@ -326,7 +340,7 @@ class SlurmLab:
                 subprocess.run([b["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
                                check=True, capture_output=True)
         (ssh / "authorized_keys").write_text((ssh / "client_ed25519.pub").read_text())
-        self.ssh_port = _free_port_block(1)
+        self.ssh_port = free_port_block(1)
         config = ssh / "sshd_config"
         config.write_text("\n".join([
             f"Port {self.ssh_port}",
