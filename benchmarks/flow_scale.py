@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from denpex.ingest.layout import incident_prefix  # noqa: E402
+from denpex.workflow.flow_parameters import EVIDENCE_ROOT_ENV  # noqa: E402
 from testkit.services.prefect import PrefectServer, prefect_server, wait_for_deployments  # noqa: E402
 
 TEMPLATE = REPO / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             register_blocks(server)
             env = {**server.env(), **AWS_ENV, "DENPEX_S3_ENDPOINT_URL": endpoint,
                    "DENPEX_STATE_DIR": str(state), "DENPEX_RUNBOOKS_DIR": str(runbooks),
-                   "DENPEX_EVIDENCE_ROOT": f"s3://{BUCKET}"}
+                   EVIDENCE_ROOT_ENV: f"s3://{BUCKET}"}
             if not args.skip_scale:
                 figures["scale"] = scale(args, work, endpoint, server, env)
             if not args.skip_latency:

@@ -520,7 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"prefect server (SQLite under {prefect.home}): {prefect.url} (the UI's login asks for the API's "
              f"auth string: {prefect.auth_string})")
         store_uri = _start_store(services, run_dir, args.store, env)
-        env["DENPEX_EVIDENCE_ROOT"] = store_uri  # the flow triages only an incident's folder in this store
+        from denpex.workflow.flow_parameters import EVIDENCE_ROOT_ENV
+        env[EVIDENCE_ROOT_ENV] = store_uri  # the flow triages only an incident's folder in this store
         os.environ.update(env)  # this process talks to the same API and store from here on
         lab = _start_slurm(services, incident)
         _register_blocks(lab)

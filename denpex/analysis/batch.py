@@ -29,11 +29,13 @@ RankOutcome = RankSummary | SkippedFile
 
 def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES,
                     store: EvidenceStore | None = None) -> list[RankOutcome]:
-    """Read, decode and summarize each dump; a bad dump becomes a SkippedFile with its reason."""
+    """Read, decode and summarize each dump; a bad dump becomes a SkippedFile with its reason.
+
+    A ref in ``store`` is read through it (its S3 client); any other is reopened from its URI."""
     outcomes: list[RankOutcome] = []
-    stores: dict[str, EvidenceStore] = {}
+    stores: dict[str, EvidenceStore] = {store.uri: store} if store is not None else {}
     rank_lists: dict[str, RankRuns | None] = {}
-    sources = [store if store is not None else store_for(ref.store_uri, stores) for ref in refs]
+    sources = [store_for(ref.store_uri, stores) for ref in refs]
     for ref, data in read_ahead(list(zip(refs, sources)), max_bytes):
         try:
             if isinstance(data, DumpError):

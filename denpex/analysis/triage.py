@@ -132,11 +132,12 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
     """Compare the summaries of an inventory's dumps (however they were fanned out).
 
     ``store`` is the inventory's own store where the caller holds it (its S3 client reused for the
-    stacks); otherwise the store is reopened from ``inventory.store_uri``.
+    stacks); otherwise the store is reopened from ``inventory.store_uri``. Another store is a
+    caller's mistake (its client must not read this inventory): ValueError.
     """
     options = options or TriageOptions()
     if store is not None and store.uri != inventory.store_uri:
-        store = None  # another store's client must not read this inventory
+        raise ValueError(f"the store given ({store.uri}) is not the inventory's ({inventory.store_uri})")
     skipped = list(inventory.skipped)
     summaries: dict[int, RankSummary] = {}
     for outcome in outcomes:

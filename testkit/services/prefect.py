@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import httpx
 
 from denpex.workflow.alert_event import api_headers
 from testkit.services.net import free_port, log_tail, wait_http
+from testkit.services.process_group import stop_process_group
 
 __all__ = ["PrefectServer", "prefect_server", "prefect_env", "flow_run", "wait_for_flow_run",
            "wait_for_deployments"]
@@ -115,13 +115,8 @@ class PrefectServer:
     def stop(self) -> None:
         """Stop the server's whole process group (uvicorn and its services)."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        if process is not None:
+            stop_process_group(process)
 
 
 @contextmanager

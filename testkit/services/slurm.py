@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testkit.services.net import free_port_block
+from testkit.services.net import free_port, free_port_block
 
 __all__ = ["LabError", "SlurmLab", "REQUIRED_BINARIES"]
 
@@ -340,7 +340,7 @@ class SlurmLab:
                 subprocess.run([b["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
                                check=True, capture_output=True)
         (ssh / "authorized_keys").write_text((ssh / "client_ed25519.pub").read_text())
-        self.ssh_port = free_port_block(1)
+        self.ssh_port = free_port()
         config = ssh / "sshd_config"
         config.write_text("\n".join([
             f"Port {self.ssh_port}",

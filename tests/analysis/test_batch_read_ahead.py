@@ -94,3 +94,34 @@ def test_a_worker_frees_a_hostile_self_referencing_dump_after_its_batch(tmp_path
         assert gc.collect() == 0  # nothing the batch left behind was still waiting to be freed
     finally:
         gc.enable()
+
+
+class _CountingStore(LocalStore):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[str] = []
+
+    def read(self, name: str, *, max_bytes: int) -> bytes:
+        self.reads.append(name)
+        return super().read(name, max_bytes=max_bytes)
+
+
+def test_only_refs_in_the_given_store_are_read_through_it(tmp_path: Path) -> None:
+    """A batch may hold refs of two stores: the given store reads its own, never another's names."""
+    other = tmp_path / "other"
+    shutil.copytree(GLOO, other)
+    store = _CountingStore(GLOO)
+    refs = _refs(GLOO)[:2] + _refs(other)[2:]
+    outcomes = summarize_batch(refs, store=store)
+    assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
+    assert store.reads == ["rank_0.pkl", "rank_1.pkl"]
+
+
+def test_a_store_that_is_not_the_inventorys_is_refused(tmp_path: Path) -> None:
+    from denpex.analysis.triage import take_inventory, triage_outcomes
+
+    inventory = take_inventory(LocalStore(GLOO))
+    outcomes = summarize_batch(_refs(GLOO))
+    with pytest.raises(ValueError, match="not the inventory's"):
+        triage_outcomes(inventory, outcomes, store=LocalStore(tmp_path))
+    assert triage_outcomes(inventory, outcomes, store=LocalStore(GLOO)).verdict.value == "localized"

@@ -5,12 +5,13 @@ over the one that shows the hang)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from testkit.services.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -52,19 +53,13 @@ dumper.stop()
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("peer", ["sleeps", "exits"])
 def test_a_failed_gloo_collective_is_counted_completed_but_gives_no_recovered_dump(tmp_path: Path, peer: str) -> None:
     """``sleeps``: the op times out. ``exits``: the peer's exit closes the connection and the op
     raises before its deadline (what CI's loaded machine did to the ``sleeps`` case)."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port, out = _free_port(), tmp_path / "fr"
+    port, out = free_port(), tmp_path / "fr"
     ranks = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(out), peer],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     (stdout, stderr), _ = ranks[0].communicate(timeout=90), ranks[1].communicate(timeout=90)

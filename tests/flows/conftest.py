@@ -19,6 +19,7 @@ from moto.server import ThreadedMotoServer
 from denpex.isolation.operator import BREAKER_NAME
 from flow_driver import FlowRig, enroll_approvers
 from testkit.services.prefect import wait_for_deployments
+from testkit.services.process_group import stop_process_group
 from testkit.services.slurm import SlurmLab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,17 +118,13 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
     log = work / "serve.log"
     with log.open("wb") as out:
         served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT)
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_deployments(prefect_api, ["on-alert", "manual", "return-to-service", "requeue-hung-job"], served, log,
                              automations=["denpex-alert"])
         yield FlowRig(prefect_api, state, runbooks, s3_endpoint, slurm_lab, served, log)
     finally:
-        served.terminate()
-        try:
-            served.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            served.kill()
+        stop_process_group(served)  # serve with the runs it forked (paused ones would wait on)
 
 
 

@@ -45,6 +45,7 @@ from lab.rig import drained_nodes
 from plugins.services import PostgresPrefect
 from testkit.services.postgres import psql
 from testkit.services.prefect import PrefectServer, flow_run, wait_for_deployments
+from testkit.services.process_group import stop_process_group
 from testkit.services.slurm import SlurmLab
 
 # Sized to what it starts: PostgreSQL, `prefect server start`, served flows, Chromium (the UI test
@@ -83,19 +84,16 @@ def pg_rig(postgres_prefect: PostgresPrefect, s3_endpoint: str, slurm_lab: Slurm
                "DENPEX_S3_ENDPOINT_URL": s3_endpoint, "DENPEX_EVIDENCE_ROOT": "s3://evidence"}
         with log.open("wb") as out:
             served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
-                                      stdout=out, stderr=subprocess.STDOUT)
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_for_deployments(server.api_url, ["on-alert", "manual", "return-to-service"], served, log,
                                  automations=["denpex-alert"])
             yield ServerRig(FlowRig(server.api_url, state, runbooks, s3_endpoint, slurm_lab, served, log),
                             server, database_url)
         finally:
-            # The flow runs stop before the server does (a server stopping under a paused run crashes it).
-            served.terminate()
-            try:
-                served.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                served.kill()
+            # The flow runs stop before the server does (a server stopping under a paused run crashes
+            # it), the runs serve forked with it.
+            stop_process_group(served)
 
 
 def paused_incident(rig: ServerRig, incident: str) -> Any:

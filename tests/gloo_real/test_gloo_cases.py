@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from denpex.analysis.membership_guess import GUESSED_CONFIDENCE
-from denpex.analysis.models import Membership
+from denpex.analysis.models import Membership, TriageResult
 from denpex.analysis.triage import triage_path
 from denpex.evidence.safe_pickle import safe_loads
 from testkit.generators.gloo_cases import CASES, EXPECTED_NAME, WORK_DIR, run_cases
@@ -24,7 +24,10 @@ NAMES = sorted(CASES)
 
 
 def outcome(folder: Path) -> dict[str, Any]:
-    result = triage_path(folder)
+    return summary(triage_path(folder))
+
+
+def summary(result: TriageResult) -> dict[str, Any]:
     return {"verdict": result.verdict.value,
             "culprits": {str(c.rank): c.kind.value for c in result.candidates},
             "stale_ranks": result.stale_ranks,
@@ -83,7 +86,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_live_cases_triage_to_the_truth(live: dict[str, Path], name: str) -> None:
-    got, truth = outcome(live[name]), expected(live[name])
+    result = triage_path(live[name])
+    got, truth = summary(result), expected(live[name])
     if not CASES[name].on_demand_race or got == truth:
         assert got == truth
         return
@@ -93,7 +97,7 @@ def test_live_cases_triage_to_the_truth(live: dict[str, Path], name: str) -> Non
     assert got["verdict"] == "incomplete" and got["stale_ranks"] == truth["stale_ranks"], got
     assert got["culprits"] and sorted(got["inferred"]) == sorted(int(r) for r in got["culprits"]), got
     assert set(got["culprits"].values()) <= {"not_entered", "stalled"}, got
-    assert all(c.confidence <= GUESSED_CONFIDENCE for c in triage_path(live[name]).candidates)
+    assert all(c.confidence <= GUESSED_CONFIDENCE for c in result.candidates)
 
 
 # -- family 8: the folder HangDumper wrote (dumps plus collector/ records), with no manifest --------

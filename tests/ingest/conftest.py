@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import IssuedKey, IssuedToken, Registry
 from testkit.services.ingest import ROOT, ApiServer
 from testkit.services.prefect import PrefectServer, wait_for_deployments
+from testkit.services.process_group import stop_process_group
 from testkit.services.s3 import MotoS3
 
 PROBE_DEPLOYMENT = "ingest-probe"
@@ -44,12 +44,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         wait_for_deployments(server.api_url, [PROBE_DEPLOYMENT], served, log, automations=[ALERT_TRIGGER])
         yield Engine(api_url=server.api_url, deployment=PROBE_DEPLOYMENT)
     finally:
-        if served.poll() is None:
-            os.killpg(served.pid, signal.SIGTERM)
-            try:
-                served.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(served.pid, signal.SIGKILL)
+        stop_process_group(served)
         server.stop()
 
 
