@@ -25,6 +25,7 @@ from flows.approval import (
     remediation_limit,
     state_dir,
 )
+from flows.run_settings import check_this_runs_settings
 from tasks.remediate import execute_plan
 
 __all__ = ["approve_then_run"]
@@ -35,6 +36,7 @@ def approve_then_run(cluster: str, incident_id: str, operation: Operation,
     """Pause for approval of ``operation`` on the incident's saved plan (``describe`` writes what
     the dialog shows), then run it on what was approved; the outcome as a dict."""
     check_flow_parameters(cluster=cluster, incident_id=incident_id)
+    check_this_runs_settings()  # the state, runbooks and cluster access are the worker's own
     runbook, runbook_file = load_runbook_for_flow()
     plan = load_plan(state_path(state_dir(), "plans", f"{incident_id}.json"))
     # The saved plan's tenant is the owner the triage run found; the registry must still agree.

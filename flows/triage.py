@@ -32,7 +32,7 @@ from denpex.isolation.slurm_layout import mark_derived_candidates
 from denpex.report import PlanView, TriageReport
 from denpex.state_paths import state_path
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
-from denpex.workflow.flow_parameters import EVIDENCE_ROOT_ENV, check_evidence_binding, check_flow_parameters
+from denpex.workflow.flow_parameters import check_evidence_binding, check_flow_parameters, evidence_roots
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
@@ -55,6 +55,7 @@ from flows.approval import (
     webhook_url,
 )
 from flows.run_log import incident_log, incident_run
+from flows.run_settings import check_this_runs_settings
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
 from tasks.layout import derive_layout
@@ -111,10 +112,12 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     # Anyone who reaches the Prefect API can start a run: its parameters are checked as a request's.
     check_flow_parameters(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
                           alert_id=alert_id or None, evidence=evidence)
+    # ... its settings (evidence roots, store, state) must be its worker's, not job variables ...
+    check_this_runs_settings()
     # ... and the evidence must be this incident's own folder, never another tenant's or a forged one;
     # what is read from here on is that folder as the check wrote it, never the caller's spelling.
     evidence = check_evidence_binding(evidence, tenant=tenant, cluster=cluster, job_id=job_id,
-                                      incident_id=incident_id, roots=os.environ.get(EVIDENCE_ROOT_ENV, "").split())
+                                      incident_id=incident_id, roots=evidence_roots(os.environ))
     runbook, runbook_file = load_runbook_for_flow()
     timing = runbook.workflow
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,

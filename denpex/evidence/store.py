@@ -59,6 +59,18 @@ class EvidenceStore(Protocol):
         ...
 
 
+def _plain_folder_name(name: str) -> str:
+    """``name`` if it is a plain relative path (``a`` or ``a/b``); EvidenceSourceError otherwise.
+
+    One rule for every store: S3 keys are literal, so "", "." and "a//b" would name other keys
+    than the folder a LocalStore reads for the same name, and a climb or an absolute name leaves
+    the store; a control character (NUL) is no name of either."""
+    if (name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/"))
+            or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise EvidenceSourceError(f"folder name {name!r} escapes the store root or is not a plain path")
+    return name
+
+
 class LocalStore:
     """A folder on disk. Only regular files directly in the folder are evidence."""
 
@@ -125,9 +137,12 @@ class LocalStore:
             raise EvidenceSourceError(f"cannot delete {self.root / name} ({exc.strerror or exc})") from exc
 
     def folder(self, name: str) -> LocalStore:
-        path = self._path(name)
-        if path.is_symlink():  # as list() skips a linked file: a linked folder may lead out of the store
-            raise EvidenceSourceError(f"{path} is a symbolic link, not a folder of the store")
+        path = self.root
+        for part in _plain_folder_name(name).split("/"):
+            path = path / part
+            # As list() skips a linked file: a linked folder, at any depth, may lead out of the store.
+            if path.is_symlink():
+                raise EvidenceSourceError(f"{path} is a symbolic link, not a folder of the store")
         return LocalStore(path)
 
     def _path(self, name: str) -> Path:
@@ -150,11 +165,7 @@ class S3Store:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def folder(self, name: str) -> S3Store:
-        # S3 keys are literal: "", "." and "a//b" would name other keys than the folder a LocalStore
-        # reads for the same name, so only plain parts are taken.
-        if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
-            raise EvidenceSourceError(f"folder name {name!r} escapes the store root or is not a plain path")
-        return S3Store(self.bucket, self._key(name), client=self._client)
+        return S3Store(self.bucket, self._key(_plain_folder_name(name)), client=self._client)
 
     def list(self) -> list[StoredObject]:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -19,20 +19,26 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from denpex.ingest.errors import RegistryError
 from denpex.ingest.identity import ID_PATTERN, INCIDENT_ID_PATTERN
 from denpex.ingest.layout import incident_prefix, join_uri
 from denpex.ingest.registry import check_name
 
-__all__ = ["EVIDENCE_ROOT_ENV", "FlowParameterError", "check_evidence_binding", "check_flow_parameters"]
+__all__ = ["EVIDENCE_ROOT_ENV", "FlowParameterError", "check_evidence_binding", "check_flow_parameters",
+           "evidence_roots"]
 
 EVIDENCE_ROOT_ENV = "DENPEX_EVIDENCE_ROOT"
 """The flow worker's setting: the ingest service's ``--store`` (``s3://evidence``, an absolute
 folder); several, separated by whitespace, where several services feed one worker. An environment
 variable on the worker, never a block or a parameter: both are editable by anyone
 who reaches the Prefect API, the very party the binding guards against."""
+
+
+def evidence_roots(environ: Mapping[str, str]) -> list[str]:
+    """The roots :data:`EVIDENCE_ROOT_ENV` names in ``environ``; none when it is unset or blank."""
+    return environ.get(EVIDENCE_ROOT_ENV, "").split()
 
 
 class FlowParameterError(ValueError):
@@ -95,15 +101,35 @@ def check_evidence_binding(evidence: str, *, tenant: str, cluster: str, job_id: 
             f"{EVIDENCE_ROOT_ENV} is not set on this worker: set it to the ingest service's --store, so "
             "a run triages only an incident's own folder there (denpex triage FOLDER reads any folder, "
             "and acts on nothing); nothing was done")
+    problems = _evidence_problems(evidence)  # a '..' folded away below would read another folder
+    if problems:
+        raise FlowParameterError("invalid flow parameters: " + "; ".join(problems) + "; nothing was done")
     prefix = incident_prefix(tenant, cluster, job_id, incident_id)
     given = _location(evidence)
-    expected = [join_uri(_root(root), prefix) for root in roots]
-    if given in expected:
+    if _bound_root(given, prefix, [_root(root) for root in roots]) is not None:
         return given
-    # The roots are not named: the message becomes the run's state, readable through the API.
+    # The roots are not named: the message becomes the run's state, readable through the API (only a
+    # misconfigured root is named, by _root, so that its operator can mend it).
     raise FlowParameterError(
         f"evidence {evidence!r} is not incident {incident_id}'s folder: the ingest service stores it at "
         f"{prefix!r} under one of the worker's evidence roots ({EVIDENCE_ROOT_ENV}); nothing was done")
+
+
+def _bound_root(location: str, prefix: str, roots: Sequence[str]) -> str | None:
+    """The root whose incident ``location`` is, or None.
+
+    With nested roots (``s3://evidence`` and ``s3://evidence/ingest``), a tenant named ``ingest``
+    would bind, under the outer root, a folder inside the inner root, where the inner service's
+    tenants live: such a location is nobody's incident."""
+    matched = next((root for root in roots if join_uri(root, prefix) == location), None)
+    if matched is None:
+        return None
+    deeper = [root for root in roots if _inside(root, matched)]
+    return None if any(_inside(location, root) for root in deeper) else matched
+
+
+def _inside(location: str, root: str) -> bool:
+    return location.startswith(root.rstrip("/") + "/")
 
 
 def _root(root: str) -> str:
@@ -113,6 +139,8 @@ def _root(root: str) -> str:
     problems = _evidence_problems(root)
     if not root.startswith("s3://") and not text.startswith("/"):
         problems.append(f"{root!r} is a relative folder; give an absolute one")
+    elif not root.startswith("s3://") and posixpath.normpath(text) == "/":
+        problems.append("'/' is the whole file system, not an ingest service's store")
     if problems:
         raise FlowParameterError(f"{EVIDENCE_ROOT_ENV} entry {root!r} is not usable: " + "; ".join(problems)
                                  + "; nothing was done")

@@ -32,3 +32,30 @@ def test_a_real_folder_is_read(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     assert [o.name for o in store.folder("telemetry").list()] == ["kernel.log"]
     assert [e.code for e in telemetry_files_in_store(store).events] == [79]
+
+
+@pytest.mark.parametrize("name", ["", ".", "a//b", "a/", "/etc", "..", "a/../b"])
+def test_a_folder_name_that_is_not_plain_is_refused_as_by_the_s3_store(tmp_path: Path, name: str) -> None:
+    with pytest.raises(EvidenceSourceError, match="not a plain path"):
+        LocalStore(tmp_path).folder(name)
+
+
+def test_a_link_anywhere_on_the_way_is_refused(tmp_path: Path) -> None:
+    """Attacker review: ``mid -> <another incident>`` made ``folder("mid/telemetry")`` read it."""
+    other, incident = tmp_path / "other-tenant", tmp_path / "incident"
+    (other / "telemetry").mkdir(parents=True)
+    (other / "telemetry" / "kernel.log").write_text(XID)
+    incident.mkdir()
+    (incident / "mid").symlink_to(other)
+    with pytest.raises(EvidenceSourceError, match="symbolic link"):
+        LocalStore(incident).folder("mid/telemetry")
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "tele\nmetry", "x\x7f"])
+def test_a_control_character_is_no_folder_name(tmp_path: Path, name: str) -> None:
+    from denpex.evidence.store import S3Store
+
+    with pytest.raises(EvidenceSourceError, match="not a plain path"):
+        LocalStore(tmp_path).folder(name)
+    with pytest.raises(EvidenceSourceError, match="not a plain path"):
+        S3Store("evidence", "acme", client=object()).folder(name)

@@ -92,3 +92,28 @@ def test_prefect_deploy_all_and_a_process_worker_runs_manual_triage(worker: tupl
     assert report["verdict"] == "localized" and [c["rank"] for c in report["candidates"]] == [2]
     assert report["outcome"] == "no_action" and "no-such-cluster" in report["reason"]
     assert time.monotonic() - started < 420
+
+
+def test_a_run_whose_job_variables_move_the_evidence_root_is_refused(worker: tuple[dict[str, str], Path],
+                                                                    tmp_path: Path) -> None:
+    """A process worker starts a run with ``{**its environment, **job variables["env"]}``, and the
+    API sets job variables: a run pointing DENPEX_EVIDENCE_ROOT at a forged folder fails before
+    reading it (attacker review: it triaged the forged folder as the incident's)."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    env, state = worker
+    forged_root = tmp_path / "forged"
+    evidence = forged_root / evidence_prefix("inc-forged", cluster="no-such-cluster")
+    shutil.copytree(FIXTURES / "withheld_one", evidence, ignore=shutil.ignore_patterns("*.json"))
+    event = alert("inc-forged", str(evidence), cluster="no-such-cluster")
+    run = run_deployment("denpex-triage/manual", parameters=event.model_dump(mode="json"), timeout=0,
+                         job_variables={"env": {"DENPEX_EVIDENCE_ROOT": str(forged_root)}})
+    with pytest.raises(AssertionError, match="ended FAILED"):
+        wait_for(run.id, {"COMPLETED"}, timeout_s=420)
+    with get_client(sync_client=True) as client:
+        message = client.read_flow_run(run.id).state.message or ""
+    assert "this run's job variables set DENPEX_EVIDENCE_ROOT" in message, message
+    assert str(forged_root) not in message
+    assert not (state / "reports").exists() or not list((state / "reports").glob("inc-forged-*"))
+    assert not (state / "plans" / "inc-forged.json").exists()

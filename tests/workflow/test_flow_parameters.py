@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from denpex.state_paths import StatePathError, state_path
-from denpex.workflow.flow_parameters import FlowParameterError, check_evidence_binding, check_flow_parameters
+from denpex.workflow.flow_parameters import (
+    FlowParameterError,
+    check_evidence_binding,
+    check_flow_parameters,
+    evidence_roots,
+)
 
 GOOD = dict(tenant="acme", cluster="gpu.prod", job_id="job-123", incident_id="fr-20261201T130914Z",
             alert_id="am-7f3a", evidence="s3://evidence/acme/gpu.prod/job-123/fr-20261201T130914Z")
@@ -63,6 +68,9 @@ INCIDENT = "acme/gpu.prod/job-123/fr-20261201T130914Z"
     (f"/srv/evidence/{INCIDENT}", ["file:///srv/evidence"], f"/srv/evidence/{INCIDENT}"),
     (f"file:///srv//evidence/./{INCIDENT}/", ["/srv/evidence"], f"/srv/evidence/{INCIDENT}"),
     (f"s3://b2/{INCIDENT}", ["s3://evidence", "s3://b2"], f"s3://b2/{INCIDENT}"),  # two services, one worker
+    # Nested roots: each root's own incidents are bound.
+    (f"s3://evidence/ingest/{INCIDENT}", ["s3://evidence", "s3://evidence/ingest"], f"s3://evidence/ingest/{INCIDENT}"),
+    (f"s3://evidence/{INCIDENT}", ["s3://evidence/ingest", "s3://evidence"], f"s3://evidence/{INCIDENT}"),
 ])
 def test_the_incidents_own_folder_is_bound_and_read_as_checked(evidence: str, roots: list[str], read: str) -> None:
     assert check_evidence_binding(evidence, roots=roots, **BOUND) == read
@@ -98,8 +106,42 @@ def test_any_other_folder_is_refused(evidence: str, roots: list[str], why: str) 
     (["evidence"], "is a relative folder"),
     (["/srv/../etc"], "climbs"),
     (["s3://"], "names no bucket"),
+    (["/"], "the whole file system"),
+    (["file:///srv/.."], "climbs"),
     (["http://example.com"], "neither a folder nor an s3:// URI"),
 ])
 def test_without_a_usable_root_nothing_is_read(roots: list[str], why: str) -> None:
     with pytest.raises(FlowParameterError, match=why):
         check_evidence_binding(f"/srv/evidence/{INCIDENT}", roots=roots, **BOUND)
+
+
+@pytest.mark.parametrize("environ, roots", [
+    ({}, []),
+    ({"DENPEX_EVIDENCE_ROOT": "  \t "}, []),
+    ({"DENPEX_EVIDENCE_ROOT": "s3://evidence"}, ["s3://evidence"]),
+    ({"DENPEX_EVIDENCE_ROOT": " s3://evidence\n/srv/ingest  s3://b/p "}, ["s3://evidence", "/srv/ingest", "s3://b/p"]),
+])
+def test_the_worker_setting_names_roots_separated_by_whitespace(environ: dict[str, str], roots: list[str]) -> None:
+    assert evidence_roots(environ) == roots
+
+
+def test_nested_roots_bind_no_folder_of_the_inner_roots_tenants() -> None:
+    """Attacker review: with roots ``s3://evidence`` and ``s3://evidence/ingest``, a run for tenant
+    ``ingest`` bound, under the outer root, a job folder of the inner service's tenant acme."""
+    names = dict(tenant="ingest", cluster="acme", job_id="gpu.prod", incident_id="job-123")
+    with pytest.raises(FlowParameterError, match="is not incident job-123's folder"):
+        check_evidence_binding("s3://evidence/ingest/acme/gpu.prod/job-123",
+                               roots=["s3://evidence", "s3://evidence/ingest"], **names)
+    # With the outer root alone it is that tenant's incident, as the layout says.
+    assert check_evidence_binding("s3://evidence/ingest/acme/gpu.prod/job-123", roots=["s3://evidence"],
+                                  **names) == "s3://evidence/ingest/acme/gpu.prod/job-123"
+
+
+@pytest.mark.parametrize("evidence", [
+    "/srv/evidence/acme/gpu.prod/job-123/x/../fr-20261201T130914Z",
+    f"/srv/evidence/{INCIDENT}/../../../../../evidence/{INCIDENT}",
+])
+def test_the_binding_refuses_a_climb_on_its_own(evidence: str) -> None:
+    """Attacker review: called without check_flow_parameters first, a '..' was folded away."""
+    with pytest.raises(FlowParameterError, match="climbs"):
+        check_evidence_binding(evidence, roots=["/srv/evidence"], **BOUND)
