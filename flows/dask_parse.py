@@ -19,12 +19,14 @@ from prefect_dask import DaskTaskRunner
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, summarize_batch
 from denpex.evidence.discovery import DumpRef
 from flows import DASK_ADDRESS_ENV
+from tasks.options import NOT_CACHED
+from tasks.options import NOT_PERSISTED
 
 __all__ = ["DASK_ADDRESS_ENV", "dask_task_runner", "parse_on_dask", "summarize_batch_on_worker"]
 
 
 
-@task(name="summarize-batch-on-dask", retries=1, retry_delay_seconds=2)
+@task(name="summarize-batch-on-dask", retries=1, retry_delay_seconds=2, **NOT_CACHED)
 def summarize_batch_on_worker(refs: list[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
     """One batch, read from the store and decoded in the Dask worker process running this task."""
     return summarize_batch(refs, max_bytes)
@@ -40,7 +42,7 @@ def dask_task_runner(address: str | None = None, local_workers: int = 2) -> Dask
                                           "processes": True})
 
 
-@flow(name="denpex-parse-on-dask")
+@flow(name="denpex-parse-on-dask", **NOT_PERSISTED)
 def _parse_batches(batches: list[list[DumpRef]], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
     futures = summarize_batch_on_worker.map(batches, unmapped(max_bytes))
     return [outcome for future in futures for outcome in future.result()]

@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from denpex.isolation.drain_review import overdue_markdown
 from denpex.replay import ReplayReport, drift_markdown, load_catalog
 from tasks.replay import overdue_isolations_task, replay_incident_task
+from tasks.options import NOT_PERSISTED
 
 __all__ = ["ReplayDrift", "replay", "DEFAULT_CATALOG", "DEFAULT_REVIEW_AGE_HOURS"]
 
@@ -28,7 +29,7 @@ class ReplayDrift(RuntimeError):
     """A stored incident no longer triages as recorded; the run fails with the list."""
 
 
-@flow(name="denpex-replay", log_prints=False)
+@flow(name="denpex-replay", log_prints=False, **NOT_PERSISTED)
 def replay(catalog: str = DEFAULT_CATALOG, audit_log: str | None = None,
            review_age_hours: float = DEFAULT_REVIEW_AGE_HOURS) -> ReplayReport:
     """Replay every incident in ``catalog``; list drains in ``audit_log`` older than the review age."""

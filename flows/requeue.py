@@ -15,11 +15,12 @@ from denpex.isolation.hung_job_note import REQUEUE_DEPLOYMENT
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.markdown_text import inline
 from flows.follow_up import approve_then_run
+from tasks.options import NOT_PERSISTED
 
 __all__ = ["requeue_hung_job", "REQUEUE_DEPLOYMENT"]
 
 
-@flow(name="denpex-requeue-hung-job")
+@flow(name="denpex-requeue-hung-job", **NOT_PERSISTED)
 def requeue_hung_job(cluster: str, incident_id: str) -> dict[str, Any]:
     """Pause for approval of the requeue, then restart the hung job without the isolated nodes."""
 

@@ -12,11 +12,12 @@ from prefect import flow
 
 from denpex.isolation.plan import IsolationPlan, Operation
 from flows.follow_up import approve_then_run
+from tasks.options import NOT_PERSISTED
 
 __all__ = ["return_to_service"]
 
 
-@flow(name="denpex-return-to-service")
+@flow(name="denpex-return-to-service", **NOT_PERSISTED)
 def return_to_service(cluster: str, incident_id: str) -> dict[str, Any]:
     """Pause for approval of the rollback, then resume the incident's nodes."""
 

@@ -1,37 +1,51 @@
-"""The job variables Prefect gave this run, read from the API for ``denpex.workflow.run_settings``:
-the flow run's own, its deployment's and its work pool's base job template."""
+"""What Prefect's worker would give this run, rendered as the worker renders it, for
+``denpex.workflow.run_settings``: the flow run's and its deployment's job variables over its work
+pool's base job template (Prefect's own ``from_template_and_values``: dot keys, template
+variables and defaults included), and the deployment's pull steps."""
 
 # No `from __future__ import annotations`: see flows/triage.py.
 
-from collections.abc import Mapping
 from typing import Any
 
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.context import FlowRunContext
+from prefect.utilities.asyncutils import run_coro_as_sync
+from prefect.workers.base import BaseJobConfiguration
+from prefect.workers.process import ProcessWorker
 
-from denpex.workflow.run_settings import check_run_settings, pool_job_variables
+from denpex.workflow.run_settings import check_run_settings
 
 __all__ = ["check_this_runs_settings"]
 
 
 def check_this_runs_settings() -> None:
-    """FlowParameterError when the run, its deployment or its work pool sets what only the worker may."""
-    check_run_settings(_job_variable_sources())
-
-
-def _job_variable_sources() -> dict[str, Mapping[str, Any]]:
+    """FlowParameterError when job variables or pull steps set what only the worker may."""
     context = FlowRunContext.get()
-    if context is None or context.flow_run is None:
-        return {}
-    run = context.flow_run
-    sources: dict[str, Mapping[str, Any]] = {"this run's job variables": run.job_variables or {}}
-    if run.deployment_id is None:
-        return sources
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment(run.deployment_id)
-        sources[f"deployment {deployment.name!r}'s job variables"] = deployment.job_variables or {}
-        pool_name = run.work_pool_name or deployment.work_pool_name
-        if pool_name:
-            pool = client.read_work_pool(pool_name)
-            sources[f"work pool {pool_name!r}'s base job template"] = pool_job_variables(pool.base_job_template)
-    return sources
+    if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
+        return  # a flow called in process: its environment is its caller's
+    run_coro_as_sync(_check(context.flow_run))
+
+
+async def _check(run: Any) -> None:
+    async with get_client() as client:
+        deployment = await client.read_deployment(run.deployment_id)
+        env, command = await _rendered(client, run, deployment)
+    check_run_settings(env=env, command=command, pull_steps=deployment.pull_steps)
+
+
+async def _rendered(client: PrefectClient, run: Any, deployment: Any) -> tuple[dict[str, Any], str | None]:
+    # Merged as BaseJobConfiguration.resolve_for_flow_run merges them: the run's env over the
+    # deployment's, then the run's other variables over the deployment's.
+    variables = dict(deployment.job_variables or {})
+    run_variables = dict(run.job_variables or {})
+    if isinstance(variables.get("env"), dict):
+        variables["env"] = {**variables["env"], **(run_variables.pop("env", None) or {})}
+    variables.update(run_variables)
+    pool_name = run.work_pool_name or deployment.work_pool_name
+    # Served by `denpex serve` (no work pool): the runner ignores job variables; rendered on
+    # Prefect's default process template all the same, so that a variable set there is refused too.
+    template = ((await client.read_work_pool(pool_name)).base_job_template if pool_name
+                else ProcessWorker.get_default_base_job_template())
+    configuration: BaseJobConfiguration = await BaseJobConfiguration.from_template_and_values(
+        template, variables, client=client)
+    return dict(configuration.env or {}), configuration.command

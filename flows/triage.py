@@ -64,6 +64,7 @@ from tasks.notify import notify_approvers
 from tasks.parse import release_parse_workers, summarize_dumps, warm_parse_workers
 from tasks.remediate import execute_plan
 from tasks.report import publish_decision, publish_report
+from tasks.options import NOT_PERSISTED
 
 __all__ = ["triage"]
 
@@ -100,7 +101,7 @@ def _triage(inventory: EvidenceInventory, batches: list[Any], as_of: datetime | 
 _RUNNER: Any = ThreadPoolTaskRunner(max_workers=max(2, 2 * _CPUS))
 
 
-@flow(name="denpex-triage", task_runner=_RUNNER, flow_run_name=incident_run)
+@flow(name="denpex-triage", task_runner=_RUNNER, flow_run_name=incident_run, **NOT_PERSISTED)
 def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time: datetime, evidence: str,
            world_size: int | None = None, reported_by_rank: int | None = None,
            alert_id: str = "") -> State[dict[str, Any]]:

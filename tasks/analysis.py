@@ -17,18 +17,19 @@ from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import Scheduler
 from denpex.isolation.runbook import load_runbook
 from denpex.workflow.telemetry_files import telemetry_in_store
+from tasks.options import NOT_CACHED
 
 __all__ = ["compare_ranks", "correlate_telemetry", "plan_isolation_task"]
 
 
-@task(name="compare-ranks")
+@task(name="compare-ranks", **NOT_CACHED)
 def compare_ranks(inventory: EvidenceInventory, batches: list[list[RankOutcome]],
                   as_of: datetime | None) -> TriageResult:
     """Merge the batches' summaries and compare the ranks."""
     return triage_outcomes(inventory, [o for batch in batches for o in batch], as_of=as_of)
 
 
-@task(name="correlate-telemetry", retries=2, retry_delay_seconds=[2, 5])
+@task(name="correlate-telemetry", retries=2, retry_delay_seconds=[2, 5], **NOT_CACHED)
 def correlate_telemetry(result: TriageResult, inventory: EvidenceInventory) -> TriageResult:
     """Line hardware signals from the incident's telemetry files up with the candidates."""
     telemetry = telemetry_in_store(open_store(inventory.store_uri))
@@ -37,7 +38,7 @@ def correlate_telemetry(result: TriageResult, inventory: EvidenceInventory) -> T
     return result.model_copy(update={"telemetry_files": list(telemetry.sources)})
 
 
-@task(name="plan-isolation")
+@task(name="plan-isolation", **NOT_CACHED)
 def plan_isolation_task(result: TriageResult, inventory: EvidenceInventory, scheduler: Scheduler, runbook: Path, *,
                         incident_id: str, tenant: str | None, cluster: str, as_of: datetime) -> IsolationPlan:
     """The isolation plan under the runbook's policy, bound to the tenant (the cluster's registered

@@ -11,11 +11,12 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from denpex.analysis.triage import EvidenceInventory, take_inventory
 from denpex.evidence.store import open_store
 from denpex.workflow.coverage import Coverage, wait_for_coverage
+from tasks.options import NOT_CACHED
 
 __all__ = ["wait_for_evidence", "reread_inventory"]
 
 
-@task(name="wait-for-evidence", retries=2, retry_delay_seconds=[2, 5])
+@task(name="wait-for-evidence", retries=2, retry_delay_seconds=[2, 5], **NOT_CACHED)
 def wait_for_evidence(evidence: str, world_size: int | None, grace: timedelta, poll: timedelta,
                       artifact_key: str) -> EvidenceInventory:
     """Poll the store until ranks 0..world_size-1 are in or ``grace`` ends; show coverage as it grows."""
@@ -36,7 +37,7 @@ def wait_for_evidence(evidence: str, world_size: int | None, grace: timedelta, p
                              grace=grace, poll=poll, on_change=show)
 
 
-@task(name="reread-inventory", retries=2, retry_delay_seconds=[2, 5])
+@task(name="reread-inventory", retries=2, retry_delay_seconds=[2, 5], **NOT_CACHED)
 def reread_inventory(evidence: str, world_size: int | None) -> EvidenceInventory:
     """List the store again (recovery check before acting)."""
     return take_inventory(open_store(evidence), world_size=world_size)

@@ -16,11 +16,12 @@ from denpex.isolation.policy import SafetyLimits, Scheduler
 from denpex.isolation.slurm import SlurmAdapter
 from denpex.isolation.slurm_layout import derive_hosts, with_derived_hosts
 from denpex.isolation.ssh import SshRunner
+from tasks.options import NOT_CACHED
 
 __all__ = ["derive_layout"]
 
 
-@task(name="derive-layout")
+@task(name="derive-layout", **NOT_CACHED)
 def derive_layout(inventory: EvidenceInventory, scheduler: Scheduler, settings: IsolationSettings, job_id: str,
                   as_of: datetime | None) -> EvidenceInventory:
     """The inventory whose manifest places every rank without a host by the scheduler's record of

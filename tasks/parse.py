@@ -14,6 +14,7 @@ from prefect import task
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, split_batches
 from denpex.analysis.workers import IsolatedWorkers
 from denpex.evidence.discovery import DumpRef
+from tasks.options import NOT_CACHED
 
 __all__ = ["summarize_dumps", "split_batches", "warm_parse_workers", "release_parse_workers"]
 
@@ -21,7 +22,7 @@ _WORKERS = IsolatedWorkers()
 atexit.register(_WORKERS.close)
 
 
-@task(name="summarize-dumps", retries=1, retry_delay_seconds=2)
+@task(name="summarize-dumps", retries=1, retry_delay_seconds=2, **NOT_CACHED)
 def summarize_dumps(refs: list[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_BYTES) -> list[RankOutcome]:
     """Summarize one batch in a worker process (never in the flow's process)."""
     return _WORKERS.summarize(refs, max_bytes)

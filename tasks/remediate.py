@@ -11,6 +11,7 @@ from denpex.isolation.config import IsolationSettings
 from denpex.isolation.executor import ExecutionReport
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.workflow.remediation import execute_approved_plan, is_transient
+from tasks.options import NOT_CACHED
 
 __all__ = ["execute_plan", "retry_transient_only"]
 
@@ -24,7 +25,7 @@ def retry_transient_only(task: Task[Any, Any], task_run: Any, state: Any) -> boo
     return False
 
 
-@task(name="execute-plan", retries=3, retry_delay_seconds=[2, 5, 10], retry_condition_fn=retry_transient_only)
+@task(name="execute-plan", retries=3, retry_delay_seconds=[2, 5, 10], retry_condition_fn=retry_transient_only, **NOT_CACHED)
 def execute_plan(plan: IsolationPlan, approval: Approval, settings: IsolationSettings,
                  operation: Operation = Operation.ISOLATE) -> ExecutionReport:
     """The core executor: re-check, act once per node, verify, audit before and after."""

@@ -8,11 +8,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from denpex.isolation.plan import IsolationPlan
 from denpex.report import TriageReport
 from denpex.workflow.markdown import candidate_rows, decision_markdown
+from tasks.options import NOT_CACHED
 
 __all__ = ["publish_report", "publish_decision"]
 
 
-@task(name="publish-report")
+@task(name="publish-report", **NOT_CACHED)
 def publish_report(report: TriageReport, plan: IsolationPlan | None, markdown: str, key_prefix: str) -> None:
     create_markdown_artifact(markdown=markdown, key=f"{key_prefix}-report",
                              description="Verdict, reasons and proposed actions")
@@ -22,7 +23,7 @@ def publish_report(report: TriageReport, plan: IsolationPlan | None, markdown: s
                               description="Candidates and planned actions")
 
 
-@task(name="publish-decision")
+@task(name="publish-decision", **NOT_CACHED)
 def publish_decision(incident_id: str, outcome: str, reason: str, key_prefix: str) -> None:
     create_markdown_artifact(markdown=decision_markdown(incident_id, outcome, reason),
                              key=f"{key_prefix}-decision", description=f"Outcome: {outcome}")

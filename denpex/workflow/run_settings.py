@@ -1,70 +1,50 @@
 """A run's settings are its worker's, never what the Prefect API gave the run.
 
-The evidence roots, the state directory, the runbooks, the S3 endpoint and credentials, the SSH
-and Kubernetes targets reach a flow as environment variables on its worker
-(:data:`PROTECTED_PREFIXES`). A process worker starts each run with
-``{**worker environment, **job variables["env"]}``, and job variables come from the flow run,
-its deployment and its work pool's base job template: all three editable by anyone who reaches
-the Prefect API. A run started with ``env: {DENPEX_EVIDENCE_ROOT: s3://forged}`` would pass the
-evidence binding with a forged folder (attacker review). So a run refuses to start when any of
-them sets such a variable, or replaces the command that starts the run.
+The evidence roots, the state directory, the runbooks, the S3 endpoint, credentials and CA
+bundle, proxies and the SSH and Kubernetes targets reach a flow through its worker's environment.
+A process worker starts each run with ``{**its environment, **the job configuration's env}``, and
+that env is rendered from job variables (the flow run's, its deployment's, its work pool's base
+job template, dot keys such as ``env.X`` and template variables included): all editable by anyone
+who reaches the Prefect API. A run given ``DENPEX_EVIDENCE_ROOT`` there passed the evidence binding
+with a forged folder; one given ``HTTPS_PROXY`` read the real folder through a forger (attacker
+reviews). A deny-list of names is never complete, so the rule is: the job configuration adds no
+environment variable at all, replaces no command, and the deployment's pull steps only set the
+working directory (a pull step can update ``os.environ`` before the flow starts).
 
-This is plain data in, refusal out: ``flows/run_settings.py`` reads the three sources from the
-API. (``denpex serve`` ignores job variables; the check holds there too.)
+This module is the rule, on plain data; ``flows/run_settings.py`` renders the job configuration
+the way Prefect's worker does and reads the deployment from the API. (``denpex serve`` ignores
+job variables; the check holds there too.)
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from denpex.workflow.flow_parameters import FlowParameterError
 
-__all__ = ["PROTECTED_PREFIXES", "check_run_settings", "pool_job_variables"]
+__all__ = ["ALLOWED_PULL_STEPS", "check_run_settings"]
 
-PROTECTED_PREFIXES = ("DENPEX_", "AWS_", "PREFECT_API_")
-"""Environment variables a run's job variables may not set: Denpex's settings, the S3 client's
-credentials and endpoint, and where the run reports (and takes its approval from)."""
-
-_PLACEHOLDER = re.compile(r"\{\{\s*\w+\s*\}\}")
+ALLOWED_PULL_STEPS = frozenset({"prefect.deployments.steps.set_working_directory"})
+"""The only pull step a deployment may have (prefect.yaml's: run from the repository's folder)."""
 
 
-def pool_job_variables(base_job_template: Mapping[str, Any]) -> dict[str, Any]:
-    """What a work pool's base job template gives every run, as job variables: each variable's
-    default, and a literal (not ``{{ name }}``) ``env`` or ``command`` in its job configuration."""
-    variables: dict[str, Any] = {}
-    properties = base_job_template.get("variables", {}).get("properties", {})
-    for name, schema in properties.items() if isinstance(properties, Mapping) else ():
-        if isinstance(schema, Mapping) and "default" in schema:
-            variables[name] = schema["default"]
-    configuration = base_job_template.get("job_configuration", {})
-    if isinstance(configuration, Mapping):
-        env = configuration.get("env")
-        if isinstance(env, Mapping):
-            variables["env"] = {**(variables.get("env") or {}), **env}
-        command = configuration.get("command")
-        if isinstance(command, str) and command.strip() and not _PLACEHOLDER.fullmatch(command.strip()):
-            variables["command"] = command
-    return variables
-
-
-def check_run_settings(sources: Mapping[str, Mapping[str, Any]]) -> None:
-    """FlowParameterError naming each source (``"this run's job variables"``...) that sets a
-    protected environment variable or a command; the variables' values are never repeated."""
+def check_run_settings(*, env: Mapping[str, Any] | None, command: str | None,
+                       pull_steps: Sequence[Any] | None) -> None:
+    """FlowParameterError naming what the job configuration or the deployment sets that only the
+    worker may: environment variables (by name, never by value), a command, a pull step."""
     problems = []
-    for where, variables in sources.items():
-        env = variables.get("env")
-        if isinstance(env, Mapping):
-            names = sorted(str(k) for k in env if str(k).upper().startswith(PROTECTED_PREFIXES))
-            if names:
-                problems.append(f"{where} set {', '.join(names)}")
-        elif env not in (None, "") and not (isinstance(env, str) and _PLACEHOLDER.fullmatch(env.strip())):
-            problems.append(f"{where} set env to something other than a mapping")
-        if variables.get("command"):
-            problems.append(f"{where} replace the command that starts the run")
+    if env:
+        names = ", ".join(sorted(str(name) for name in env))
+        problems.append(f"the job configuration sets environment variable(s) {names}")
+    if command:
+        problems.append("the job configuration replaces the command that starts the run")
+    steps = [next(iter(step), "?") if isinstance(step, Mapping) else "?" for step in pull_steps or ()]
+    others = sorted({str(step) for step in steps if step not in ALLOWED_PULL_STEPS})
+    if others:
+        problems.append(f"the deployment's pull steps include {', '.join(others)}")
     if problems:
         raise FlowParameterError(
             "this run's settings must be its worker's: " + "; ".join(problems) + " (the evidence roots, "
-            "state, runbooks, S3 and cluster access come from the worker's own environment, never "
-            "from job variables, which the Prefect API can edit); nothing was done")
+            "state, runbooks, S3, proxies and cluster access come from the worker's own environment, "
+            "never from job variables or pull steps, which the Prefect API can edit); nothing was done")

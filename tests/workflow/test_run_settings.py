@@ -1,70 +1,98 @@
-"""A run's settings are its worker's: job variables (the run's, its deployment's, its work pool's
-template, all editable through the Prefect API) may not set Denpex's, S3's or the API's
-environment variables, nor replace the command (attacker review: ``env: {DENPEX_EVIDENCE_ROOT:
-s3://forged}`` on a run let a forged folder pass the evidence binding)."""
+"""A run's settings are its worker's (attacker reviews): the job configuration Prefect's worker
+would render for the run (the run's, its deployment's and its work pool's job variables, dot keys
+and template variables included) adds no environment variable and replaces no command, and the
+deployment's pull steps only set the working directory.
+
+``env: {DENPEX_EVIDENCE_ROOT: s3://forged}``, ``env.DENPEX_EVIDENCE_ROOT`` as a dot key, a pool
+template's ``env: "{{ myenv }}"``, ``HTTPS_PROXY`` to a forger, a pull step updating
+``os.environ``: each made a process worker's run read a forged folder as the incident's."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prefect.workers.process import ProcessWorker
 
 from denpex.workflow.flow_parameters import FlowParameterError
-from denpex.workflow.run_settings import check_run_settings, pool_job_variables
+from denpex.workflow.run_settings import check_run_settings
+from flows.run_settings import _rendered
 
 DEFAULT_TEMPLATE = ProcessWorker.get_default_base_job_template()
+SET_WORKING_DIRECTORY = {"prefect.deployments.steps.set_working_directory": {"directory": "/srv/denpex"}}
 
 
-def test_prefects_own_process_template_and_plain_job_variables_pass() -> None:
-    check_run_settings({
-        "this run's job variables": {},
-        "deployment 'manual''s job variables": {"working_dir": "/srv/denpex", "env": {"TZ": "UTC"}},
-        "work pool 'denpex''s base job template": pool_job_variables(DEFAULT_TEMPLATE),
-    })
+def test_nothing_set_and_prefect_yamls_pull_step_pass() -> None:
+    check_run_settings(env={}, command=None, pull_steps=[SET_WORKING_DIRECTORY])
+    check_run_settings(env=None, command=None, pull_steps=None)
 
 
 @pytest.mark.parametrize("env", [
     {"DENPEX_EVIDENCE_ROOT": "s3://forged"},
-    {"DENPEX_S3_ENDPOINT_URL": "http://attacker:9000"},
-    {"DENPEX_STATE_DIR": "/tmp/empty"},
-    {"AWS_ACCESS_KEY_ID": "x", "TZ": "UTC"},
-    {"PREFECT_API_URL": "http://attacker/api"},
-    {"denpex_runbooks_dir": "/tmp"},
+    {"HTTPS_PROXY": "http://forger:3128", "NO_PROXY": "127.0.0.1"},
+    {"REQUESTS_CA_BUNDLE": "/proc/self/environ", "ATKCA": "-----BEGIN CERTIFICATE-----"},
+    {"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "s3-bucket/forged"},
+    {"TZ": "UTC"},  # harmless, but the worker's environment is the only one
 ])
-def test_a_run_that_sets_the_workers_settings_is_refused_without_repeating_values(env: dict[str, str]) -> None:
-    with pytest.raises(FlowParameterError, match="this run's job variables set") as refused:
-        check_run_settings({"this run's job variables": {"env": env}})
+def test_any_environment_variable_is_refused_by_name_never_by_value(env: dict[str, str]) -> None:
+    with pytest.raises(FlowParameterError, match="sets environment variable") as refused:
+        check_run_settings(env=env, command=None, pull_steps=None)
     message = str(refused.value)
-    assert all(value not in message for value in env.values())
-    assert "nothing was done" in message
+    assert all(name in message for name in env) and all(value not in message for value in env.values())
+    assert message.endswith("nothing was done")
 
 
-def test_a_replaced_command_or_an_env_that_is_not_a_mapping_is_refused() -> None:
-    with pytest.raises(FlowParameterError, match="replace the command") as refused:
-        check_run_settings({"deployment 'manual''s job variables": {"command": "env DENPEX_EVIDENCE_ROOT=x python -m prefect.engine"},
-                            "this run's job variables": {"env": "DENPEX_EVIDENCE_ROOT=x"}})
-    assert "set env to something other than a mapping" in str(refused.value)
+def test_a_command_or_another_pull_step_is_refused() -> None:
+    with pytest.raises(FlowParameterError, match="replaces the command") as refused:
+        check_run_settings(env={}, command="sh -c 'python -m prefect.engine'",
+                           pull_steps=[SET_WORKING_DIRECTORY, {"os:environ.update": {"DENPEX_EVIDENCE_ROOT": "x"}}])
+    assert "pull steps include os:environ.update" in str(refused.value)
 
 
-def _template(**changes: Any) -> dict[str, Any]:
-    template = copy.deepcopy(DEFAULT_TEMPLATE)
-    for path, value in changes.items():
-        where = template
-        *parents, last = path.split("__")
-        for part in parents:
-            where = where[part]
-        where[last] = value
-    return template
+def _render(pool: str | None, deployment_variables: dict[str, Any], run_variables: dict[str, Any],
+            client: Any = None) -> tuple[dict[str, Any], str | None]:
+    run = SimpleNamespace(job_variables=run_variables, work_pool_name=pool)
+    deployment = SimpleNamespace(job_variables=deployment_variables, work_pool_name=pool)
+    return asyncio.run(_rendered(client, run, deployment))
 
 
-@pytest.mark.parametrize("template, why", [
-    (_template(variables__properties__env__default={"DENPEX_EVIDENCE_ROOT": "s3://forged"}), "set DENPEX_EVIDENCE_ROOT"),
-    (_template(job_configuration__env={"AWS_SECRET_ACCESS_KEY": "x"}), "set AWS_SECRET_ACCESS_KEY"),
-    (_template(variables__properties__command__default="sh -c 'python -m prefect.engine'"), "replace the command"),
-    (_template(job_configuration__command="bash -c evil"), "replace the command"),
+@pytest.mark.parametrize("deployment_variables, run_variables, env, command", [
+    ({}, {}, {}, None),
+    ({"working_dir": "/srv/denpex"}, {}, {}, None),
+    ({}, {"env": {"DENPEX_EVIDENCE_ROOT": "s3://forged"}}, {"DENPEX_EVIDENCE_ROOT": "s3://forged"}, None),
+    ({}, {"env.DENPEX_EVIDENCE_ROOT": "s3://forged"}, {"DENPEX_EVIDENCE_ROOT": "s3://forged"}, None),
+    ({"env.HTTPS_PROXY": "http://forger"}, {"env": {"A": "1"}}, {"HTTPS_PROXY": "http://forger", "A": "1"}, None),
+    ({"env": {"A": "1"}}, {"env": {"B": "2"}}, {"A": "1", "B": "2"}, None),
+    ({}, {"command": "sh -c x"}, {}, "sh -c x"),
 ])
-def test_a_work_pool_template_that_sets_them_for_every_run_is_refused(template: dict[str, Any], why: str) -> None:
-    with pytest.raises(FlowParameterError, match=why):
-        check_run_settings({"work pool 'denpex''s base job template": pool_job_variables(template)})
+def test_the_job_configuration_is_rendered_as_prefects_worker_renders_it(
+        deployment_variables: dict[str, Any], run_variables: dict[str, Any], env: dict[str, str],
+        command: str | None) -> None:
+    assert _render(None, deployment_variables, run_variables) == (env, command)
+
+
+def test_a_work_pools_template_variables_reach_the_rendered_env(prefect_harness: str) -> None:
+    """A real work pool whose job configuration takes its env from another variable's default."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    template = copy.deepcopy(DEFAULT_TEMPLATE)
+    template["job_configuration"]["env"] = "{{ myenv }}"
+    template["variables"]["properties"]["myenv"] = {"type": "object",
+                                                    "default": {"DENPEX_EVIDENCE_ROOT": "s3://forged"}}
+
+    async def rendered() -> tuple[dict[str, Any], str | None]:
+        async with get_client() as client:
+            await client.create_work_pool(WorkPoolCreate(name="hostile-template", type="process",
+                                                         base_job_template=template), overwrite=True)
+            run = SimpleNamespace(job_variables={}, work_pool_name="hostile-template")
+            deployment = SimpleNamespace(job_variables={}, work_pool_name=None)
+            return await _rendered(client, run, deployment)
+
+    env, command = asyncio.run(rendered())
+    assert env == {"DENPEX_EVIDENCE_ROOT": "s3://forged"} and command is None
+    with pytest.raises(FlowParameterError, match="DENPEX_EVIDENCE_ROOT"):
+        check_run_settings(env=env, command=command, pull_steps=None)
