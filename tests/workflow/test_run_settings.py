@@ -52,11 +52,17 @@ def test_a_command_or_another_pull_step_is_refused() -> None:
     assert "pull steps include os:environ.update" in str(refused.value)
 
 
-def _render(pool: str | None, deployment_variables: dict[str, Any], run_variables: dict[str, Any],
-            client: Any = None) -> tuple[dict[str, Any], str | None]:
-    run = SimpleNamespace(job_variables=run_variables, work_pool_name=pool)
-    deployment = SimpleNamespace(job_variables=deployment_variables, work_pool_name=pool)
-    return asyncio.run(_rendered(client, run, deployment))
+def _render(deployment_variables: dict[str, Any], run_variables: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Rendered through the session's real Prefect API (no work pool: Prefect's default process template)."""
+    from prefect.client.orchestration import get_client
+
+    async def rendered() -> tuple[dict[str, Any], str | None]:
+        async with get_client() as client:
+            run = SimpleNamespace(job_variables=run_variables, work_pool_name=None)
+            deployment = SimpleNamespace(job_variables=deployment_variables, work_pool_name=None)
+            return await _rendered(client, run, deployment)
+
+    return asyncio.run(rendered())
 
 
 @pytest.mark.parametrize("deployment_variables, run_variables, env, command", [
@@ -69,9 +75,9 @@ def _render(pool: str | None, deployment_variables: dict[str, Any], run_variable
     ({}, {"command": "sh -c x"}, {}, "sh -c x"),
 ])
 def test_the_job_configuration_is_rendered_as_prefects_worker_renders_it(
-        deployment_variables: dict[str, Any], run_variables: dict[str, Any], env: dict[str, str],
-        command: str | None) -> None:
-    assert _render(None, deployment_variables, run_variables) == (env, command)
+        prefect_harness: str, deployment_variables: dict[str, Any], run_variables: dict[str, Any],
+        env: dict[str, str], command: str | None) -> None:
+    assert _render(deployment_variables, run_variables) == (env, command)
 
 
 def test_a_work_pools_template_variables_reach_the_rendered_env(prefect_harness: str) -> None:
