@@ -498,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     # its output in run_dir/prefect-server.log, the UI told its API URL.
     # The API behind basic authentication, as production puts it (or behind an authenticating
     # proxy): every client (flows, the ingest service, this script) sends the auth string.
-    prefect = PrefectServer(run_dir, startup_timeout=90, auth_string=f"demo:{secrets.token_urlsafe(12)}")
+    # A first start migrates a fresh SQLite database: over 90 s on two busy cores (CI saw it).
+    prefect = PrefectServer(run_dir, startup_timeout=240, auth_string=f"demo:{secrets.token_urlsafe(12)}")
     api = prefect.api_url
     env = prefect.env(PREFECT_UI_URL=prefect.url, PREFECT_LOGGING_LEVEL="WARNING",
                       DENPEX_STATE_DIR=str(run_dir / "state"), DENPEX_RUNBOOKS_DIR=str(run_dir / "runbooks"),
