@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
+from uuid import UUID
 
 from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
@@ -45,7 +46,7 @@ from denpex.workflow.markdown import approval_markdown
 
 __all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "approval_form", "ask_approval",
            "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
-           "run_id", "artifact_prefix", "form_description", "report_url", "FORM_GROUP_CHARTS"]
+           "run_id", "answer_received_at", "artifact_prefix", "form_description", "report_url", "FORM_GROUP_CHARTS"]
 
 # Beside the form (about 470 px wide): the overview and the group chart nearest the culprit.
 FORM_GROUP_CHARTS = 1
@@ -208,7 +209,24 @@ def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation,
         return None
     core = ApprovalAnswer.model_validate(answer.model_dump(mode="json", include=set(ApprovalAnswer.model_fields)))
     return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now(),
-                         codes=TotpStore(state_dir()))
+                         codes=TotpStore(state_dir()), answered_at=answer_received_at(run_id()))
+
+
+def answer_received_at(flow_run_id: str) -> datetime | None:
+    """When the Prefect API stored this run's newest answer to a pause (its own clock), or None.
+
+    Prefect keeps each pause's answer as run input keyed ``paused-<n>-response``. The time is the
+    server's, set when the answer arrived, so a code is judged as the approver typed it even when
+    this worker polled late (``review_answer`` bounds how late)."""
+    try:
+        with get_client(sync_client=True) as client:
+            inputs = client.filter_flow_run_input(UUID(flow_run_id), key_prefix="paused-", limit=100,
+                                                  exclude_keys=set())
+    except Exception as exc:  # noqa: BLE001 - without it the code is judged now, as before
+        get_run_logger().warning("could not read when the answer arrived (%s); its code is judged now", exc)
+        return None
+    received = [i.created for i in inputs if i.key.endswith("-response") and i.created is not None]
+    return max(received, default=None)
 
 
 def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) -> None:

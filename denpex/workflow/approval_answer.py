@@ -23,11 +23,16 @@ approver's current TOTP code (``denpex.isolation.second_factor``). A code is spe
 that carries it, refused or not: the run's stored input shows it to whoever reads the API, and it
 must not approve another run. A rejection always stands (it touches nothing), but it is recorded
 in an approver's name only when it proves that approver as an approval would.
+
+A code is judged at the moment the API received the answer (``answered_at``, the server's clock),
+not when the flow got round to reading it: a loaded worker polls late, and a code typed in time
+must not expire on the way. That moment counts only within ``MAX_ANSWER_LAG`` before the review;
+an older one is not believed, and the review's own time is used.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
@@ -38,7 +43,11 @@ from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.isolation.policy import ApprovalChannel, IsolationPolicy, SecondFactor
 from denpex.isolation.second_factor import TotpStore
 
-__all__ = ["Decision", "ApprovalAnswer", "AnswerVerdict", "ReviewedAnswer", "review_answer"]
+__all__ = ["Decision", "ApprovalAnswer", "AnswerVerdict", "ReviewedAnswer", "review_answer", "MAX_ANSWER_LAG",
+           "code_judged_at"]
+
+MAX_ANSWER_LAG = timedelta(minutes=5)
+"""How long before the review an answer's receipt may lie and still be the moment its code is judged."""
 
 
 class Decision(StrEnum):
@@ -87,13 +96,15 @@ class ReviewedAnswer(BaseModel):
 
 
 def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: IsolationPolicy, operation: Operation,
-                  flow_run_id: str, at: datetime, codes: TotpStore) -> ReviewedAnswer:
+                  flow_run_id: str, at: datetime, codes: TotpStore,
+                  answered_at: datetime | None = None) -> ReviewedAnswer:
     """Check ``answer`` against ``plan`` and the operator's ``policy``; every problem in one reason.
-    ``codes`` holds the approvers' TOTP secrets and spent codes (the state directory's)."""
+    ``codes`` holds the approvers' TOTP secrets and spent codes (the state directory's);
+    ``answered_at`` is when the API received the answer (see :func:`code_judged_at`)."""
     approver = answer.approver.strip()
     # The code is spent on every answer that carries one, whatever else the answer says: a code
     # left in a refused answer's stored run input must not approve another run.
-    proof, code_problem = _second_factor(answer, policy, approver, codes, at)
+    proof, code_problem = _second_factor(answer, policy, approver, codes, code_judged_at(at, answered_at))
     if answer.decision is Decision.REJECT:
         return _rejection(answer, plan, policy, approver, code_problem)
     problems = _problems(answer, plan, policy, approver) + ([code_problem] if code_problem else [])
@@ -107,6 +118,15 @@ def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: Isolat
     checked = " (TOTP code checked)" if proof else ""
     return ReviewedAnswer(verdict=AnswerVerdict.APPROVED, approver=approver, approval=approval,
                           reason=f"approved by {approver} for {', '.join(nodes)}{checked}")
+
+
+def code_judged_at(at: datetime, answered_at: datetime | None) -> datetime:
+    """The moment a code is judged at: the answer's receipt when it lies within ``MAX_ANSWER_LAG``
+    before the review ``at``, else ``at`` itself (a receipt from the future, or one too old to be
+    believed, never widens the code's window)."""
+    if answered_at is not None and at - MAX_ANSWER_LAG <= answered_at <= at:
+        return answered_at
+    return at
 
 
 def _rejection(answer: ApprovalAnswer, plan: IsolationPlan, policy: IsolationPolicy, approver: str,

@@ -5,8 +5,8 @@
         [--sidecar-deadline-s S] [--debug-port PORT]
 
 The rank joins ``env://`` (``MASTER_ADDR``/``MASTER_PORT`` set by the launcher), runs one
-all_reduce under the product's :class:`~denpex.collector.fr_watchdog.HangDumper` (dump folder
-``DIR/collected``), warms the dumper up, meets the others at a barrier, marks
+all_reduce, warms the product's :class:`~denpex.collector.fr_watchdog.HangDumper` up (dump folder
+``DIR/collected``), meets the others at a barrier, starts the dumper's watchdog, marks
 ``DIR/markers/hang-<rank>``, then plays its role:
 
 - ``collective``: :func:`step`, an all_reduce the ``sleep``/``regex`` rank never joins;
@@ -74,10 +74,12 @@ def run_rank(args: argparse.Namespace) -> int:
     dumper = HangDumper(work / "collected", rank=args.rank, collective_timeout=timeout,
                         trigger_fraction=args.trigger_fraction, poll_interval=timedelta(seconds=0.25))
     tensor = torch.ones(16)
+    step(tensor)
+    dumper.warm_up()
+    # The watchdog starts after the barrier: a rank whose warm-up takes seconds (up to 6 s on two
+    # loaded cores) keeps its peers in the barrier that long, which is no hang of the scenario's.
+    dist.barrier()
     with dumper:
-        step(tensor)
-        dumper.warm_up()
-        dist.barrier()
         write_atomic(work / "markers" / f"hang-{args.rank}", b"")
         if args.role == "collective":
             try:

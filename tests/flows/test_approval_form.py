@@ -59,3 +59,32 @@ def test_every_field_keeps_its_description_and_required_fields_stay_required_in_
     assert schema["required"] == ["decision", "plan_hash", "nodes", "approver"]
     assert props["plan_hash"]["default"] == plan.content_hash()
     assert "alice, carol" in props["approver"]["description"]  # the form says who may approve
+
+
+def test_the_answers_receipt_is_the_servers_time_of_the_pause_response(prefect_harness: str) -> None:
+    """A code is judged when the API received the answer (``review_answer``'s ``answered_at``): read
+    from the real API's stored run input, the ``-response`` key only (the form's schema and
+    description are stored under the same pause, earlier)."""
+    from datetime import timedelta
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows.approval import answer_received_at
+
+    @flow(name="receipt-probe")
+    def probe() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(probe)
+        assert answer_received_at(str(run.id)) is None  # no answer yet
+        before = utc_now()
+        client.create_flow_run_input(run.id, key="paused-1-schema", value="{}")
+        client.create_flow_run_input(run.id, key="paused-1-response", value='{"decision": "approve"}')
+        after = utc_now()
+        [response] = [i for i in client.filter_flow_run_input(run.id, key_prefix="paused-", limit=10,
+                                                              exclude_keys=set()) if i.key.endswith("-response")]
+    received = answer_received_at(str(run.id))
+    assert received is not None and received == response.created
+    assert before - timedelta(seconds=5) <= received <= after + timedelta(seconds=5)

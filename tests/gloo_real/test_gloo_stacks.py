@@ -55,18 +55,28 @@ REGEX_LINE = line_of(stacks_worker.wedge_in_regex, "re.match(")
 
 @pytest.fixture(scope="module")
 def sleeper_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Job 1's files, once every rank dumped and the debug server wrote the hang."""
+    """Job 1's files, once every rank dumped and the debug server wrote the hang.
+
+    ``hang/`` is the dump folder as the ranks left it; ``debug-hang/`` holds the debug server's
+    first file that shows the hang (the server goes on writing, and once the collective times
+    out its newest file shows the ranks past it)."""
     work = tmp_path_factory.mktemp("sleeper")
 
     def debug_file_shows_the_hang() -> bool:
-        files = debug_stacks_files(work / "debug")
-        if not files or not (work / "markers" / "hang-2").exists():
+        if not (work / "markers" / "hang-2").exists():
             return False
-        ranks = read_debug_stacks(work / "debug", files[-1]).ranks
-        return len(ranks) == 4 and len(group_by_stack(ranks).groups) == 2
+        for file in debug_stacks_files(work / "debug"):
+            # Files from before the hang show the ranks elsewhere (one of them compiling an import).
+            groups = group_by_stack(read_debug_stacks(work / "debug", file).ranks).groups
+            if ([g.ranks for g in groups] == [[0, 1, 3], [2]] and groups[0].collective == "all_reduce"
+                    and "sleep_in_data_loader" in groups[1].summary):
+                (work / "debug-hang").mkdir(exist_ok=True)
+                shutil.copy(work / "debug" / file.name, work / "debug-hang" / file.name)
+                return True
+        return False
 
-    # Dumps at 4.5 s, the collective's timeout at 15 s: the hang's files are taken well before it.
-    with StacksJob(work, ["collective", "collective", "sleep", "collective"], timeout_s=15, trigger_fraction=0.3,
+    # Dumps at 6 s, the collective's timeout at 20 s: the hang's files are taken well before it.
+    with StacksJob(work, ["collective", "collective", "sleep", "collective"], timeout_s=20, trigger_fraction=0.3,
                    debug_server=True) as job:
         job.wait_for(lambda: len(job.records()) == 4, timeout_s=150, what="every rank's dump")
         job.snapshot(work / "hang")
@@ -123,7 +133,8 @@ def test_debug_server_stacks_files_are_read_beside_the_dumps(sleeper_job: Path) 
     dumped_at: datetime = read_dump_records(sleeper_job / "hang")[2].dumped_at
     chosen = nearest_debug_stacks(files, dumped_at)
     assert chosen is not None
-    ranks = read_debug_stacks(sleeper_job / "debug", files[-1]).ranks
+    [hang_file] = debug_stacks_files(sleeper_job / "debug-hang")
+    ranks = read_debug_stacks(sleeper_job / "debug-hang", hang_file).ranks
     assert all(r.source is StackSource.TORCH_DEBUG for r in ranks.values())
     grouping = group_by_stack(ranks)
     assert [g.ranks for g in grouping.groups] == [[0, 1, 3], [2]]
@@ -219,11 +230,11 @@ def test_triage_text_shows_the_sleeper_beside_the_majority(sleeper_job: Path) ->
 
 
 def test_triage_reads_torch_debug_servers_stacks_file_beside_the_dumps(sleeper_job: Path) -> None:
-    # The job's dumps without Denpex's stacks files, and the debug server's newest file beside them.
+    # The job's dumps without Denpex's stacks files, and the debug server's file of the hang beside them.
     folder = sleeper_job / "hang-with-debug-file"
     shutil.copytree(sleeper_job / "hang", folder, ignore=shutil.ignore_patterns("*.stacks.json"))
-    newest = debug_stacks_files(sleeper_job / "debug")[-1]
-    shutil.copy(sleeper_job / "debug" / newest.name, folder / newest.name)
+    [newest] = debug_stacks_files(sleeper_job / "debug-hang")
+    shutil.copy(sleeper_job / "debug-hang" / newest.name, folder / newest.name)
     report = triage_json(folder)
     assert [s["path"] for s in report["skipped_files"]] == []  # not mistaken for a dump
     [candidate] = report["candidates"]

@@ -223,7 +223,7 @@ def test_duplicate_upload_is_idempotent_and_new_bytes_are_a_new_version(lab: Lab
 
 
 # 12, 13 ------------------------------------------------------------------------------------------
-def _runs_for(engine: Engine, alert_id: str, *, wait_s: float = 60.0, at_least: int = 1) -> list[dict[str, Any]]:
+def _runs_for(engine: Engine, alert_id: str, *, wait_s: float = 180.0, at_least: int = 1) -> list[dict[str, Any]]:
     deadline = time.monotonic() + wait_s
     runs: list[dict[str, Any]] = []
     while time.monotonic() < deadline:

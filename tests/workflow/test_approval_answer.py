@@ -17,7 +17,8 @@ from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import (ApprovalChannel, ApprovalRule, ApproverScope, IsolationPolicy, Scheduler,
                                     SecondFactor)
 from denpex.isolation.second_factor import TotpStore
-from denpex.workflow.approval_answer import AnswerVerdict, ApprovalAnswer, Decision, ReviewedAnswer, review_answer
+from denpex.workflow.approval_answer import (MAX_ANSWER_LAG, AnswerVerdict, ApprovalAnswer, Decision, ReviewedAnswer,
+                                             code_judged_at, review_answer)
 from lab.rig import xid79_on
 
 POLICY = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"})))
@@ -219,3 +220,31 @@ def test_a_code_typed_where_none_is_required_is_still_checked(codes: TotpStore) 
         codes.current_code("alice") == "000000"
     reviewed = _review(plan, _answer(plan, code=codes.current_code("alice")), codes, lenient)
     assert reviewed.approval is not None and reviewed.approval.second_factor == "totp"
+
+
+def test_a_code_is_judged_when_the_api_received_the_answer_not_when_the_flow_read_it(codes: TotpStore) -> None:
+    """A loaded worker may read the answer minutes after the approver typed it (CI saw a code
+    expire on the way); the API's receipt time is believed up to MAX_ANSWER_LAG before the review."""
+    plan = _plan()
+    typed = utc_now() - timedelta(minutes=3)
+    code = codes.current_code("alice", at=typed.timestamp())
+    reviewed = review_answer(_answer(plan, code=code), plan, policy=POLICY, operation=Operation.ISOLATE,
+                             flow_run_id="run-1", at=utc_now(), codes=codes, answered_at=typed)
+    assert reviewed.verdict is AnswerVerdict.APPROVED and "TOTP code checked" in reviewed.reason
+    # The approval itself is dated by the review, as before; only the code's moment moved.
+    assert reviewed.approval is not None and reviewed.approval.approved_at > typed + timedelta(minutes=2)
+
+
+@pytest.mark.parametrize("answered", ["none", "too-old", "future"])
+def test_a_receipt_that_cannot_be_believed_judges_the_code_at_the_review(tmp_path: Path, answered: str) -> None:
+    codes = TotpStore(tmp_path)
+    codes.enroll("alice")
+    plan = _plan()
+    now = utc_now()
+    typed = now - MAX_ANSWER_LAG - timedelta(minutes=1)
+    receipt = {"none": None, "too-old": typed, "future": now + timedelta(minutes=10)}[answered]
+    assert code_judged_at(now, receipt) == now
+    stale = _answer(plan, code=codes.current_code("alice", at=typed.timestamp()))
+    reviewed = review_answer(stale, plan, policy=POLICY, operation=Operation.ISOLATE, flow_run_id="run-1", at=now,
+                             codes=codes, answered_at=receipt)
+    assert reviewed.verdict is AnswerVerdict.REFUSED and "current code" in reviewed.reason
