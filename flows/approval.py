@@ -3,16 +3,20 @@ decision records and events. Prefect-facing; the decisions themselves are in ``d
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from prefect.blocks.core import Block
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import FlowRunInput
+from prefect.context import FlowRunContext
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.events import emit_event
 from prefect.exceptions import FlowPauseTimeout, ObjectAlreadyExists
@@ -43,10 +47,11 @@ from denpex.tenancy import judge_target, read_ownership
 from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
 from denpex.workflow.decision_audit import record_decision
 from denpex.workflow.markdown import approval_markdown
+from flows.run_log import incident_log
 
 __all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "approval_form", "ask_approval",
            "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
-           "run_id", "answer_received_at", "artifact_prefix", "form_description", "report_url", "FORM_GROUP_CHARTS"]
+           "run_id", "answer_lag", "artifact_prefix", "form_description", "report_url", "FORM_GROUP_CHARTS"]
 
 # Beside the form (about 470 px wide): the overview and the group chart nearest the culprit.
 FORM_GROUP_CHARTS = 1
@@ -202,31 +207,73 @@ def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation,
                  timeout: timedelta, poll: timedelta) -> ReviewedAnswer | None:
     """Pause until a person answers; None when nobody did within ``timeout``."""
     form = approval_form(plan, description, policy=policy)
+    pause = uuid4().hex  # its keys cannot be guessed, or written, before this pause exists
     try:
         answer = pause_flow_run(wait_for_input=form, timeout=int(timeout.total_seconds()),
-                                poll_interval=max(1, int(poll.total_seconds())))
+                                poll_interval=max(1, int(poll.total_seconds())), key=pause)
     except FlowPauseTimeout:
         return None
     core = ApprovalAnswer.model_validate(answer.model_dump(mode="json", include=set(ApprovalAnswer.model_fields)))
+    lag = answer_lag(run_id(), pause, core)
+    if lag is None:
+        _flow_logger().info("answer: when it reached the API is unknown; its code is matched now")
+    else:
+        _flow_logger().info("answer: arrived %.1f s before the flow read it (the Prefect API's clock); its code is "
+                            "matched then", lag.total_seconds())
     return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now(),
-                         codes=TotpStore(state_dir()), answered_at=answer_received_at(run_id()))
+                         codes=TotpStore(state_dir()), answer_lag=lag)
 
 
-def answer_received_at(flow_run_id: str) -> datetime | None:
-    """When the Prefect API stored this run's newest answer to a pause (its own clock), or None.
+def answer_lag(flow_run_id: str, pause: str, answer: ApprovalAnswer) -> timedelta | None:
+    """How long ago the Prefect API received ``answer`` to pause ``pause``, on the server's own
+    clock; None when that cannot be told (the code is then matched now, as the review reads it).
 
-    Prefect keeps each pause's answer as run input keyed ``paused-<n>-response``. The time is the
-    server's, set when the answer arrived, so a code is judged as the approver typed it even when
-    this worker polled late (``review_answer`` bounds how late)."""
+    Prefect keeps the answer as run input ``paused-<pause>-response``, with the time the server
+    wrote it. This stores a marker ``paused-<pause>-read`` and takes the difference of the two
+    server times, so the worker's clock never meets the server's (with several API replicas their
+    clocks must agree, as for every time Prefect stores). The stored answer must still be the one
+    the flow read: one written since (by whoever reaches the API) gives no lag."""
     try:
+        flow_run_uuid = UUID(flow_run_id)
         with get_client(sync_client=True) as client:
-            inputs = client.filter_flow_run_input(UUID(flow_run_id), key_prefix="paused-", limit=100,
-                                                  exclude_keys=set())
-    except Exception as exc:  # noqa: BLE001 - without it the code is judged now, as before
-        get_run_logger().warning("could not read when the answer arrived (%s); its code is judged now", exc)
+            response = _run_input(client, flow_run_uuid, f"paused-{pause}-response")
+            if response is None or not _same_answer(response.value, answer):
+                return None
+            client.create_flow_run_input(flow_run_uuid, key=f"paused-{pause}-read", value='"read"')
+            read = _run_input(client, flow_run_uuid, f"paused-{pause}-read")
+    except Exception as exc:  # noqa: BLE001 - without it the code is matched now, as before
+        _flow_logger().warning("could not tell when the answer arrived (%s); its code is matched now", exc)
         return None
-    received = [i.created for i in inputs if i.key.endswith("-response") and i.created is not None]
-    return max(received, default=None)
+    if read is None or read.created is None or response.created is None:
+        return None
+    return read.created - response.created
+
+
+def _run_input(client: SyncPrefectClient, flow_run_id: UUID, key: str, pages: int = 5) -> FlowRunInput | None:
+    """The input stored under exactly ``key``. The API filters by prefix, oldest first: inputs
+    whose keys merely start with ``key`` (anyone may write them) are excluded page by page."""
+    seen: set[str] = set()
+    for _ in range(pages):
+        found = client.filter_flow_run_input(flow_run_id, key_prefix=key, limit=50, exclude_keys=seen)
+        exact = next((i for i in found if i.key == key), None)
+        if exact is not None or len(found) < 50:
+            return exact
+        seen |= {i.key for i in found}
+    return None
+
+
+def _same_answer(stored: str, answer: ApprovalAnswer) -> bool:
+    try:
+        value = json.loads(stored)
+        fields = {k: v for k, v in value.items() if k in ApprovalAnswer.model_fields}
+        return ApprovalAnswer.model_validate(fields) == answer
+    except (ValueError, AttributeError):
+        return False
+
+
+def _flow_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The incident's own log inside a flow run (its Logs tab), else this module's."""
+    return incident_log() if FlowRunContext.get() is not None else logging.getLogger(__name__)
 
 
 def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) -> None:

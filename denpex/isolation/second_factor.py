@@ -6,7 +6,8 @@ signature does. The rules:
 
 - one secret per approver, enrolled by the operator (``denpex approver enroll NAME``), stored in
   the state directory readable by the service user only (``approvers/totp/NAME``, mode 0600);
-- a code is accepted within RFC 6238's usual drift window, one 30 s step either way;
+- a code is accepted within RFC 6238's usual drift window, one 30 s step either way, of the
+  moment it arrived (``typed_at``: the flow measures it on the Prefect API's clock) or else now;
 - a code is accepted once per approver: the newest accepted time step is kept in the state
   directory's SQLite file (shared by every worker, updated in one write transaction), and a code
   of that step or an older one is refused;
@@ -95,8 +96,12 @@ class TotpStore:
         """The code the approver's authenticator shows now (for the demo and tests)."""
         return pyotp.TOTP(self._secret(approver)).at(int(time.time() if at is None else at))
 
-    def check(self, approver: str, code: str, *, at: float | None = None) -> CodeCheck:
-        """Accept ``code`` for ``approver`` once, within one step of drift; see the module docstring."""
+    def check(self, approver: str, code: str, *, at: float | None = None, typed_at: float | None = None) -> CodeCheck:
+        """Accept ``code`` for ``approver`` once, within one step of drift; see the module docstring.
+
+        ``at`` is now (default: the clock); ``typed_at``, when given, is the moment the code is
+        matched at (when the answer carrying it arrived). Wrong codes are counted at ``at``, so a
+        receipt time never moves a guess out of the lockout window."""
         if not self.enrolled(approver):
             return CodeCheck(CodeVerdict.NOT_ENROLLED, f"{approver!r} has no enrolled TOTP secret; the operator "
                                                        f"enrolls one with `denpex approver enroll {approver}`")
@@ -115,7 +120,7 @@ class TotpStore:
                 return CodeCheck(CodeVerdict.LOCKED, f"{wrong} wrong codes for {approver} in the last "
                                                      f"{LOCKOUT_S // 60} minutes: {approver}'s codes are refused "
                                                      "until that window has passed")
-            step = _matching_step(totp, given, now)
+            step = _matching_step(totp, given, now if typed_at is None else typed_at)
             if step is None:
                 db.execute("INSERT INTO wrong (approver, at) VALUES (?, ?)", (approver, now))
                 db.execute("COMMIT")

@@ -24,10 +24,12 @@ that carries it, refused or not: the run's stored input shows it to whoever read
 must not approve another run. A rejection always stands (it touches nothing), but it is recorded
 in an approver's name only when it proves that approver as an approval would.
 
-A code is judged at the moment the API received the answer (``answered_at``, the server's clock),
-not when the flow got round to reading it: a loaded worker polls late, and a code typed in time
-must not expire on the way. That moment counts only within ``MAX_ANSWER_LAG`` before the review;
-an older one is not believed, and the review's own time is used.
+A code is matched at the moment the API received the answer, not when the flow got round to
+reading it: a loaded worker polls late, and a code typed in time must not expire on the way. The
+flow measures ``answer_lag`` (how long before the review the answer arrived) on the API server's
+own clock, so the two machines' clocks never meet; a lag outside ``[0, MAX_ANSWER_LAG]`` is not
+believed and the code is matched at the review. An answer's receipt is whenever it was last
+written, so this widens nothing: the code had to be current when it reached the API.
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ from denpex.isolation.policy import ApprovalChannel, IsolationPolicy, SecondFact
 from denpex.isolation.second_factor import TotpStore
 
 __all__ = ["Decision", "ApprovalAnswer", "AnswerVerdict", "ReviewedAnswer", "review_answer", "MAX_ANSWER_LAG",
-           "code_judged_at"]
+           "code_typed_at"]
 
 MAX_ANSWER_LAG = timedelta(minutes=5)
-"""How long before the review an answer's receipt may lie and still be the moment its code is judged."""
+"""The longest lag between an answer's receipt and its review that is believed."""
 
 
 class Decision(StrEnum):
@@ -97,14 +99,14 @@ class ReviewedAnswer(BaseModel):
 
 def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: IsolationPolicy, operation: Operation,
                   flow_run_id: str, at: datetime, codes: TotpStore,
-                  answered_at: datetime | None = None) -> ReviewedAnswer:
+                  answer_lag: timedelta | None = None) -> ReviewedAnswer:
     """Check ``answer`` against ``plan`` and the operator's ``policy``; every problem in one reason.
     ``codes`` holds the approvers' TOTP secrets and spent codes (the state directory's);
-    ``answered_at`` is when the API received the answer (see :func:`code_judged_at`)."""
+    ``answer_lag`` is how long before ``at`` the API received the answer (see :func:`code_typed_at`)."""
     approver = answer.approver.strip()
     # The code is spent on every answer that carries one, whatever else the answer says: a code
     # left in a refused answer's stored run input must not approve another run.
-    proof, code_problem = _second_factor(answer, policy, approver, codes, code_judged_at(at, answered_at))
+    proof, code_problem = _second_factor(answer, policy, approver, codes, at, code_typed_at(at, answer_lag))
     if answer.decision is Decision.REJECT:
         return _rejection(answer, plan, policy, approver, code_problem)
     problems = _problems(answer, plan, policy, approver) + ([code_problem] if code_problem else [])
@@ -120,12 +122,11 @@ def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: Isolat
                           reason=f"approved by {approver} for {', '.join(nodes)}{checked}")
 
 
-def code_judged_at(at: datetime, answered_at: datetime | None) -> datetime:
-    """The moment a code is judged at: the answer's receipt when it lies within ``MAX_ANSWER_LAG``
-    before the review ``at``, else ``at`` itself (a receipt from the future, or one too old to be
-    believed, never widens the code's window)."""
-    if answered_at is not None and at - MAX_ANSWER_LAG <= answered_at <= at:
-        return answered_at
+def code_typed_at(at: datetime, answer_lag: timedelta | None) -> datetime:
+    """The moment a code is matched at: ``answer_lag`` before the review ``at`` when the lag is
+    known and within ``[0, MAX_ANSWER_LAG]``, else ``at`` itself."""
+    if answer_lag is not None and timedelta(0) <= answer_lag <= MAX_ANSWER_LAG:
+        return at - answer_lag
     return at
 
 
@@ -143,7 +144,7 @@ def _rejection(answer: ApprovalAnswer, plan: IsolationPlan, policy: IsolationPol
 
 
 def _second_factor(answer: ApprovalAnswer, policy: IsolationPolicy, approver: str, codes: TotpStore,
-                   at: datetime) -> tuple[Literal["totp"] | None, str]:
+                   at: datetime, typed_at: datetime) -> tuple[Literal["totp"] | None, str]:
     """The proof the answer carries (``"totp"`` or None) and, when it falls short, why.
 
     A code typed where the runbook does not ask for one is checked all the same: a wrong code
@@ -156,7 +157,7 @@ def _second_factor(answer: ApprovalAnswer, policy: IsolationPolicy, approver: st
             return None, (f"the runbook requires {approver}'s current TOTP code (approval.second_factor: totp); "
                           "type the 6 digits the authenticator app shows in the form's code field")
         return None, ""
-    check = codes.check(approver, given, at=at.timestamp())
+    check = codes.check(approver, given, at=at.timestamp(), typed_at=typed_at.timestamp())
     return ("totp", "") if check.accepted else (None, check.reason)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from pydantic import ValidationError
 
@@ -61,30 +63,41 @@ def test_every_field_keeps_its_description_and_required_fields_stay_required_in_
     assert "alice, carol" in props["approver"]["description"]  # the form says who may approve
 
 
-def test_the_answers_receipt_is_the_servers_time_of_the_pause_response(prefect_harness: str) -> None:
-    """A code is judged when the API received the answer (``review_answer``'s ``answered_at``): read
-    from the real API's stored run input, the ``-response`` key only (the form's schema and
-    description are stored under the same pause, earlier)."""
-    from datetime import timedelta
+def test_the_answers_lag_is_measured_on_the_servers_clock_for_the_answer_the_flow_read(prefect_harness: str) -> None:
+    """A code is matched when the API received the answer (``review_answer``'s ``answer_lag``):
+    the lag is the difference of two times the real API wrote, the pause's ``-response`` input and
+    a ``-read`` marker, and is refused (None) when it cannot belong to the answer the flow read."""
+    import json
+    import time
+    from uuid import uuid4
 
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from flows.approval import answer_received_at
+    from denpex.workflow.approval_answer import ApprovalAnswer
+    from flows.approval import answer_lag
 
     @flow(name="receipt-probe")
     def probe() -> None:
         pass
 
+    answer = ApprovalAnswer(decision="approve", plan_hash="abc", nodes=["gpu-node-002"], approver="alice",
+                            code="123456")
+    stored = json.dumps({**answer.model_dump(mode="json"), "comment": ""})
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(probe)
-        assert answer_received_at(str(run.id)) is None  # no answer yet
-        before = utc_now()
-        client.create_flow_run_input(run.id, key="paused-1-schema", value="{}")
-        client.create_flow_run_input(run.id, key="paused-1-response", value='{"decision": "approve"}')
-        after = utc_now()
-        [response] = [i for i in client.filter_flow_run_input(run.id, key_prefix="paused-", limit=10,
-                                                              exclude_keys=set()) if i.key.endswith("-response")]
-    received = answer_received_at(str(run.id))
-    assert received is not None and received == response.created
-    assert before - timedelta(seconds=5) <= received <= after + timedelta(seconds=5)
+        pause, replaced, raced = uuid4().hex, uuid4().hex, uuid4().hex
+        assert answer_lag(str(run.id), pause, answer) is None  # no answer yet
+        client.create_flow_run_input(run.id, key=f"paused-{pause}-schema", value="{}")
+        client.create_flow_run_input(run.id, key=f"paused-{pause}-response", value=stored)
+        # Another pause's answer, with another code, written by whoever reaches the API.
+        client.create_flow_run_input(run.id, key=f"paused-{replaced}-response",
+                                     value=json.dumps({**answer.model_dump(mode="json"), "code": "654321"}))
+        # A '-read' marker planted before the flow writes its own.
+        client.create_flow_run_input(run.id, key=f"paused-{raced}-response", value=stored)
+        client.create_flow_run_input(run.id, key=f"paused-{raced}-read", value='"read"')
+        time.sleep(2.0)
+    lag = answer_lag(str(run.id), pause, answer)
+    assert lag is not None and timedelta(seconds=2) <= lag < timedelta(seconds=30)
+    assert answer_lag(str(run.id), replaced, answer) is None  # not the answer the flow read
+    assert answer_lag(str(run.id), raced, answer) is None  # the marker could not be written: no lag

@@ -5,6 +5,7 @@ are what their authenticator apps would show (RFC 6238, pyotp)."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,9 +17,9 @@ from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import (ApprovalChannel, ApprovalRule, ApproverScope, IsolationPolicy, Scheduler,
                                     SecondFactor)
-from denpex.isolation.second_factor import TotpStore
+from denpex.isolation.second_factor import LOCKOUT_S, MAX_WRONG_CODES, CodeVerdict, TotpStore
 from denpex.workflow.approval_answer import (MAX_ANSWER_LAG, AnswerVerdict, ApprovalAnswer, Decision, ReviewedAnswer,
-                                             code_judged_at, review_answer)
+                                             code_typed_at, review_answer)
 from lab.rig import xid79_on
 
 POLICY = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"})))
@@ -222,29 +223,45 @@ def test_a_code_typed_where_none_is_required_is_still_checked(codes: TotpStore) 
     assert reviewed.approval is not None and reviewed.approval.second_factor == "totp"
 
 
-def test_a_code_is_judged_when_the_api_received_the_answer_not_when_the_flow_read_it(codes: TotpStore) -> None:
+def test_a_code_is_matched_when_the_api_received_the_answer_not_when_the_flow_read_it(codes: TotpStore) -> None:
     """A loaded worker may read the answer minutes after the approver typed it (CI saw a code
-    expire on the way); the API's receipt time is believed up to MAX_ANSWER_LAG before the review."""
+    expire on the way); the lag the API measured is believed up to MAX_ANSWER_LAG."""
     plan = _plan()
-    typed = utc_now() - timedelta(minutes=3)
+    now = utc_now()
+    typed = now - timedelta(minutes=3)
     code = codes.current_code("alice", at=typed.timestamp())
     reviewed = review_answer(_answer(plan, code=code), plan, policy=POLICY, operation=Operation.ISOLATE,
-                             flow_run_id="run-1", at=utc_now(), codes=codes, answered_at=typed)
+                             flow_run_id="run-1", at=now, codes=codes, answer_lag=timedelta(minutes=3))
     assert reviewed.verdict is AnswerVerdict.APPROVED and "TOTP code checked" in reviewed.reason
     # The approval itself is dated by the review, as before; only the code's moment moved.
-    assert reviewed.approval is not None and reviewed.approval.approved_at > typed + timedelta(minutes=2)
+    assert reviewed.approval is not None and reviewed.approval.approved_at == now
+    assert code_typed_at(now, MAX_ANSWER_LAG) == now - MAX_ANSWER_LAG  # the bound itself is believed
 
 
-@pytest.mark.parametrize("answered", ["none", "too-old", "future"])
-def test_a_receipt_that_cannot_be_believed_judges_the_code_at_the_review(tmp_path: Path, answered: str) -> None:
+@pytest.mark.parametrize("lag", [None, MAX_ANSWER_LAG + timedelta(seconds=1), -timedelta(minutes=10)],
+                         ids=["unknown", "too-long", "negative"])
+def test_a_lag_that_cannot_be_believed_matches_the_code_at_the_review(tmp_path: Path, lag: timedelta | None) -> None:
     codes = TotpStore(tmp_path)
     codes.enroll("alice")
     plan = _plan()
     now = utc_now()
+    assert code_typed_at(now, lag) == now
     typed = now - MAX_ANSWER_LAG - timedelta(minutes=1)
-    receipt = {"none": None, "too-old": typed, "future": now + timedelta(minutes=10)}[answered]
-    assert code_judged_at(now, receipt) == now
     stale = _answer(plan, code=codes.current_code("alice", at=typed.timestamp()))
     reviewed = review_answer(stale, plan, policy=POLICY, operation=Operation.ISOLATE, flow_run_id="run-1", at=now,
-                             codes=codes, answered_at=receipt)
+                             codes=codes, answer_lag=lag)
     assert reviewed.verdict is AnswerVerdict.REFUSED and "current code" in reviewed.reason
+
+
+def test_wrong_codes_are_counted_at_the_review_whatever_the_lag(tmp_path: Path) -> None:
+    """The lockout window runs on the review's clock: a lag never moves a guess out of it."""
+    codes = TotpStore(tmp_path)
+    codes.enroll("alice")
+    now = time.time()
+    for _ in range(MAX_WRONG_CODES):
+        assert codes.check("alice", "000000", at=now, typed_at=now - 290).verdict is CodeVerdict.WRONG
+    # Counted at the review: still inside the window a minute before it ends (counted at typed_at,
+    # they would have left it 290 s earlier).
+    later = now + LOCKOUT_S - 60
+    locked = codes.check("alice", codes.current_code("alice", at=later), at=later, typed_at=later - 290)
+    assert locked.verdict is CodeVerdict.LOCKED
