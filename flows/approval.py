@@ -4,10 +4,9 @@ decision records and events. Prefect-facing; the decisions themselves are in ``d
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +15,6 @@ from uuid import UUID, uuid4
 from prefect.blocks.core import Block
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRunInput
-from prefect.context import FlowRunContext
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.events import emit_event
 from prefect.exceptions import FlowPauseTimeout, ObjectAlreadyExists
@@ -25,7 +23,7 @@ from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_UI_URL
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
 from blocks.notify import DenpexApprovalWebhook
@@ -44,7 +42,7 @@ from denpex.isolation.second_factor import TotpStore
 from denpex.report import TriageReport
 from denpex.state_dir import resolve_state_dir
 from denpex.tenancy import judge_target, read_ownership
-from denpex.workflow.approval_answer import ApprovalAnswer, ReviewedAnswer, review_answer
+from denpex.workflow.approval_answer import AnswerVerdict, ApprovalAnswer, ReviewedAnswer, review_answer
 from denpex.workflow.decision_audit import record_decision
 from denpex.workflow.markdown import approval_markdown
 from flows.run_log import incident_log
@@ -213,38 +211,46 @@ def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation,
                                 poll_interval=max(1, int(poll.total_seconds())), key=pause)
     except FlowPauseTimeout:
         return None
-    core = ApprovalAnswer.model_validate(answer.model_dump(mode="json", include=set(ApprovalAnswer.model_fields)))
-    lag = answer_lag(run_id(), pause, core)
-    if lag is None:
-        _flow_logger().info("answer: when it reached the API is unknown; its code is matched now")
+    except ValidationError as exc:
+        # Resumed with no answer, or one the form refuses (a state forced through the API): nothing
+        # runs, and the refusal is recorded like any other.
+        return ReviewedAnswer(verdict=AnswerVerdict.REFUSED, reason="approval refused, nothing was done: the run was "
+                              f"resumed without a valid answer ({exc.error_count()} problem(s) with the form's fields)")
+    core = _answer_of(answer.model_dump(mode="json"))
+    this_run = run_id()
+    try:
+        lag = answer_lag(this_run, pause, core)
+    except Exception as exc:  # noqa: BLE001 - without it the code is matched now, as before this lag existed
+        lag, unknown = None, f"when it reached the API could not be read ({exc})"
     else:
-        _flow_logger().info("answer: arrived %.1f s before the flow read it (the Prefect API's clock); its code is "
+        unknown = "the answer stored in the API is not the one reviewed" if lag is None else ""
+    if lag is None:
+        incident_log().info("answer: %s; its code is matched now", unknown)
+    else:
+        incident_log().info("answer: arrived %.1f s before the flow read it (the Prefect API's clock); its code is "
                             "matched then", lag.total_seconds())
-    return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=run_id(), at=utc_now(),
+    return review_answer(core, plan, policy=policy, operation=operation, flow_run_id=this_run, at=utc_now(),
                          codes=TotpStore(state_dir()), answer_lag=lag)
 
 
 def answer_lag(flow_run_id: str, pause: str, answer: ApprovalAnswer) -> timedelta | None:
     """How long ago the Prefect API received ``answer`` to pause ``pause``, on the server's own
-    clock; None when that cannot be told (the code is then matched now, as the review reads it).
+    clock; None when the stored answer is not ``answer``. Raises what the API raises (a marker key
+    written by someone else: 409).
 
     Prefect keeps the answer as run input ``paused-<pause>-response``, with the time the server
     wrote it. This stores a marker ``paused-<pause>-read`` and takes the difference of the two
     server times, so the worker's clock never meets the server's (with several API replicas their
     clocks must agree, as for every time Prefect stores). The stored answer must still be the one
     the flow read: one written since (by whoever reaches the API) gives no lag."""
-    try:
-        flow_run_uuid = UUID(flow_run_id)
-        with get_client(sync_client=True) as client:
-            response = _run_input(client, flow_run_uuid, f"paused-{pause}-response")
-            if response is None or not _same_answer(response.value, answer):
-                return None
-            client.create_flow_run_input(flow_run_uuid, key=f"paused-{pause}-read", value='"read"')
-            read = _run_input(client, flow_run_uuid, f"paused-{pause}-read")
-    except Exception as exc:  # noqa: BLE001 - without it the code is matched now, as before
-        _flow_logger().warning("could not tell when the answer arrived (%s); its code is matched now", exc)
-        return None
-    if read is None or read.created is None or response.created is None:
+    flow_run_uuid = UUID(flow_run_id)
+    with get_client(sync_client=True) as client:
+        response = _run_input(client, flow_run_uuid, f"paused-{pause}-response")
+        if response is None or response.created is None or not _same_answer(response.value, answer):
+            return None
+        client.create_flow_run_input(flow_run_uuid, key=f"paused-{pause}-read", value='"read"')
+        read = _run_input(client, flow_run_uuid, f"paused-{pause}-read")
+    if read is None or read.created is None:
         return None
     return read.created - response.created
 
@@ -262,18 +268,16 @@ def _run_input(client: SyncPrefectClient, flow_run_id: UUID, key: str, pages: in
     return None
 
 
+def _answer_of(value: dict[str, Any]) -> ApprovalAnswer:
+    """The form's answer as the core reads it: its own fields only (Prefect's form adds metadata)."""
+    return ApprovalAnswer.model_validate({k: v for k, v in value.items() if k in ApprovalAnswer.model_fields})
+
+
 def _same_answer(stored: str, answer: ApprovalAnswer) -> bool:
     try:
-        value = json.loads(stored)
-        fields = {k: v for k, v in value.items() if k in ApprovalAnswer.model_fields}
-        return ApprovalAnswer.model_validate(fields) == answer
-    except (ValueError, AttributeError):
+        return _answer_of(json.loads(stored)) == answer
+    except (ValueError, AttributeError):  # not JSON, not an object, not a valid answer
         return False
-
-
-def _flow_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """The incident's own log inside a flow run (its Logs tab), else this module's."""
-    return incident_log() if FlowRunContext.get() is not None else logging.getLogger(__name__)
 
 
 def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) -> None:

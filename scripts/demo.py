@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from testkit.services.net import free_port, wait_http  # noqa: E402
 from testkit.services.prefect import PrefectServer, wait_for_deployments  # noqa: E402
+from testkit.services.process_group import signal_group  # noqa: E402
 
 
 def _say(text: str) -> None:
@@ -128,7 +129,7 @@ class Services:
     def _stop_together(self, procs: list[subprocess.Popen[bytes]]) -> None:
         alive = [p for p in procs if p.poll() is None]
         for proc in alive:
-            _signal_group(proc, signal.SIGTERM)
+            signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.GRACE_S
         for proc in alive:
             try:
@@ -136,18 +137,12 @@ class Services:
             except subprocess.TimeoutExpired:
                 _say(f"{_name(proc)} did not stop within {self.GRACE_S:g} s of SIGTERM; killed")
             # Its children too (a forked run, worker processes), whether or not the leader is gone.
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
 
-
-def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass  # the whole group is gone
 
 
 def _name(proc: subprocess.Popen[bytes]) -> str:

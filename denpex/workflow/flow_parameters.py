@@ -121,11 +121,8 @@ def _bound_root(location: str, prefix: str, roots: Sequence[str]) -> str | None:
     With nested roots (``s3://evidence`` and ``s3://evidence/ingest``), a tenant named ``ingest``
     would bind, under the outer root, a folder inside the inner root, where the inner service's
     tenants live: such a location is nobody's incident."""
-    matched = next((root for root in roots if join_uri(root, prefix) == location), None)
-    if matched is None:
-        return None
-    deeper = [root for root in roots if _inside(root, matched)]
-    return None if any(_inside(location, root) for root in deeper) else matched
+    owner = max((root for root in roots if _inside(location, root)), key=len, default=None)  # the innermost
+    return owner if owner is not None and join_uri(owner, prefix) == location else None
 
 
 def _inside(location: str, root: str) -> bool:

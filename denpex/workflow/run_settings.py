@@ -39,8 +39,9 @@ def check_run_settings(*, env: Mapping[str, Any] | None, command: str | None,
         problems.append(f"the job configuration sets environment variable(s) {names}")
     if command:
         problems.append("the job configuration replaces the command that starts the run")
-    steps = [next(iter(step), "?") if isinstance(step, Mapping) else "?" for step in pull_steps or ()]
-    others = sorted({str(step) for step in steps if step not in ALLOWED_PULL_STEPS})
+    # Every key of each step: Prefect runs a step's last key (step.popitem()), not its first.
+    steps = [str(key) for step in pull_steps or () for key in (step if isinstance(step, Mapping) and step else ("?",))]
+    others = sorted({step for step in steps if step not in ALLOWED_PULL_STEPS})
     if others:
         problems.append(f"the deployment's pull steps include {', '.join(others)}")
     if problems:

@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from testkit.services.net import free_port, wait_http
+from testkit.services.process_group import stop_process_group
 from testkit.services.s3 import AWS_ENV
 
 __all__ = ["ROOT", "DENPEX", "ApiServer", "process_tree_pss"]
@@ -61,9 +62,8 @@ class ApiServer:
         wait_http(f"{self.url}/healthz", 60, self.proc, self.log)
 
     def stop(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(30)
+        if self.proc is not None:
+            stop_process_group(self.proc, sig=sig, timeout_s=30)
         self.proc = None
 
 

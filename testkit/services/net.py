@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["free_port", "free_port_block", "listener_port_range", "log_tail", "port_free", "wait_http"]
+__all__ = ["free_port", "free_port_block", "listener_port_range", "log_tail", "wait_http"]
 
 
 def listener_port_range() -> tuple[int, int]:

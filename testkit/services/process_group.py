@@ -12,22 +12,29 @@ import os
 import signal
 import subprocess
 
-__all__ = ["stop_process_group"]
+__all__ = ["signal_group", "stop_process_group"]
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], *, timeout_s: float = 20.0,
                        sig: int = signal.SIGTERM) -> None:
-    """``sig`` to ``proc``'s whole group, then SIGKILL to the group if ``proc`` outlives ``timeout_s``.
+    """``sig`` to ``proc``'s whole group; once ``proc`` exits, or outlives ``timeout_s``, SIGKILL to
+    what is left of the group (a forked run still shutting down when its leader is gone).
 
     ``proc`` must lead its group (started with ``start_new_session=True``); nothing else is signalled.
     """
-    if proc.poll() is not None:
-        return
+    if proc.poll() is None:
+        signal_group(proc, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    signal_group(proc, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """``signum`` to the group ``proc`` leads; nothing when the whole group is gone."""
     try:
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        proc.wait(timeout=10)
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

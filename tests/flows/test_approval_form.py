@@ -71,6 +71,7 @@ def test_the_answers_lag_is_measured_on_the_servers_clock_for_the_answer_the_flo
     import time
     from uuid import uuid4
 
+    import httpx
     from prefect import flow
     from prefect.client.orchestration import get_client
 
@@ -96,8 +97,17 @@ def test_the_answers_lag_is_measured_on_the_servers_clock_for_the_answer_the_flo
         # A '-read' marker planted before the flow writes its own.
         client.create_flow_run_input(run.id, key=f"paused-{raced}-response", value=stored)
         client.create_flow_run_input(run.id, key=f"paused-{raced}-read", value='"read"')
+        # More than a page of older inputs whose keys merely start with the answer's key.
+        flooded = uuid4().hex
+        for i in range(60):
+            client.create_flow_run_input(run.id, key=f"paused-{flooded}-response{i}", value="{}")
+        client.create_flow_run_input(run.id, key=f"paused-{flooded}-response", value=stored)
         time.sleep(2.0)
     lag = answer_lag(str(run.id), pause, answer)
     assert lag is not None and timedelta(seconds=2) <= lag < timedelta(seconds=30)
     assert answer_lag(str(run.id), replaced, answer) is None  # not the answer the flow read
-    assert answer_lag(str(run.id), raced, answer) is None  # the marker could not be written: no lag
+    flooded_lag = answer_lag(str(run.id), flooded, answer)
+    assert flooded_lag is not None and timedelta(seconds=2) <= flooded_lag < timedelta(seconds=30)
+    with pytest.raises(httpx.HTTPStatusError) as refused:  # no marker of its own: ask_approval matches the code now
+        answer_lag(str(run.id), raced, answer)
+    assert refused.value.response.status_code == 409

@@ -236,6 +236,25 @@ def test_answers_that_touch_nothing(flow_rig: FlowRig, lab: SlurmLab, answer: di
     assert wanted <= _event_names(incident, wanted)
 
 
+def test_a_run_forced_to_running_without_an_answer_refuses_and_records_it(flow_rig: FlowRig, lab: SlurmLab) -> None:
+    """Attacker review: a paused run set to Running through the API, with no answer stored, failed
+    with a validation error and left no report and no decision in the audit log."""
+    from prefect import get_client
+    from prefect.states import Running
+
+    incident = "inc-forced-running"
+    run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
+    wait_for(run_id, {"PAUSED"})
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Running(), force=True)
+    wait_for(run_id, {"COMPLETED"})
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    why = "resumed without a valid answer"
+    assert report["outcome"] == "refused" and why in report["reason"] and report["execution"] is None
+    assert drained_nodes(lab) == set()
+    assert any(why in message for message in _decisions(flow_rig, incident))
+
+
 def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(flow_rig: FlowRig, lab: SlurmLab) -> None:
     incident = "inc-timeout"
     register_blocks(lab, runbook="hang-triage-quick")

@@ -55,32 +55,29 @@ REGEX_LINE = line_of(stacks_worker.wedge_in_regex, "re.match(")
 
 @pytest.fixture(scope="module")
 def sleeper_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Job 1's files, once every rank dumped and the debug server wrote the hang.
+    """Job 1's files, once every rank dumped and the debug server wrote past the dumps.
 
-    ``hang/`` is the dump folder as the ranks left it; ``debug-hang/`` holds the debug server's
-    first file that shows the hang (the server goes on writing, and once the collective times
-    out its newest file shows the ranks past it)."""
+    ``hang/`` is the dump folder as the ranks left it; ``debug/`` every file the debug server wrote
+    until the job was killed (the first ones from before the hang); ``debug-hang/`` the one the
+    product's rule picks beside the dumps (nearest rank 2's dump)."""
     work = tmp_path_factory.mktemp("sleeper")
 
-    def debug_file_shows_the_hang() -> bool:
-        if not (work / "markers" / "hang-2").exists():
-            return False
-        for file in debug_stacks_files(work / "debug"):
-            # Files from before the hang show the ranks elsewhere (one of them compiling an import).
-            groups = group_by_stack(read_debug_stacks(work / "debug", file).ranks).groups
-            if ([g.ranks for g in groups] == [[0, 1, 3], [2]] and groups[0].collective == "all_reduce"
-                    and "sleep_in_data_loader" in groups[1].summary):
-                (work / "debug-hang").mkdir(exist_ok=True)
-                shutil.copy(work / "debug" / file.name, work / "debug-hang" / file.name)
-                return True
-        return False
+    def dumped_at() -> datetime:
+        return read_dump_records(work / "hang")[2].dumped_at
 
-    # Dumps at 6 s, the collective's timeout at 20 s: the hang's files are taken well before it.
+    # Dumps at 6 s, the collective's timeout at 20 s: the files nearest the dumps show the hang.
     with StacksJob(work, ["collective", "collective", "sleep", "collective"], timeout_s=20, trigger_fraction=0.3,
                    debug_server=True) as job:
         job.wait_for(lambda: len(job.records()) == 4, timeout_s=150, what="every rank's dump")
         job.snapshot(work / "hang")
-        job.wait_for(debug_file_shows_the_hang, timeout_s=60, what="a debug-server file showing the hang")
+        # A file on each side of the dump, so that the nearest one is settled.
+        job.wait_for(lambda: any(f.taken_at > dumped_at() + timedelta(seconds=2)
+                                 for f in debug_stacks_files(work / "debug")),
+                     timeout_s=60, what="a debug-server file written after the dumps")
+    chosen = nearest_debug_stacks(debug_stacks_files(work / "debug"), dumped_at())
+    assert chosen is not None
+    (work / "debug-hang").mkdir()
+    shutil.copy(work / "debug" / chosen.name, work / "debug-hang" / chosen.name)
     yield work
     shutil.rmtree(work, ignore_errors=True)
 
@@ -129,11 +126,9 @@ def test_fr_call_sites_of_the_stuck_all_reduce(sleeper_job: Path) -> None:
 
 
 def test_debug_server_stacks_files_are_read_beside_the_dumps(sleeper_job: Path) -> None:
-    files = debug_stacks_files(sleeper_job / "debug")
-    dumped_at: datetime = read_dump_records(sleeper_job / "hang")[2].dumped_at
-    chosen = nearest_debug_stacks(files, dumped_at)
-    assert chosen is not None
+    # The file nearest the dump (the product's rule, applied by the fixture) shows the hang.
     [hang_file] = debug_stacks_files(sleeper_job / "debug-hang")
+    assert len(debug_stacks_files(sleeper_job / "debug")) > 1
     ranks = read_debug_stacks(sleeper_job / "debug-hang", hang_file).ranks
     assert all(r.source is StackSource.TORCH_DEBUG for r in ranks.values())
     grouping = group_by_stack(ranks)
@@ -180,11 +175,15 @@ def test_a_rank_wedged_in_c_code_gets_its_stack_from_py_spy(wedged_job: Path) ->
 
 # --- The stacks in the triage itself: ``denpex triage --format json`` on the real jobs' folders ---
 
+def as_of(folder: Path) -> datetime:
+    """Half a minute after the last dump."""
+    return max(r.dumped_at for r in read_dump_records(folder).values()) + timedelta(seconds=30)
+
+
 def triage(folder: Path, *args: str) -> str:
     """The real command, as an operator runs it half a minute after the dumps (they come at 30% of
     the collective's timeout, when the op is still young at the ranks' own dump time)."""
-    incident = max(r.dumped_at for r in read_dump_records(folder).values()) + timedelta(seconds=30)
-    done = subprocess.run([sys.executable, "-m", "denpex", "triage", str(folder), "--as-of", incident.isoformat(),
+    done = subprocess.run([sys.executable, "-m", "denpex", "triage", str(folder), "--as-of", as_of(folder).isoformat(),
                            *args], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -230,11 +229,14 @@ def test_triage_text_shows_the_sleeper_beside_the_majority(sleeper_job: Path) ->
 
 
 def test_triage_reads_torch_debug_servers_stacks_file_beside_the_dumps(sleeper_job: Path) -> None:
-    # The job's dumps without Denpex's stacks files, and the debug server's file of the hang beside them.
+    # The job's dumps without Denpex's stacks files, and every file the debug server wrote beside them
+    # (some from before the hang): the triage reads the one its rule picks, nearest its as-of.
     folder = sleeper_job / "hang-with-debug-file"
     shutil.copytree(sleeper_job / "hang", folder, ignore=shutil.ignore_patterns("*.stacks.json"))
-    [newest] = debug_stacks_files(sleeper_job / "debug-hang")
-    shutil.copy(sleeper_job / "debug-hang" / newest.name, folder / newest.name)
+    for file in debug_stacks_files(sleeper_job / "debug"):
+        shutil.copy(sleeper_job / "debug" / file.name, folder / file.name)
+    chosen = nearest_debug_stacks(debug_stacks_files(folder), as_of(folder))
+    assert chosen is not None
     report = triage_json(folder)
     assert [s["path"] for s in report["skipped_files"]] == []  # not mistaken for a dump
     [candidate] = report["candidates"]
@@ -242,7 +244,7 @@ def test_triage_reads_torch_debug_servers_stacks_file_beside_the_dumps(sleeper_j
     assert frame_at(candidate["stack"]["frames"], "sleep_in_data_loader")[1] == SLEEP_LINE
     assert [g["ranks"] for g in report["stack_groups"]] == [[0, 1, 3], [2]]
     assert report["stack_groups"][0]["sources"] == ["torch-debug"]
-    assert any(newest.name in note for note in report["notes"])
+    assert any(chosen.name in note for note in report["notes"])
 
 
 def test_triage_json_takes_the_wedged_ranks_stack_from_py_spy(wedged_job: Path) -> None:

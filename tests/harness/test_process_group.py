@@ -12,11 +12,15 @@ from pathlib import Path
 
 from testkit.services.process_group import stop_process_group
 
-# A leader that starts a grandchild in the same group and ignores nothing.
+# A leader that starts a grandchild in its group. The grandchild ignores SIGTERM, as a forked run
+# still shutting down does; the leader dies of SIGTERM at once, or exits by itself with "exit".
 LEADER = """
 import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
 open(sys.argv[1], "w").write(str(child.pid))
+if sys.argv[2] == "exit":
+    sys.exit(0)
 time.sleep(300)
 """
 
@@ -29,24 +33,37 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_stopping_a_leader_stops_what_it_started(tmp_path: Path) -> None:
+def _start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], int]:
     pid_file = tmp_path / "child.pid"
-    leader = subprocess.Popen([sys.executable, "-c", LEADER, str(pid_file)], start_new_session=True)
+    leader = subprocess.Popen([sys.executable, "-c", LEADER, str(pid_file), mode], start_new_session=True)
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     child = int(pid_file.read_text())
-    assert _alive(child) and os.getpgid(child) == leader.pid
-    stop_process_group(leader, timeout_s=10)
-    assert leader.returncode is not None
+    assert os.getpgid(child) == leader.pid
+    return leader, child
+
+
+def _gone_soon(pid: int) -> bool:
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child)
+    return not _alive(pid)
 
 
-def test_a_leader_already_gone_is_left_alone(tmp_path: Path) -> None:
-    leader = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+def test_stopping_a_leader_stops_what_it_started_even_what_ignores_sigterm(tmp_path: Path) -> None:
+    leader, child = _start(tmp_path, "stay")
+    assert _alive(child)
+    started = time.monotonic()
+    stop_process_group(leader, timeout_s=60)
+    # The leader died of SIGTERM at once; its grandchild did not wait for the leader's timeout.
+    assert leader.returncode == -15 and time.monotonic() - started < 30
+    assert _gone_soon(child)
+
+
+def test_a_leader_already_gone_still_takes_its_group_with_it(tmp_path: Path) -> None:
+    leader, child = _start(tmp_path, "exit")
     leader.wait(timeout=30)
-    stop_process_group(leader)  # no group to signal: returns, raises nothing
-    assert leader.returncode == 0
+    assert _alive(child)  # orphaned in the leader's group
+    stop_process_group(leader)
+    assert leader.returncode == 0 and _gone_soon(child)

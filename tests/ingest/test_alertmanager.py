@@ -6,9 +6,7 @@ missing this test fails, it never skips.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from denpex.ingest.client import IngestClient
 from ingest.conftest import Engine, Lab
 from ingest.test_api import _runs_for
 from testkit.services.net import free_port, wait_http
+from testkit.services.process_group import stop_process_group
 
 # Sized to what it starts: a real Alertmanager, the API and a Prefect server.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -69,8 +68,7 @@ def test_alertmanager_repeats_start_exactly_one_run(lab: Lab, engine: Engine, tm
         assert runs[0]["parameters"]["job_id"] == job and runs[0]["parameters"]["reported_by_rank"] == 3
         assert runs[0]["parameters"]["incident_id"] == incident
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
+        stop_process_group(proc)
 
 
 def _wait_deliveries(client: IngestClient, lab: Lab, job: str, *, at_least: int) -> tuple[str, dict]:

@@ -9,7 +9,6 @@ parameters, and it triages the evidence the service stored (it finishes, or paus
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from denpex.ingest.client import IngestClient
 from ingest.conftest import Lab, make_lab
 from testkit.services.ingest import ROOT
 from testkit.services.prefect import PrefectServer, wait_for_deployments
+from testkit.services.process_group import stop_process_group
 from testkit.services.s3 import AWS_ENV, MotoS3
 
 # Sized to what it starts: a Prefect server, `denpex serve` and the API; a run waited up to 240 s.
@@ -103,11 +103,7 @@ def test_alert_through_the_service_starts_one_real_triage_run(lab: Lab,
         assert view["flow_run"]["flow_run_id"] == run["id"] and view["flow_run"]["state"] == run["state"]["type"]
         print(f"real triage run {run['name']}: {run['state']['type']} ({run['state'].get('name')})")
     finally:
-        os.killpg(served.pid, signal.SIGTERM)
-        try:
-            served.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(served.pid, signal.SIGKILL)
+        stop_process_group(served)
 
 
 def _runs(api_url: str, alert_id: str, *, settled: set[str], log: Path) -> list[dict]:  # type: ignore[type-arg]

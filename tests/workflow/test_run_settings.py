@@ -52,6 +52,16 @@ def test_a_command_or_another_pull_step_is_refused() -> None:
     assert "pull steps include os:environ.update" in str(refused.value)
 
 
+@pytest.mark.parametrize("step", [
+    {**SET_WORKING_DIRECTORY, "os:environ.update": {"DENPEX_EVIDENCE_ROOT": "x"}},  # Prefect runs the last key
+    {},
+    "prefect.deployments.steps.set_working_directory",
+], ids=["allowed-key-first", "empty", "not-a-mapping"])
+def test_a_pull_step_is_judged_by_every_key_it_has(step: object) -> None:
+    with pytest.raises(FlowParameterError, match="pull steps include"):
+        check_run_settings(env={}, command=None, pull_steps=[step])
+
+
 def _render(deployment_variables: dict[str, Any], run_variables: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """Rendered through the session's real Prefect API (no work pool: Prefect's default process template)."""
     from prefect.client.orchestration import get_client
