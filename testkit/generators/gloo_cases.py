@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from denpex.analysis.models import CandidateKind, Verdict
 from denpex.collector import read_dump_records, request_dump, write_atomic
+from testkit.services.rank_zygote import RankProcess, rank_launcher
 
 __all__ = ["GlooCase", "CASES", "CaseError", "EXPECTED_NAME", "WORK_DIR", "run_case", "run_cases", "main"]
 
@@ -191,7 +191,7 @@ class _Run:
         self.work = out_dir / WORK_DIR / case.name
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + cap_s
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[RankProcess] = []
 
     def execute(self) -> Path:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -243,13 +243,12 @@ class _Run:
                "GLOO_SOCKET_IFNAME": "lo",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(repo_root),
                                                            os.environ.get("PYTHONPATH")]))}
+        launcher = rank_launcher()
         for rank in range(WORLD_SIZE):
-            argv = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), "--world-size",
-                    str(WORLD_SIZE), "--work-dir", str(work), "--case", program,
-                    "--timeout-s", str(self.timeout_s), "--parent-pid", str(os.getpid())]
-            with (work / f"rank_{rank}.log").open("wb") as log:
-                self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                   env=env, start_new_session=True))
+            args = ["--rank", str(rank), "--world-size", str(WORLD_SIZE), "--work-dir", str(work),
+                    "--case", program, "--timeout-s", str(self.timeout_s), "--parent-pid", str(launcher.pid)]
+            self.procs.append(launcher.spawn(WORKER_MODULE, args, env=env, cwd=Path.cwd(),
+                                             log=work / f"rank_{rank}.log"))
 
     def _wait(self, done: Callable[[], bool], what: str, work: Path) -> None:
         while not done():

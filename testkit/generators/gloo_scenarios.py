@@ -86,6 +86,7 @@ from denpex.collector import (
     write_atomic,
 )
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
+from testkit.services.rank_zygote import RankProcess, rank_launcher
 from testkit.generators.gloo_catalog import (
     DUMP_FORMATS,
     SCENARIOS,
@@ -222,7 +223,7 @@ class _Attempt:
         self.work = out_dir / WORK_DIR / name
         self.cap_s = options.cap_s + (options.timeout_s + options.long_stall_s if long_stall else 0)
         self.deadline = time.monotonic() + self.cap_s
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[RankProcess] = []
         self.signal_store: Any = None
         """The TCPStore this generator serves for a STORE-signal scenario; alive as long as the ranks."""
 
@@ -275,15 +276,15 @@ class _Attempt:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(repo_root),
                                                            os.environ.get("PYTHONPATH")]))}
         signal_args = self._serve_signal_store()
+        launcher = rank_launcher()
         for rank in range(WORLD_SIZE):
-            argv = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), *signal_args,
+            args = ["--rank", str(rank), *signal_args,
                     "--work-dir", str(self.work), "--scenario", self.scenario.name,
                     "--timeout-s", str(self.options.timeout_s), "--steps", str(self.options.steps),
-                    "--parent-pid", str(os.getpid()), *(["--long-stall"] if self.long_stall else [])]
-            with (self.work / f"rank_{rank}.log").open("wb") as log:
-                # A session per rank: one killpg takes the rank and anything it started.
-                self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                   env=env, start_new_session=True))
+                    "--parent-pid", str(launcher.pid), *(["--long-stall"] if self.long_stall else [])]
+            # Forked from the zygote, in a session per rank: one killpg takes the rank and anything it started.
+            self.procs.append(launcher.spawn(WORKER_MODULE, args, env=env, cwd=Path.cwd(),
+                                             log=self.work / f"rank_{rank}.log"))
 
     def _serve_signal_store(self) -> list[str]:
         """For a STORE-signal scenario, serve the TCPStore the ranks send dump requests through."""
@@ -383,8 +384,8 @@ class _Attempt:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            proc.wait()
-            exits[rank] = "killed at the end" if proc.returncode == -signal.SIGKILL else proc.returncode
+            code = proc.wait()
+            exits[rank] = "killed at the end" if code == -signal.SIGKILL else code
         if self.scenario.action is ParentAction.SIGKILL and self.scenario.target is not None \
                 and self.scenario.target in exits:
             exits[self.scenario.target] = "SIGKILLed as the scenario's fault"

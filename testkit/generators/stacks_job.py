@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
 from testkit.services.net import free_port
+from testkit.services.rank_zygote import RankProcess, rank_launcher
 
 __all__ = ["StacksJob"]
 
@@ -44,25 +43,26 @@ class StacksJob:
         self._fraction = trigger_fraction
         self._sidecar = sidecar_deadline_s
         self._debug = debug_server
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[RankProcess] = []
 
     def __enter__(self) -> StacksJob:
         self.work.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                "WORLD_SIZE": str(len(self.roles))}
         debug_port = free_port() if self._debug else None
+        launcher = rank_launcher()
         for rank, role in enumerate(self.roles):
-            argv = [sys.executable, "-m", "testkit.generators.stacks_worker", "--rank", str(rank),
-                    "--world-size", str(len(self.roles)), "--work-dir", str(self.work), "--role", role,
-                    "--timeout-s", str(self._timeout_s), "--trigger-fraction", str(self._fraction),
-                    "--parent-pid", str(os.getpid())]
+            args = ["--rank", str(rank), "--world-size", str(len(self.roles)), "--work-dir", str(self.work),
+                    "--role", role, "--timeout-s", str(self._timeout_s), "--trigger-fraction", str(self._fraction),
+                    "--parent-pid", str(launcher.pid)]
             if self._sidecar is not None:
-                argv += ["--sidecar-deadline-s", str(self._sidecar)]
+                args += ["--sidecar-deadline-s", str(self._sidecar)]
             if debug_port is not None:
-                argv += ["--debug-port", str(debug_port)]
-            with (self.work / f"rank-{rank}.log").open("wb") as log:
-                self.procs.append(subprocess.Popen(argv, env={**env, "RANK": str(rank)}, stdout=log,
-                                                   stderr=subprocess.STDOUT, start_new_session=True))
+                args += ["--debug-port", str(debug_port)]
+            # Forked from the zygote (torch imported, symbols parsed), each rank in a session of its own.
+            self.procs.append(launcher.spawn("testkit.generators.stacks_worker", args,
+                                             env={**env, "RANK": str(rank)}, cwd=Path.cwd(),
+                                             log=self.work / f"rank-{rank}.log"))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -5,13 +5,13 @@ over the one that shows the hang)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
 
 from testkit.services.net import free_port
+from testkit.services.rank_zygote import rank_launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -33,8 +33,10 @@ if rank == 1:  # never enters the second collective
         waited = time.monotonic()
         while not record_path(out, 0).exists() and time.monotonic() - waited < 60:
             time.sleep(0.05)
-    else:
-        time.sleep(10)  # rank 0's op times out
+    else:  # stays until rank 0's op timed out (an exit before would close the connection early)
+        waited = time.monotonic()
+        while not (out / "rank-0-done").exists() and time.monotonic() - waited < 60:
+            time.sleep(0.05)
     sys.exit(0)
 dumper = HangDumper(out, rank=0, collective_timeout=timedelta(seconds=3), trigger_fraction=0.5,
                     poll_interval=timedelta(seconds=0.1))
@@ -45,6 +47,7 @@ try:
     outcome = "completed"
 except RuntimeError as exc:
     outcome = f"raised: {str(exc)[:80]}"
+(out / "rank-0-done").write_text(outcome)
 time.sleep(1.5)  # the watchdog keeps polling well past the timeout
 status = TorchFlightRecorder().progress()["0"]
 print(json.dumps({"outcome": outcome, "trigger": dumper.record.trigger.value if dumper.record else None,
@@ -60,11 +63,15 @@ def test_a_failed_gloo_collective_is_counted_completed_but_gives_no_recovered_du
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     port, out = free_port(), tmp_path / "fr"
-    ranks = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(out), peer],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    (stdout, stderr), _ = ranks[0].communicate(timeout=90), ranks[1].communicate(timeout=90)
+    out.mkdir()
+    launcher = rank_launcher()  # real processes, forked with torch already imported
+    ranks = [launcher.spawn_script(script, [str(r), str(port), str(out), peer], env=dict(os.environ),
+                                   cwd=tmp_path, log=tmp_path / f"rank-{r}.log") for r in (0, 1)]
+    for rank in ranks:
+        rank.wait(timeout=90)
+    stderr = (tmp_path / "rank-0.log").read_text(errors="replace")  # its stdout and stderr
     assert ranks[0].returncode == 0, stderr[-3000:]
-    seen = json.loads(stdout.strip().splitlines()[-1])
+    seen = json.loads([line for line in stderr.splitlines() if line.startswith('{"outcome"')][-1])
     assert seen["outcome"].startswith("raised"), seen
     # The c10d fact the rule rests on: the timed-out op (#2) reads as completed in pg_status.
     assert seen["last_completed"] == seen["last_enqueued"] == 2, seen

@@ -10,8 +10,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -26,6 +24,7 @@ from denpex.ingest.layout import incident_prefix
 from denpex.isolation.audit import AuditKind
 from flow_driver import FlowRig, alert, keyed_audit_log, report_of, resume, saved_plan, start_manual, wait_for
 from lab.rig import drained_nodes
+from testkit.services.rank_zygote import RankProcess, rank_launcher
 from testkit.services.slurm import SlurmLab
 
 # Sized to what it starts: the harness server, served flows and the Slurm lab.
@@ -70,14 +69,13 @@ def _dumps_before(evidence: Path, seq: int) -> dict[int, str]:
 
 
 @pytest.fixture
-def job(tmp_path: Path, flow_rig: FlowRig) -> Iterator[tuple[Path, dict[int, subprocess.Popen[bytes]]]]:
+def job(tmp_path: Path, flow_rig: FlowRig) -> Iterator[tuple[Path, dict[int, RankProcess]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     evidence = local_store(flow_rig) / EVIDENCE
     shutil.rmtree(evidence, ignore_errors=True)  # a rerun in the same session starts clean
-    procs = {r: subprocess.Popen([sys.executable, str(JOB), "--rank", str(r), "--work", str(tmp_path),
-                                  "--evidence", str(evidence)],
-                                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                 stderr=(tmp_path / f"rank-{r}.log").open("wb"))
+    launcher = rank_launcher()  # real processes, forked with torch already imported
+    procs = {r: launcher.spawn_script(JOB, ["--rank", str(r), "--work", str(tmp_path), "--evidence", str(evidence)],
+                                      env=env, cwd=ROOT, log=tmp_path / f"rank-{r}.log")
              for r in range(4)}
     try:
         yield tmp_path, procs
@@ -89,7 +87,7 @@ def job(tmp_path: Path, flow_rig: FlowRig) -> Iterator[tuple[Path, dict[int, sub
             proc.wait(timeout=30)
 
 
-def _manifest(evidence: Path, procs: dict[int, subprocess.Popen[bytes]]) -> None:
+def _manifest(evidence: Path, procs: dict[int, RankProcess]) -> None:
     ranks = {str(r): {"host": f"gpu-node-{r + 1:03d}", "local_rank": 0, "pid": p.pid,
                       "gpu_pci_bus_id": "0000:3b:00.0"} for r, p in procs.items()}
     (evidence / "manifest.json").write_text(json.dumps({
@@ -101,7 +99,7 @@ def _manifest(evidence: Path, procs: dict[int, subprocess.Popen[bytes]]) -> None
 
 
 def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
-        flow_rig: FlowRig, lab: SlurmLab, job: tuple[Path, dict[int, subprocess.Popen[bytes]]]) -> None:
+        flow_rig: FlowRig, lab: SlurmLab, job: tuple[Path, dict[int, RankProcess]]) -> None:
     work, procs = job
     evidence = local_store(flow_rig) / EVIDENCE
     _wait(lambda: all(_trigger(evidence, r) for r in (0, 1, 3)), "ranks 0, 1 and 3 to dump the hang")

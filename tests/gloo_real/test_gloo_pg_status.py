@@ -9,14 +9,16 @@ enqueued it. A high value proves nothing (the sends inflate it)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import textwrap
 from pathlib import Path
 
+from testkit.services.net import free_port
+from testkit.services.rank_zygote import rank_launcher
+
 WORKER = textwrap.dedent("""
     import json, os, sys
-    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    import torch, torch.distributed as dist
     from torch._C._distributed_c10d import _dump_fr_trace
     from denpex.evidence.safe_pickle import safe_loads
 
@@ -36,17 +38,18 @@ WORKER = textwrap.dedent("""
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(run, args=(int(sys.argv[1]), sys.argv[2]), nprocs=2)
+        run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
 """)
 
 
 def test_gloo_counts_sends_and_recvs_in_pg_status(tmp_path: Path) -> None:
-    from testkit.services.net import free_port
-
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    subprocess.run([sys.executable, str(script), str(free_port()), str(tmp_path)], check=True, timeout=120,
-                   cwd=Path(__file__).resolve().parents[2])
+    port, launcher = free_port(), rank_launcher()  # two real ranks, forked with torch already imported
+    ranks = [launcher.spawn_script(script, [str(rank), str(port), str(tmp_path)], env=dict(os.environ),
+                                   cwd=tmp_path, log=tmp_path / f"rank-{rank}.log") for rank in (0, 1)]
+    for rank, proc in enumerate(ranks):
+        assert proc.wait(timeout=120) == 0, (tmp_path / f"rank-{rank}.log").read_text()[-3000:]
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank_{rank}.json").read_text())
         assert seen["ops"] == ["gloo:all_reduce", "gloo:all_reduce"]  # no entry for send or recv
