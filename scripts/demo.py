@@ -34,11 +34,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from testkit.services.net import free_port, wait_http  # noqa: E402
 from testkit.services.prefect import PrefectServer, wait_for_deployments  # noqa: E402
+from testkit.incident_folder import IncidentFolder, check_incident, lab_size, send_incident  # noqa: E402
 from testkit.services.process_group import signal_group  # noqa: E402
 
 
@@ -178,59 +177,6 @@ def _enroll_demo_operator(state: Path, env: dict[str, str]) -> str:
     return f"{sys.executable} -c \"{program}\""
 
 
-@dataclass(frozen=True)
-class IncidentFolder:
-    """An incident folder checked before anything starts: its dumps found by the core's rule
-    (``denpex.evidence.discovery``: the manifest's ``dump_file``, else the name's trailing number,
-    so torch's ``comm_lib_trace_rank_3`` as well as ``rank_3.pkl``), its telemetry by the flow's
-    (``denpex.workflow.telemetry_files``), and when the watchdog alerted."""
-
-    folder: Path
-    manifest: dict[str, Any]
-    dumps: dict[int, Path]
-    telemetry: list[Path]
-    alert_time: datetime
-
-
-def check_incident(folder: Path) -> IncidentFolder:
-    """Read the folder as triage would; one clear line (SystemExit) when it cannot be demonstrated.
-
-    The alert time is a few seconds after the evidence's newest time (the manifest's dump times,
-    else the dumps' own entries, as ``denpex triage`` judges staleness): an alert at the wall clock
-    would find every rank of an older folder stale.
-    """
-    from denpex.analysis.triage import summarize_inventory, take_inventory, triage_outcomes
-    from denpex.evidence.errors import EvidenceError
-    from denpex.evidence.store import open_store
-    from denpex.workflow.telemetry_files import telemetry_names
-
-    def unusable(why: str) -> SystemExit:
-        return SystemExit(f"demo: {folder} cannot be demonstrated: {why}")
-
-    if not (folder / "manifest.json").is_file():
-        raise unusable("no manifest.json (an incident folder holds per-rank dumps, manifest.json with the "
-                       "world size and each rank's host, and optional *.log / *.jsonl telemetry)")
-    store = open_store(folder)
-    try:
-        inventory = take_inventory(store)
-        if not inventory.dumps:
-            skipped = "; ".join(f"{s.path}: {s.reason}" for s in inventory.skipped[:5]) or "the folder holds none"
-            raise unusable("no Flight Recorder dumps found (a dump is named by the manifest's ranks[r].dump_file "
-                           f"or ends in its rank, as comm_lib_trace_rank_3 or rank_3.pkl; {skipped})")
-        outcomes = summarize_inventory(store, inventory)
-        evidence_time = triage_outcomes(inventory, outcomes).as_of
-        telemetry = [folder / name for name in telemetry_names(store)]
-    except EvidenceError as exc:
-        raise unusable(str(exc)) from None
-    if inventory.manifest is None or not any(i.host for i in inventory.manifest.ranks.values()):
-        raise unusable("manifest.json names no rank's host; the local Slurm drains the culprit's host")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    return IncidentFolder(folder=folder, manifest=manifest,
-                          dumps={r: folder / ref.name for r, ref in sorted(inventory.dumps.items())},
-                          telemetry=telemetry,
-                          alert_time=(evidence_time or datetime.now(UTC)) + timedelta(seconds=6))
-
-
 def _start_store(services: Services, run_dir: Path, store: str, env: dict[str, str]) -> str:
     """The evidence store the ingest service writes to: moto's S3 server, or a folder."""
     if store == "folder":
@@ -253,16 +199,10 @@ def _start_store(services: Services, run_dir: Path, store: str, env: dict[str, s
     return "s3://evidence"
 
 
-_IDENTITY_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id", "dumped_at")
-
-
 def _through_the_service(services: Services, incident: IncidentFolder, run_dir: Path, store_uri: str,
                          env: dict[str, str], incident_id: str) -> None:
-    """Run ``denpex serve-api``; upload every rank's dump with a signed request (each host's telemetry
-    with that host's node-agent key) and send the alert through the Alertmanager webhook."""
-    from denpex.collector.uploader import stacks_parts
-    from denpex.hardware import parse_telemetry_lines
-    from denpex.ingest.client import IngestClient
+    """Run ``denpex serve-api``, then send the folder through it as the job's collectors and node
+    agents would (``testkit.incident_folder.send_incident``), and the alert as Alertmanager would."""
     from denpex.ingest.plans import PlanTier
     from denpex.ingest.registry import Registry
 
@@ -274,115 +214,13 @@ def _through_the_service(services: Services, incident: IncidentFolder, run_dir: 
     proc = services.spawn([sys.executable, "-m", "denpex", "serve-api", "--port", str(port), "--store", store_uri],
                           env, log)
     _wait_http(f"{url}/healthz", "denpex serve-api", proc, log)
-    manifest = incident.manifest
-    job_id = manifest.get("job_id") or incident.folder.name
-    lines_by_host: dict[str, list[str]] = {}
-    for path in incident.telemetry:
-        for line in path.read_text(errors="replace").splitlines():
-            events = parse_telemetry_lines([line]).events
-            line_host = events[0].host if events and events[0].host else ""
-            lines_by_host.setdefault(line_host, []).append(line)
-    job_key = registry.create_key("acme", "lab")
-    ranks = manifest.get("ranks", {})
-    _register_layout(IngestClient(url, key_id=job_key.key_id, secret=job_key.secret, tenant="acme", cluster="lab"),
-                     job_id, manifest)
-    for rank, dump in incident.dumps.items():
-        ident = {k: v for k, v in ranks.get(str(rank), {}).items() if k in _IDENTITY_FIELDS}
-        host = ident.get("host")
-        telemetry = lines_by_host.pop(host, []) if host else []
-        # A host's own telemetry travels with a key bound to that host (a node agent's): only such
-        # telemetry may support a drain. The demo issues one per host that has telemetry.
-        key = registry.create_key("acme", "lab", host=host) if telemetry and host else job_key
-        client = IngestClient(url, key_id=key.key_id, secret=key.secret, tenant="acme", cluster="lab")
-        identity = {**ident, "job_id": job_id, "incident_id": incident_id, "rank": rank,
-                    "world_size": manifest["world_size"], "process_groups": manifest.get("process_groups", {})}
-        body = [("\n".join(telemetry) + "\n").encode()] if telemetry else []
-        # The rank's Python stacks at its dump (collector/rank_<r>.stacks.json, and the py-spy
-        # sidecar's), as its collector's uploader sends them: with the dump, in the same request.
-        stacks = stacks_parts(incident.folder, rank)
-        response = client.upload(identity, dump.read_bytes(), dump.name, body, stacks=stacks.get("stacks"),
-                                 stacks_pyspy=stacks.get("stacks_pyspy"))
-        if response.status_code >= 300:
-            raise SystemExit(f"demo: the upload of rank {rank} was refused: {response.text}")
-    for host, telemetry in sorted(lines_by_host.items()):
-        if not host:
-            continue
-        # A host whose rank left no dump (it died): its node agent sends the kernel log alone.
-        key = registry.create_key("acme", "lab", host=host)
-        agent = IngestClient(url, key_id=key.key_id, secret=key.secret, tenant="acme", cluster="lab")
-        response = agent.upload_telemetry({"job_id": job_id, "incident_id": incident_id},
-                                          [("\n".join(telemetry) + "\n").encode()])
-        if response.status_code >= 300:
-            raise SystemExit(f"demo: the telemetry of {host} was refused: {response.text}")
-        _say(f"{host} left no dump; its node agent sent its kernel log alone")
-    _say(f"uploaded {len(incident.dumps)} of {manifest['world_size']} ranks' dumps with signed requests to {url} "
-         f"-> {store_uri}/acme/lab/{job_id}/{incident_id}")
-    _say_stored_stacks(f"{store_uri}/acme/lab/{job_id}/{incident_id}")
-    time.sleep(1.5)  # the service writes the incident's manifest.json within a second
-    token = registry.create_token("acme", "lab")
-    alert = {"version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
-        "status": "firing", "startsAt": incident.alert_time.isoformat().replace("+00:00", "Z"),
-        "labels": {"alertname": "NCCLWatchdogTimeout", "tenant": "acme", "cluster": "lab", "job_id": job_id,
-                   "incident_id": incident_id, "rank": "0", "world_size": str(manifest["world_size"])}}]}
-    request = urllib.request.Request(f"{url}/v1/alerts", data=json.dumps(alert).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {token.token}"})
-    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (our loopback service)
-        receipt = json.loads(answer.read())
-    _say(f"alert through the Alertmanager webhook: {receipt['alerts'][0]}")
-
-
-def _say_stored_stacks(incident_uri: str) -> None:
-    """Which ranks' Python stacks the service stored, read back from the store as triage reads them."""
-    from denpex.evidence.stacks import read_stack_evidence
-    from denpex.evidence.store import open_store
-
-    evidence = read_stack_evidence(open_store(incident_uri), at=None)
-    by_source: dict[str, list[int]] = {}
-    for record in evidence.records:
-        by_source.setdefault(record.source.value, []).append(record.rank)
-    if by_source:
-        held = "; ".join(f"{source}: ranks {', '.join(map(str, sorted(ranks)))}" for source, ranks in
-                         sorted(by_source.items()))
-        _say(f"the service stored the ranks' Python stacks beside their dumps ({held}) in {incident_uri}/collector")
-    for name, why in sorted(evidence.refused.items()):
-        _say(f"stacks file {name} set aside: {why}")
-
-
-_REGISTERED_FIELDS = ("host", "local_rank", "pid", "gpu_uuid", "gpu_pci_bus_id", "gpu_index")
-
-
-def _register_layout(client: Any, job_id: str, manifest: dict[str, Any]) -> None:
-    """What the job's collectors do at start: register where every rank runs
-    (``POST /v1/jobs/{job_id}/ranks``), so that a rank that later dies without a dump still has a host."""
-    ranks = {rank: {k: v for k, v in entry.items() if k in _REGISTERED_FIELDS}
-             for rank, entry in manifest.get("ranks", {}).items() if entry.get("host")}
-    if not ranks:
-        return
-    response = client.register(job_id, {"world_size": manifest["world_size"], "ranks": ranks,
-                                         "process_groups": manifest.get("process_groups", {})})
-    if response.status_code >= 300:
-        raise SystemExit(f"demo: the job's registration was refused: {response.text}")
-    _say(f"registered job {job_id}'s layout ({len(ranks)} ranks) as its collectors would at start")
-
-
-def _lab_size(incident: IncidentFolder) -> int:
-    """The local Slurm's node count; the manifest's hosts must be among its names (checked before
-    anything starts)."""
-    hosts = sorted({r.get("host") for r in incident.manifest.get("ranks", {}).values() if r.get("host")})
-    # 16 nodes as in the tests: draining one stays inside the runbook's 10% blast radius.
-    size = max(16, len(hosts))
-    missing = [h for h in hosts if h not in {f"gpu-node-{i:03d}" for i in range(1, size + 1)}]
-    if missing:
-        raise SystemExit(f"demo: {incident.folder} cannot be demonstrated: the local Slurm names its nodes "
-                         f"gpu-node-001..gpu-node-{size:03d}; the manifest's hosts {missing} are not among them")
-    return size
+    send_incident(incident, url, registry, store_uri, incident_id, say=_say)
 
 
 def _start_slurm(services: Services, incident: IncidentFolder) -> Any:
     from testkit.services.slurm import SlurmLab
 
-    lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=_lab_size(incident))
+    lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=lab_size(incident))
     def stop_lab() -> None:
         lab.stop()
         shutil.rmtree(lab.root, ignore_errors=True)
@@ -483,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     _stop_on_signals()
     # Checked before anything starts: an unusable folder is one line, not a failed run later.
     incident = check_incident(Path(args.incident).resolve())
-    _lab_size(incident)
+    lab_size(incident)
     _say(f"incident {incident.folder}: dumps of ranks {', '.join(map(str, incident.dumps))} "
          f"({', '.join(p.name for p in incident.dumps.values())}); telemetry: "
          f"{', '.join(p.name for p in incident.telemetry) or 'none'}; alert at {incident.alert_time.isoformat()}")

@@ -6,9 +6,11 @@ against it, moto S3 in HTTP server mode, and the session's real Slurm lab.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -16,8 +18,12 @@ import pytest
 import yaml
 from moto.server import ThreadedMotoServer
 
+from denpex.ingest.client import IngestClient
+from denpex.ingest.plans import PlanTier
+from denpex.ingest.registry import IssuedKey, Registry
 from denpex.isolation.operator import BREAKER_NAME
 from flow_driver import FlowRig, enroll_approvers
+from testkit.services.ingest import ApiServer
 from testkit.services.prefect import wait_for_deployments
 from testkit.services.process_group import stop_process_group
 from testkit.services.slurm import SlurmLab
@@ -126,6 +132,44 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
     finally:
         stop_process_group(served)  # serve with the runs it forked (paused ones would wait on)
 
+
+
+@dataclass
+class RigIngest:
+    """The flow rig's real ingest service (``denpex serve-api``) and its state: it stores into the
+    rig's S3 (``INGEST_STORE``) and starts the rig's served flow through the session's API."""
+
+    api: ApiServer
+    registry: Registry
+    prefix: str
+    """``INGEST_STORE`` without ``s3://evidence/``: where the service lays incidents out."""
+
+    @property
+    def url(self) -> str:
+        return self.api.url
+
+    def key(self, host: str | None = None) -> IssuedKey:
+        """A fresh key of tenant acme's cluster lab (a node agent's when ``host`` is given)."""
+        return self.registry.create_key("acme", "lab", host=host)
+
+    def client(self, key: IssuedKey) -> IngestClient:
+        return IngestClient(self.api.url, key_id=key.key_id, secret=key.secret, tenant="acme", cluster="lab")
+
+
+@pytest.fixture(scope="session")
+def rig_ingest(flow_rig: FlowRig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigIngest]:
+    """One ingest service for every flow test that goes through it: each names its own jobs and
+    incidents, so one service serves them all (a start costs seconds of CPU each time)."""
+    work = tmp_path_factory.mktemp("rig-ingest")
+    registry = Registry(work / "state")
+    registry.add_tenant("acme", PlanTier.DATA_CENTER)
+    api = ApiServer(work / "state", INGEST_STORE, s3_endpoint=flow_rig.s3_endpoint,
+                    prefect_api_url=flow_rig.api_url, log_dir=work)
+    api.start()
+    try:
+        yield RigIngest(api, registry, INGEST_STORE.removeprefix("s3://evidence/"))
+    finally:
+        api.stop(signal.SIGTERM)
 
 
 @pytest.fixture(autouse=True)

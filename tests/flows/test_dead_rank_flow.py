@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from conftest import INGEST_STORE
+from conftest import RigIngest
 from denpex.collector import EvidenceUploader, UploadTarget
 from denpex.ingest.client import IngestClient
 from denpex.ingest.incidents import IncidentBook
-from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import IssuedKey, Registry
 from flow_driver import FlowRig, find_run, report_of, resume, saved_plan, wait_for
 from lab.rig import drained_nodes, reason_of
@@ -60,20 +57,10 @@ class Ingest:
 
 
 @pytest.fixture
-def ingest(flow_rig: FlowRig, tmp_path: Path) -> Iterator[Ingest]:
-    """The real service, storing into the flow rig's S3 and starting its served flow."""
-    state = tmp_path / "api-state"
-    registry = Registry(state)
-    registry.add_tenant("acme", PlanTier.DATA_CENTER)
-    prefix = INGEST_STORE.removeprefix("s3://evidence/")  # the store the rig's flows triage in (jobs are unique)
-    api = ApiServer(state, INGEST_STORE, s3_endpoint=flow_rig.s3_endpoint,
-                    prefect_api_url=flow_rig.api_url, log_dir=tmp_path)
-    api.start()
-    try:
-        yield Ingest(api, registry, registry.create_key("acme", "lab"),
-                     registry.create_key("acme", "lab", host=DEAD_NODE), prefix)
-    finally:
-        api.stop(signal.SIGTERM)
+def ingest(rig_ingest: RigIngest) -> Ingest:
+    """The rig's real service (storing into its S3, starting its served flow), with fresh keys."""
+    return Ingest(rig_ingest.api, rig_ingest.registry, rig_ingest.key(), rig_ingest.key(DEAD_NODE),
+                  rig_ingest.prefix)
 
 
 def _run_job(ingest: Ingest, job: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
