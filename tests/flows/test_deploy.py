@@ -28,16 +28,27 @@ def _env(api: str, state: Path, runbooks: Path) -> dict[str, str]:
             "DENPEX_RUNBOOKS_DIR": str(runbooks), "PYTHONPATH": str(ROOT)}
 
 
-@pytest.fixture
-def worker(sqlite_prefect: PrefectServer, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
-    # The SQLite server, where no deployment is served: `prefect deploy --all` creates the same
-    # deployment names and event triggers that the served deployments use on the other servers,
-    # and must not leave them behind there.
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+@pytest.fixture(scope="module")
+def deployed(sqlite_prefect: PrefectServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    """`prefect deploy --all` and one process worker, shared by the module's tests (each names its
+    own incident): deploying and starting a worker cost a minute of CPU each time.
 
-    server = sqlite_prefect
-    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-        yield from _deployed_worker(server.env(), server.api_url, tmp_path)
+    The SQLite server, where no deployment is served: `prefect deploy --all` creates the same
+    deployment names and event triggers that the served deployments use on the other servers,
+    and must not leave them behind there."""
+    yield from _deployed_worker(sqlite_prefect.env(), sqlite_prefect.api_url, tmp_path_factory.mktemp("deployed"))
+
+
+@pytest.fixture
+def worker(deployed: tuple[dict[str, str], Path]) -> Iterator[tuple[dict[str, str], Path]]:
+    """The module's deployment and worker, with this process's client pointed at its server."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    env, state = deployed
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"],
+                                     PREFECT_API_AUTH_STRING: env["PREFECT_API_AUTH_STRING"]}):
+        yield env, state
 
 
 def _deployed_worker(server_env: dict[str, str], api: str,
@@ -79,7 +90,8 @@ def test_prefect_deploy_all_and_a_process_worker_runs_manual_triage(worker: tupl
     from prefect.deployments import run_deployment
 
     env, state = worker
-    evidence = tmp_path / "ingest-store" / evidence_prefix("inc-deployed", cluster="no-such-cluster")
+    # Under the worker's DENPEX_EVIDENCE_ROOT (beside its state folder).
+    evidence = state.parent / "ingest-store" / evidence_prefix("inc-deployed", cluster="no-such-cluster")
     shutil.copytree(FIXTURES / "withheld_one", evidence, ignore=shutil.ignore_patterns("*.json"))
     (evidence / "manifest.json").write_bytes(manifest_with_gpus(FIXTURES / "withheld_one"))
     (evidence / "kernel.log").write_bytes(xid79_log())

@@ -8,8 +8,9 @@ its own (``prefect deploy --all``) uses a server that no served deployment liste
 
 - ``prefect_harness``: Prefect's own test harness (SQLite), the in-process engine of the flow
   tests, the replay flow and the Dask fan-out.
-- ``sqlite_prefect``: ``prefect server start`` on SQLite, where SQLite itself is under test and
-  where ``prefect deploy --all`` and a process worker run.
+- ``sqlite_prefect``: ``prefect server start`` on SQLite behind basic authentication, as production
+  puts the API: where SQLite itself is under test, where ``prefect deploy --all`` and a process
+  worker run, and where the ingest trigger must send the auth string.
 - ``postgres_prefect``: ``prefect server start`` on a PostgreSQL the session starts, as in
   production: the served flows, the UI approval in Chromium, the stored rows.
 - ``slurm_lab``: munged, slurmctld, 16 slurmd and sshd on loopback; ``lab`` is it reset for a test.
@@ -17,6 +18,7 @@ its own (``prefect deploy --all``) uses a server that no served deployment liste
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -43,7 +45,8 @@ def prefect_harness() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def sqlite_prefect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with prefect_server(tmp_path_factory.mktemp("prefect-sqlite")) as server:
+    """Every client of it sends ``server.auth_string`` (``server.env()``, ``server.headers``)."""
+    with prefect_server(tmp_path_factory.mktemp("prefect-sqlite"), auth_string=f"ops:{secrets.token_urlsafe(12)}") as server:
         yield server
 
 

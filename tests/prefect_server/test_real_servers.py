@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -18,9 +19,9 @@ import pytest
 
 from plugins.services import PostgresPrefect
 from testkit.services.postgres import PG_BIN, psql
-from testkit.services.prefect import PrefectServer, prefect_server
+from testkit.services.prefect import PrefectServer
 
-# Sized to what it starts: `prefect server start` on SQLite and on PostgreSQL.
+# Sized to what it starts: `prefect server start` on SQLite (behind basic authentication) and on PostgreSQL.
 pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,14 +46,14 @@ def run_replay(server: PrefectServer, catalog: Path) -> dict[str, object]:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [flow_run_id] = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FLOW_RUN")]
-    response = httpx.get(f"{server.api_url}/flow_runs/{flow_run_id}", timeout=10)
+    response = httpx.get(f"{server.api_url}/flow_runs/{flow_run_id}", timeout=10, headers=server.headers)
     response.raise_for_status()
     run: dict[str, object] = response.json()
     return run
 
 
 def drift_artifact(server: PrefectServer, flow_run_id: str) -> str:
-    response = httpx.post(f"{server.api_url}/artifacts/filter", timeout=10, json={
+    response = httpx.post(f"{server.api_url}/artifacts/filter", timeout=10, headers=server.headers, json={
         "artifacts": {"key": {"any_": ["replay-drift"]}, "flow_run_id": {"any_": [flow_run_id]}}})
     response.raise_for_status()
     [artifact] = response.json()
@@ -80,31 +81,36 @@ def test_flow_runs_against_prefect_server_on_postgresql(postgres_prefect: Postgr
     assert not (server.home / "prefect.db").exists()
 
 
-def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(tmp_path: Path) -> None:
-    """Production puts the Prefect API behind basic authentication (PREFECT_SERVER_API_AUTH_STRING):
-    the ingest service's alert event gets through only with the auth string, and a refused one is
-    a clear, retryable error (the alert is answered 503 and Alertmanager sends it again)."""
+def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(sqlite_prefect: PrefectServer) -> None:
+    """Production puts the Prefect API behind basic authentication (PREFECT_SERVER_API_AUTH_STRING),
+    as the session's SQLite server is: the ingest service's alert event gets through only with the
+    auth string, and a refused one is a clear, retryable error (the alert is answered 503 and
+    Alertmanager sends it again)."""
     from datetime import UTC, datetime
 
     from denpex.ingest.errors import StoreUnavailableError
     from denpex.ingest.flow_trigger import PrefectEventTrigger
     from denpex.workflow.alert_event import AlertEvent
 
-    event = AlertEvent(tenant="acme", cluster="lab", job_id="j", incident_id="inc-auth",
-                       alert_time=datetime.now(UTC), evidence="s3://evidence/acme/lab/j/inc-auth", alert_id="am-auth")
-    with prefect_server(tmp_path, ui=False, auth_string="ops:s3cret") as server:
-        assert httpx.post(f"{server.api_url}/flow_runs/filter", json={}, timeout=10).status_code == 401
-        with pytest.raises(StoreUnavailableError, match="HTTP 401"):
-            PrefectEventTrigger(server.api_url).start(event)
-        with pytest.raises(StoreUnavailableError, match="HTTP 401"):
-            PrefectEventTrigger(server.api_url, auth_string="ops:wrong").start(event)
-        PrefectEventTrigger(server.api_url, auth_string="ops:s3cret").start(event)
-        seen: list[str] = []
-        deadline = time.monotonic() + 30  # the server stores events a moment after taking them
-        while not seen and time.monotonic() < deadline:
-            filtered = httpx.post(f"{server.api_url}/events/filter", headers=server.headers, timeout=10,
-                                  json={"filter": {"event": {"name": ["denpex.alert.nccl-timeout"]}}})
-            filtered.raise_for_status()
-            seen = [e["payload"]["incident_id"] for e in filtered.json()["events"]]
-            time.sleep(0.5)
-        assert seen == ["inc-auth"]
+    server = sqlite_prefect
+    assert server.auth_string
+    incident = f"inc-auth-{uuid.uuid4().hex[:6]}"
+    event = AlertEvent(tenant="acme", cluster="lab", job_id="j", incident_id=incident,
+                       alert_time=datetime.now(UTC), evidence=f"s3://evidence/acme/lab/j/{incident}",
+                       alert_id=f"am-{incident}")
+    assert httpx.post(f"{server.api_url}/flow_runs/filter", json={}, timeout=10).status_code == 401
+    with pytest.raises(StoreUnavailableError, match="HTTP 401"):
+        PrefectEventTrigger(server.api_url).start(event)
+    with pytest.raises(StoreUnavailableError, match="HTTP 401"):
+        PrefectEventTrigger(server.api_url, auth_string=server.auth_string.split(":")[0] + ":wrong").start(event)
+    PrefectEventTrigger(server.api_url, auth_string=server.auth_string).start(event)
+    seen: list[str] = []
+    deadline = time.monotonic() + 60  # the server stores events a moment after taking them
+    while not seen and time.monotonic() < deadline:
+        filtered = httpx.post(f"{server.api_url}/events/filter", headers=server.headers, timeout=10,
+                              json={"filter": {"event": {"name": ["denpex.alert.nccl-timeout"]}}})
+        filtered.raise_for_status()
+        seen = [e["payload"]["incident_id"] for e in filtered.json()["events"]
+                if e["payload"]["incident_id"] == incident]
+        time.sleep(0.5)
+    assert seen == [incident]
