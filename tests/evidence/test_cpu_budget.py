@@ -54,6 +54,17 @@ def _decode_in_a_fresh_process(path: Path, *, armed: bool) -> dict[str, object]:
     return report
 
 
+@pytest.mark.parametrize("keys", [2, 1001, 3000])
+def test_the_colliding_pickle_is_what_pickle_writes(keys: int) -> None:
+    """The hostile file is written directly (building the dict is quadratic): byte for byte what
+    ``pickle.dumps`` writes of the same dict, at sizes small enough to build."""
+    import pickle
+
+    from hostile_dumps import _MODULUS
+
+    assert colliding_dict_pickle(keys) == pickle.dumps({k * _MODULUS: None for k in range(keys)}, protocol=2)
+
+
 def test_a_pickle_of_colliding_dict_keys_is_refused_within_its_cpu_budget(tmp_path: Path) -> None:
     hostile = tmp_path / "rank_0.pkl"
     hostile.write_bytes(colliding_dict_pickle(40_000))  # 507 KiB; unlimited: 7.7 s of CPU here

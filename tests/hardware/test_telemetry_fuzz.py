@@ -35,7 +35,9 @@ REAL_LINES = [
     P + "pcieport 0000:3a:00.0: AER: aer_layer=Transaction Layer, aer_agent=Requester ID",
     '{"v": 1, "type": "xid", "host": "h", "time": "2026-11-29T18:40:00Z", "code": 79}',
 ]
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Hypothesis's default number of examples per test: 300 made the four fuzz tests take minutes of
+# one core under the suite's own load (one hit its 120 s limit in the middle of a draw).
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def accounted(lines: list[str]) -> None:
@@ -116,10 +118,10 @@ def test_hostile_lines_stay_cheap() -> None:
         P + "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 " + "(" * 4000,
         P + "{1}[Hardware Error]: " + "section_type: " * 500,
     ]
-    started = time.perf_counter()
+    started = time.process_time()  # this process's CPU: what the parse costs, whatever else runs
     parse_kernel_log([line[:8192] for line in shapes] * 40)
     # 200 lines; the nested-lazy AER pattern this replaced took about 0.3 s per line.
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0
 
 
 # The edges of the calendar are drawn on purpose: that is where an offset leaves it.

@@ -388,4 +388,4 @@ def test_an_alerts_world_size_is_bounded_and_coverage_never_lists_every_rank(lab
     assert body["world_size"] == 1 << 20 and body["missing_count"] == 1 << 20
     assert body["missing_ranks_truncated"] is True and body["missing_ranks"][:3] == [0, 1, 2]
     assert len(body["missing_ranks"]) == 4096 and len(view.content) < 256 * 1024
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # a bounded answer, not one rank at a time (room for load)

@@ -66,7 +66,7 @@ def test_a_trickle_is_cut_off_after_the_grace_not_at_the_deadline(tmp_path: Path
     started = time.monotonic()
     with spool.admit(None, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than 100 bytes/s"):
         asyncio.run(spool_body(_chunks([b"x"] * 100, pause_s=0.1), slot, cap=1000, deadline_s=60))
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # far short of the 60 s deadline, even on a loaded machine
     with spool.admit(None, source="key:a") as slot:  # 1,000 bytes/s: ten times the minimum
         body = asyncio.run(spool_body(_chunks([b"x" * 100] * 10, pause_s=0.1), slot, cap=2000, deadline_s=60))
     assert body.size == 1000
@@ -118,7 +118,7 @@ def test_a_body_that_sends_no_byte_is_cut_off_after_the_grace(tmp_path: Path) ->
     started = time.monotonic()
     with spool.admit(None, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than"):
         asyncio.run(spool_body(silent(), slot, cap=1000, deadline_s=60))
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # far short of the 60 s deadline, even on a loaded machine
 
 
 def test_unverified_bodies_leave_a_share_of_the_disk_to_authenticated_ones(tmp_path: Path) -> None:
