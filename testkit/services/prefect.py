@@ -141,16 +141,18 @@ def wait_for_deployments(api_url: str, names: Collection[str], process: subproce
     """
     wanted, triggers = set(names), set(automations)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{_command(process)} exited {process.returncode}:\n{log_tail(log)}")
-        found = httpx.post(f"{api_url}/deployments/filter", timeout=10, headers=headers,
-                           json={"deployments": {"name": {"any_": sorted(wanted)}}}).json()
-        registered = httpx.post(f"{api_url}/automations/filter", json={}, timeout=10,
-                                headers=headers).json() if triggers else []
-        if wanted <= {d["name"] for d in found} and triggers <= {a["name"] for a in registered}:
-            return
-        time.sleep(0.5)
+    # One client for the whole wait: each new one builds an SSL context (tens of ms of CPU), and
+    # this polls twice a second for up to minutes.
+    with httpx.Client(timeout=10, headers=headers) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{_command(process)} exited {process.returncode}:\n{log_tail(log)}")
+            found = client.post(f"{api_url}/deployments/filter",
+                                json={"deployments": {"name": {"any_": sorted(wanted)}}}).json()
+            registered = client.post(f"{api_url}/automations/filter", json={}).json() if triggers else []
+            if wanted <= {d["name"] for d in found} and triggers <= {a["name"] for a in registered}:
+                return
+            time.sleep(0.5)
     raise RuntimeError(f"deployments {sorted(wanted)} (automations {sorted(triggers)}) were not served "
                        f"within {timeout} s by {_command(process)}:\n{log_tail(log)}")
 
@@ -167,11 +169,14 @@ def wait_for_flow_run(server: PrefectServer, flow_run_id: str, states: set[str],
     """Poll until the run's state type is one of ``states`` (e.g. {"PAUSED"})."""
     deadline = time.monotonic() + timeout
     run: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        run = flow_run(server, flow_run_id)
-        if run.get("state_type") in states:
-            return run
-        time.sleep(0.5)
+    with httpx.Client(timeout=10, headers=server.headers) as client:  # one SSL context for the wait
+        while time.monotonic() < deadline:
+            response = client.get(f"{server.api_url}/flow_runs/{flow_run_id}")
+            response.raise_for_status()
+            run = dict(response.json())
+            if run.get("state_type") in states:
+                return run
+            time.sleep(0.5)
     raise TimeoutError(f"flow run {flow_run_id} still {run.get('state_type')} after {timeout} s: "
                        f"{json.dumps(run.get('state'))[:500]}")
 

@@ -106,11 +106,12 @@ def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(sqlite_pr
     PrefectEventTrigger(server.api_url, auth_string=server.auth_string).start(event)
     seen: list[str] = []
     deadline = time.monotonic() + 60  # the server stores events a moment after taking them
-    while not seen and time.monotonic() < deadline:
-        filtered = httpx.post(f"{server.api_url}/events/filter", headers=server.headers, timeout=10,
-                              json={"filter": {"event": {"name": ["denpex.alert.nccl-timeout"]}}})
-        filtered.raise_for_status()
-        seen = [e["payload"]["incident_id"] for e in filtered.json()["events"]
-                if e["payload"]["incident_id"] == incident]
-        time.sleep(0.5)
+    with httpx.Client(headers=server.headers, timeout=10) as client:
+        while not seen and time.monotonic() < deadline:
+            filtered = client.post(f"{server.api_url}/events/filter",
+                                   json={"filter": {"event": {"name": ["denpex.alert.nccl-timeout"]}}})
+            filtered.raise_for_status()
+            seen = [e["payload"]["incident_id"] for e in filtered.json()["events"]
+                    if e["payload"]["incident_id"] == incident]
+            time.sleep(0.5)
     assert seen == [incident]
