@@ -33,7 +33,8 @@ from prefect.runner import _starter_direct
 __all__ = ["PRELOAD", "use_forked_flow_runs"]
 
 # What every run imports first; Prefect's engine, then the flows and what they import.
-PRELOAD = ("prefect.flow_engine", "flows.triage", "flows.replay", "flows.return_to_service", "flows.requeue")
+PRELOAD = ("prefect.flow_engine", "flows.triage", "flows.replay", "flows.return_to_service", "flows.requeue",
+           "flows.run_preload")
 
 # Prefect's runner starts runs from its event loop thread, one call at a time; the lock keeps the
 # swap below atomic should that ever change.

@@ -17,9 +17,12 @@ from prefect import flow
 @flow(name="forked-probe")
 def probe(out: str) -> None:
     # The probe never imports flows.triage: only a preloaded forkserver can have it here.
+    from prefect._internal.plugins import collections
+
     main = sys.modules["__main__"]
     Path(out).write_text(json.dumps({
         "pid": os.getpid(), "parent": os.getppid(), "preloaded": "flows.triage" in sys.modules,
+        "collections_loaded": collections._collections is not None, "boto3": "boto3" in sys.modules,
         "main": getattr(main, "__file__", None) or getattr(main.__spec__, "name", None)}))
 
 

@@ -38,6 +38,8 @@ def test_a_served_run_is_forked_from_the_preloaded_server(prefect_api: str, tmp_
         served.wait(timeout=60)
     seen = json.loads(seen_file.read_text())
     assert seen["preloaded"], "the run did not start from the preloaded forkserver"
+    # What each run used to load for itself (flows/run_preload.py): Prefect's collections, boto3.
+    assert seen["collections_loaded"] and seen["boto3"], seen
     # The forkserver's child, not the runner's, and not `python -m prefect.engine` loading the code
     # from storage (which would also have named a main module).
     assert seen["parent"] != served.pid
