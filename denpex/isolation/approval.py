@@ -102,8 +102,8 @@ class Approval(BaseModel):
         if self.channel is ApprovalChannel.PREFECT_UI and (self.flow_run_id is None or self.signature):
             problems.append("a prefect-ui approval names its flow_run_id and carries no signature")
         if (self.channel is ApprovalChannel.APPROVAL_PAGE) != (self.decision is not None) or (
-                self.channel is ApprovalChannel.APPROVAL_PAGE and (self.flow_run_id is None or not self.signature)):
-            problems.append("an approval-page record, and only one, names its decision, flow_run_id and signature")
+                self.channel is ApprovalChannel.APPROVAL_PAGE and self.flow_run_id is None):
+            problems.append("an approval-page record, and only one, names its decision and flow_run_id")
         if self.channel is ApprovalChannel.CLI_SIGNED and self.second_factor is not None:
             problems.append("a cli-signed approval's proof is its signature; it names no second_factor")
         if problems:

@@ -196,3 +196,32 @@ def test_a_run_whose_parameters_climb_out_of_the_state_directory_does_nothing(st
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             name=FlowRunFilterName(any_=[f"{A_CLUSTER}/.._.._x"])))
     assert runs and all(r.state is not None and r.state.is_failed() for r in runs)
+
+
+def test_the_alerts_facts_come_from_the_ingest_services_record(state: Path, tmp_path: Path) -> None:
+    """Issue 30 section 3: ``alert_time``, ``world_size`` and ``job_id`` were the API caller's. A run
+    started with a later alert time (every rank stale), a smaller world (a rank never missed) or
+    another job triages the incident as the ingest service recorded it, or does nothing."""
+    from datetime import timedelta
+
+    from denpex.ingest.database import Database
+    from denpex.ingest.incidents import IncidentBook, IncidentKey
+    from denpex.workflow.flow_parameters import FlowParameterError
+    from flows.triage import triage
+
+    _two_tenants(state)
+    incident = f"xt-{uuid.uuid4().hex[:8]}"
+    IncidentBook(Database(state)).claim_run(IncidentKey("a", A_CLUSTER, incident), "gloo-withheld_one", world_size=4,
+                                            alert_time=ALERT_TIME.isoformat(), reported_by_rank=0)
+    evidence = _evidence(tmp_path, "a", incident)
+    # No target block for the cluster: triage and report only.
+    result = triage(tenant="a", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
+                    alert_time=ALERT_TIME + timedelta(hours=3), evidence=evidence, world_size=3,
+                    alert_id=f"am-{incident}")
+    assert (result["world_size"], result["as_of"]) == (4, "2026-11-29T20:29:50Z")
+    assert result["verdict"] == "localized" and [c["rank"] for c in result["candidates"]] == [2]
+    for job, other in (("someone-elses-job", incident), ("gloo-withheld_one", "xt-never-heard-of")):
+        why = "belongs to job 'gloo-withheld_one'" if other == incident else "the ingest service has no incident"
+        with pytest.raises(FlowParameterError, match=why):
+            triage(tenant="a", cluster=A_CLUSTER, job_id=job, incident_id=other, alert_time=ALERT_TIME,
+                   evidence=evidence, world_size=4, alert_id=f"am-{other}")
