@@ -204,7 +204,7 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
             page.wait_for_function("() => [...document.images].every(i => i.complete && i.naturalWidth > 0)")
             assert page.locator("img").count() >= 1
             # The full report, a link away, from Denpex's own state.
-            page.get_by_role("link", name="full report").click()
+            page.get_by_role("link", name="full report").first.click()
             expect(page.get_by_role("heading", name="Candidates")).to_be_visible()
             page.wait_for_function("() => [...document.images].every(i => i.complete && i.naturalWidth > 0)")
             page.screenshot(path=str(shots / "page-report.png"), full_page=True)
