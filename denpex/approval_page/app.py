@@ -51,9 +51,11 @@ CSRF_COOKIE = "denpex_csrf"
 _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _MAX_FORM_BYTES = 64 * 1024
 _CHARTS_ON_PAGE = 2
+# Referrer-Policy same-origin, not no-referrer: with no-referrer a browser sends ``Origin: null`` on
+# the form's own post, which the origin check must refuse; other sites still get no referrer.
 _HEADERS = {"Content-Security-Policy": "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
                                       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
             "X-Frame-Options": "DENY"}
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import HardwareBearing
 from denpex.charts import Chart
-from denpex.evidence.files import write_atomic
+from denpex.evidence.files import read_at_most, write_atomic
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.report import TriageReport
 
@@ -111,8 +111,7 @@ def save_brief(brief: ApprovalBrief, path: Path) -> None:
 def load_brief(path: Path) -> ApprovalBrief:
     """The brief at ``path`` (ValueError when it is missing, oversized or does not parse)."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(_MAX_BRIEF_BYTES + 1)
+        raw = read_at_most(path, _MAX_BRIEF_BYTES)
     except OSError as exc:
         raise ValueError(f"the brief {path} cannot be read: {exc.strerror or exc}") from exc
     if len(raw) > _MAX_BRIEF_BYTES:

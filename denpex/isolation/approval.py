@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from denpex.isolation.ed25519_keys import generate_key, load_private_key, public_key_text, save_private_key
 from denpex.isolation.errors import ApprovalError, ConfigError, validation_problems
 from denpex.isolation.gates import human_duration
-from denpex.isolation.page_record import page_record_problems
+from denpex.isolation.page_record import page_record_problems, signature_verifies
 from denpex.isolation.plan import NODE_NAME_PATTERN, IsolationPlan, Operation, canonical_json
 from denpex.isolation.policy import ApprovalChannel, ApprovalRule, SecondFactor
 
@@ -139,19 +138,7 @@ class TrustedApprovers:
 
     def verifies(self, approval: Approval) -> bool:
         """Whether one of the approver's trusted keys made ``approval.signature``."""
-        if approval.signature is None:
-            return False
-        try:
-            signature = base64.b64decode(approval.signature, validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        for key in self.keys_of(approval.approver):
-            try:
-                key.verify(signature, approval.signed_bytes())
-                return True
-            except InvalidSignature:
-                continue
-        return False
+        return signature_verifies(approval, self.keys_of(approval.approver))
 
 
 def _draft(plan: IsolationPlan, approver: str, *, at: datetime, ttl: timedelta, cluster: str | None,

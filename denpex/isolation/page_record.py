@@ -40,7 +40,7 @@ from denpex.isolation.policy import ApprovalRule, SecondFactor
 if TYPE_CHECKING:
     from denpex.isolation.approval import Approval
 
-__all__ = ["PAGE_KEY_DIR", "PAGE_PUBLIC_KEY_ENV", "page_signature_verifies", "page_record_problems",
+__all__ = ["PAGE_KEY_DIR", "PAGE_PUBLIC_KEY_ENV", "signature_verifies", "page_record_problems",
            "signing_key_path", "public_key_path", "load_or_create_signing_key", "write_public_key", "load_page_public_keys",
            "page_public_key_path"]
 
@@ -50,8 +50,9 @@ _SIGNING_KEY = "signing.key"
 _PUBLIC_KEY = "signing.pub"
 
 
-def page_signature_verifies(approval: Approval, keys: Iterable[Ed25519PublicKey]) -> bool:
-    """Whether one of the page's ``keys`` made ``approval.signature`` over ``signed_bytes()``."""
+def signature_verifies(approval: Approval, keys: Iterable[Ed25519PublicKey]) -> bool:
+    """Whether one of ``keys`` (the page's, or an approver's) made ``approval.signature`` over
+    ``signed_bytes()``."""
     if not approval.signature:
         return False
     try:
@@ -78,7 +79,7 @@ def page_record_problems(approval: Approval, rule: ApprovalRule, keys: Iterable[
     if not keys:
         problems.append("no approval page public key is configured (DENPEX_APPROVAL_PAGE_KEY, default "
                         f"<state_dir>/{PAGE_KEY_DIR}/{_PUBLIC_KEY}), so no approval-page record can be checked")
-    elif not page_signature_verifies(approval, keys):
+    elif not signature_verifies(approval, keys):
         problems.append("the approval page's signature does not verify (forged, edited after signing, or "
                         "signed by another page's key)")
     if approval.decision != "approve":

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from denpex.approval_page.store import ApprovalBook
 from denpex.isolation.approval import Approval
-from denpex.isolation.page_record import page_signature_verifies
+from denpex.isolation.page_record import signature_verifies
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.isolation.policy import ApprovalChannel, IsolationPolicy
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
@@ -47,7 +47,7 @@ def review_page_decision(book: ApprovalBook, run_id: str, plan: IsolationPlan, *
         return _refused(f"run {run_id} was resumed without a decision that the approval page recorded for it "
                         "(a resume through the Prefect API alone proves nobody)")
     problems = _binding(record, run_id, plan, operation)
-    if not page_signature_verifies(record, page_keys):
+    if not signature_verifies(record, page_keys):
         problems.append("the recorded decision's signature does not verify with the approval page's public key "
                         "(DENPEX_APPROVAL_PAGE_KEY)")
     if problems:

@@ -27,7 +27,7 @@ from denpex.isolation.approval import Approval
 from denpex.isolation.audit import AuditKind
 from denpex.isolation.ed25519_keys import generate_key
 from denpex.isolation.operator import state_audit_log
-from denpex.isolation.page_record import page_signature_verifies
+from denpex.isolation.page_record import signature_verifies
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import ApprovalRule, IsolationPolicy, Scheduler, SecondFactor
@@ -141,8 +141,8 @@ def test_an_approval_is_signed_recorded_once_and_audited_before_the_run_is_resum
     assert (record.channel.value, record.decision, record.flow_run_id, record.plan_hash, record.nodes) == (
         "approval-page", "approve", run_id, plan.content_hash(), (NODE,))
     assert record.second_factor == "totp" and record.approver == "alice" and record.comment == "Xid 79 on its GPU"
-    assert page_signature_verifies(record, [rig.key.public_key()])
-    assert not page_signature_verifies(record.model_copy(update={"decision": "reject"}), [rig.key.public_key()])
+    assert signature_verifies(record, [rig.key.public_key()])
+    assert not signature_verifies(record.model_copy(update={"decision": "reject"}), [rig.key.public_key()])
     assert "code" not in record.model_dump() and rig.codes.current_code("alice") not in record.model_dump_json()
     [decision] = [r for r in state_audit_log(rig.state).records() if r.incident_id == plan.incident_id]
     assert decision.kind is AuditKind.DECISION and decision.action == "approved" and decision.approver == "alice"
@@ -166,7 +166,7 @@ def test_a_rejection_needs_the_same_proof_and_is_signed(tmp_path: Path) -> None:
     assert rejected.status_code == 200
     record = rig.book.decision(run_id)
     assert record is not None and record.decision == "reject" and record.expires_at == record.approved_at
-    assert page_signature_verifies(record, [rig.key.public_key()])
+    assert signature_verifies(record, [rig.key.public_key()])
 
 
 @pytest.mark.parametrize("change, status, why", [
@@ -195,9 +195,13 @@ def test_forms_from_elsewhere_are_refused(tmp_path: Path) -> None:
     code = rig.codes.current_code("alice")
     assert _post(fresh, run_id, token=token, approver="alice", code=code).status_code == 403
     assert _post(client, run_id, token="forged", approver="alice", code=code).status_code == 403
-    cross = client.post(f"/runs/{run_id}/decision", headers={"Origin": "https://evil.example"},
-                        data={"csrf": token, "decision": "approve", "nodes": [NODE], "approver": "alice", "code": code})
-    assert cross.status_code == 403 and "CSRF" in _shown(cross)
+    for origin in ("https://evil.example", "null"):  # "null": a sandboxed frame, a page with no-referrer
+        cross = client.post(f"/runs/{run_id}/decision", headers={"Origin": origin},
+                            data={"csrf": token, "decision": "approve", "nodes": [NODE], "approver": "alice",
+                                  "code": code})
+        assert cross.status_code == 403 and "CSRF" in _shown(cross)
+    # Its own pages send their origin with the post (a browser sends "null" under no-referrer).
+    assert client.get(f"/runs/{run_id}").headers["referrer-policy"] == "same-origin"
     assert rig.book.decision(run_id) is None and rig.book.answers(run_id) == []
 
 

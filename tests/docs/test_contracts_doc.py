@@ -100,7 +100,7 @@ def _page_record(body: str) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
     from denpex.isolation.ed25519_keys import public_key_text
-    from denpex.isolation.page_record import page_signature_verifies
+    from denpex.isolation.page_record import signature_verifies
 
     _validates(Approval)(body)
     record = Approval.model_validate_json(body)
@@ -109,8 +109,8 @@ def _page_record(body: str) -> None:
     assert f"`{public_key_text(key)}`" in text
     assert f"```\n{record.signed_bytes().decode()}\n```" in text  # the canonical form shown is the one signed
     public = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_text(key)))
-    assert page_signature_verifies(record, [public])
-    assert not page_signature_verifies(record.model_copy(update={"decision": "reject"}), [public])
+    assert signature_verifies(record, [public])
+    assert not signature_verifies(record.model_copy(update={"decision": "reject"}), [public])
 
 
 def _page_form(body: str) -> None:

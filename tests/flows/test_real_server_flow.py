@@ -209,7 +209,7 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
             page.wait_for_function("() => [...document.images].every(i => i.complete && i.naturalWidth > 0)")
             page.screenshot(path=str(shots / "page-report.png"), full_page=True)
             page.go_back()
-            page.get_by_label("Approve").check()
+            page.get_by_role("radio", name="Approve").check()
             page.select_option("#approver", "alice")
             page.fill("#code", totp_code(pg_rig.flows.state_dir, "alice"))  # from her authenticator app
             page.fill("#comment", "Xid 79 on gpu-node-003, drain it")
@@ -231,7 +231,7 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
 
             page.goto(f"{page_url}/runs/{reject_run}")
             expect(page.locator("#essentials .node").first).to_contain_text(CULPRIT_NODE)
-            page.get_by_label("Reject").check()
+            page.get_by_role("radio", name="Reject").check()
             page.select_option("#approver", "bob")
             page.fill("#code", totp_code(pg_rig.flows.state_dir, "bob"))
             page.fill("#comment", "the job owner is debugging on it")

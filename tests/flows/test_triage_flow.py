@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -115,6 +116,16 @@ def _artifacts(run_id: Any) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
     return {a.key: a for a in found if a.key}
+
+
+@contextmanager
+def _runbook(lab: SlurmLab, name: str) -> Iterator[None]:
+    """The flows run runbook ``name`` inside the block, the rig's own after it."""
+    register_blocks(lab, runbook=name)
+    try:
+        yield
+    finally:
+        register_blocks(lab)
 
 
 def _artifact_keys(run_id: Any) -> set[str]:
@@ -231,16 +242,13 @@ def test_the_prefect_form_decides_where_the_runbook_says_second_factor_none(flow
     """A single trusted operator's runbook keeps the Prefect form; its approval writes a decision
     record with the comment before the first intent (issue 30 section 1)."""
     incident = "inc-form"
-    register_blocks(lab, runbook="hang-triage-form")
-    try:
+    with _runbook(lab, "hang-triage-form"):
         run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
         wait_for(run_id, {"PAUSED"})
         plan = saved_plan(flow_rig.state_dir, incident)
         resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
                         "approver": "bob", "code": "", "comment": "the only operator"})
         wait_for(run_id, {"COMPLETED"})
-    finally:
-        register_blocks(lab)
     report = report_of(flow_rig.state_dir, incident, run_id)
     assert report["outcome"] == "executed", report["reason"]
     assert report["approval"]["channel"] == "prefect-ui" and report["approval"]["second_factor"] is None
@@ -271,12 +279,11 @@ def test_a_run_forced_to_running_without_an_answer_refuses_and_records_it(flow_r
 
 def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(flow_rig: FlowRig, lab: SlurmLab) -> None:
     incident = "inc-timeout"
-    register_blocks(lab, runbook="hang-triage-quick")
-    try:
+    with _runbook(lab, "hang-triage-quick"):
         run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
         wait_for(run_id, {"PAUSED"})
-        # The server checks an answer against the form's schema: the approver is a choice among
-        # the runbook's approvers for this tenant and cluster, so a name outside it never resumes.
+        # The server checks an answer against the pause's schema (the page's one `record` field):
+        # the Prefect form's answers, and anything else, never resume the run.
         plan = saved_plan(flow_rig.state_dir, incident)
         answered = {"plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions], "comment": ""}
         for wrong in ({"decision": "maybe", "unknown": 1}, {**answered, "decision": "approve", "approver": "mallory"},
@@ -285,8 +292,6 @@ def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(fl
                 resume(run_id, wrong)
         # Prefect fails a run whose pause expired (it can no longer resume); the flow has recorded why.
         wait_for(run_id, {"COMPLETED", "FAILED"}, timeout_s=120)
-    finally:
-        register_blocks(lab)
     report = report_of(flow_rig.state_dir, incident, run_id)
     assert report["outcome"] == "timed_out" and report["execution"] is None
     assert drained_nodes(lab) == set()
