@@ -173,6 +173,7 @@ def form_description(report: TriageReport, result: TriageResult, plan: Isolation
         report, incident_id=incident_id, cluster=cluster, plan=plan, report_link=link,
         approvers=sorted(policy.approval.approvers_for(plan.tenant, plan.cluster)),
         code_needed=policy.approval.second_factor is SecondFactor.TOTP,
+        on_page=policy.approval.second_factor is not SecondFactor.NONE,
         charts=charts_section(charts, result, groups=FORM_GROUP_CHARTS, rest_at=where))
 
 

@@ -119,15 +119,15 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                           alert_id=alert_id or None, evidence=evidence)
     # ... its settings (evidence roots, store, state) must be its worker's, not job variables ...
     check_this_runs_settings()
-    # ... the alert's facts are the ingest service's record of the incident, not the caller's ...
-    bound = bind_incident(state_dir(), tenant=tenant, cluster=cluster, incident_id=incident_id, job_id=job_id,
-                          alert_time=alert_time, world_size=world_size)
-    job_id, alert_time, world_size = bound.job_id, bound.alert_time, bound.world_size
-    log.info("incident: %s", plain(bound.note))
-    # ... and the evidence must be this incident's own folder, never another tenant's or a forged one;
+    # ... the evidence must be this incident's own folder, never another tenant's or a forged one;
     # what is read from here on is that folder as the check wrote it, never the caller's spelling.
     evidence = check_evidence_binding(evidence, tenant=tenant, cluster=cluster, job_id=job_id,
                                       incident_id=incident_id, roots=evidence_roots(os.environ))
+    # ... and the alert's facts are the ingest service's record of the incident, not the caller's.
+    bound = bind_incident(state_dir(), tenant=tenant, cluster=cluster, incident_id=incident_id, job_id=job_id,
+                          alert_time=alert_time, world_size=world_size)
+    alert_time, world_size = bound.alert_time, bound.world_size
+    log.info("incident: %s", plain(bound.note))
     runbook, runbook_file = load_runbook_for_flow()
     timing = runbook.workflow
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,

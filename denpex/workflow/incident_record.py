@@ -13,6 +13,7 @@ read-only:
       row of another job                           -> FlowParameterError
       no row (the service never heard of it)       -> FlowParameterError
       cluster nobody registered (single-tenant)    -> the parameters, with a note saying so
+      cluster of another tenant (or contested)     -> the parameters: the run is refused at its target
 
 Without an alert time on the row (uploads came, no alert yet), the time the service first heard
 of the incident stands in: the service's own clock, never the caller's.
@@ -47,9 +48,15 @@ class BoundIncident:
 def bind_incident(state_dir: Path, *, tenant: str, cluster: str, incident_id: str, job_id: str,
                   alert_time: datetime, world_size: int | None) -> BoundIncident:
     """The incident's job, alert time and world size (see the module docstring)."""
-    if read_ownership(state_dir, cluster).state is OwnershipState.UNREGISTERED:
+    ownership = read_ownership(state_dir, cluster)
+    if ownership.state is OwnershipState.UNREGISTERED:
         return BoundIncident(job_id, alert_time, world_size, note=f"cluster {cluster!r} has no registered owner: "
                              "the run's own alert time, world size and job id are used")
+    if ownership.state is not OwnershipState.OWNED or ownership.tenant != tenant:
+        # Not this tenant's cluster (or nobody's for sure): the run is refused at its target, and
+        # no record of another tenant's incident is read for it.
+        return BoundIncident(job_id, alert_time, world_size, note=f"cluster {cluster!r} is not tenant {tenant!r}'s "
+                             "in the operator's registry: nothing will be acted on")
     row = _incident_row(state_dir, tenant, cluster, incident_id)
     if row is None:
         raise FlowParameterError(f"the ingest service has no incident {incident_id!r} of tenant {tenant!r} on cluster "
