@@ -225,11 +225,15 @@ def test_the_alerts_facts_come_from_the_ingest_services_record(state: Path, tmp_
                     alert_id=f"am-{incident}")
     assert (result["world_size"], result["as_of"]) == (4, "2026-11-29T20:29:50Z")
     assert result["verdict"] == "localized" and [c["rank"] for c in result["candidates"]] == [2]
+    # Another job's folder of the same incident id, and an incident the service never heard of.
     for job, other in (("someone-elses-job", incident), ("gloo-withheld_one", "xt-never-heard-of")):
+        folder = tmp_path / "evidence" / incident_prefix("a", A_CLUSTER, job, other)
+        if not folder.exists():
+            shutil.copytree(evidence, folder)
         why = "belongs to job 'gloo-withheld_one'" if other == incident else "the ingest service has no incident"
         with pytest.raises(FlowParameterError, match=why):
             triage(tenant="a", cluster=A_CLUSTER, job_id=job, incident_id=other, alert_time=ALERT_TIME,
-                   evidence=evidence, world_size=4, alert_id=f"am-{other}")
+                   evidence=str(folder), world_size=4, alert_id=f"am-{other}")
 
 
 def test_plans_are_kept_per_tenant_cluster_and_incident(state: Path) -> None:
