@@ -202,9 +202,11 @@ class ApprovalRule(_Frozen):
     scoped: tuple[ApproverScope, ...] = ()
     """Approvers for one tenant and/or cluster, added to ``approvers`` there."""
     channels: Annotated[frozenset[ApprovalChannel], PlainSerializer(lambda items: sorted(items), return_type=list)] \
-        = frozenset(ApprovalChannel)
-    """Channels accepted. ``prefect-ui`` approvals also need a name in ``approvers`` (or ``scoped``)
-    for the tenant and cluster; drop the channel where the Prefect API has no authentication."""
+        = frozenset({ApprovalChannel.CLI_SIGNED, ApprovalChannel.PREFECT_UI})
+    """Channels accepted. ``approval-page`` and ``prefect-ui`` approvals also need a name in
+    ``approvers`` (or ``scoped``) for the tenant and cluster. The default is what it was before the
+    approval page existed, so that plans saved under the built-in policy keep their hash; a runbook
+    names ``approval-page`` to take the page's decisions (the shipped runbooks do)."""
     second_factor: SecondFactor = SecondFactor.TOTP
     """How a person proves who they are when approving a paused run. The default, ``totp``, and
     ``proxy`` send the approver to the approval page (``approval-page``); ``none`` keeps the Prefect

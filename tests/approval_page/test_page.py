@@ -30,7 +30,7 @@ from denpex.isolation.operator import state_audit_log
 from denpex.isolation.page_record import signature_verifies
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan, utc_now
 from denpex.isolation.planner import plan_isolation
-from denpex.isolation.policy import ApprovalRule, IsolationPolicy, Scheduler, SecondFactor
+from denpex.isolation.policy import ApprovalChannel, ApprovalRule, IsolationPolicy, Scheduler, SecondFactor
 from denpex.isolation.second_factor import MAX_WRONG_CODES, TotpStore
 from denpex.report import TriageReport
 from denpex.state_paths import plan_file
@@ -50,7 +50,8 @@ class Rig:
 
         self.state = tmp / "state"
         self.policy = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice", "bob"}),
-                                                            second_factor=second_factor))
+                                                            second_factor=second_factor, channels=frozenset(
+                                                                {ApprovalChannel.CLI_SIGNED, ApprovalChannel.APPROVAL_PAGE})))
         self.runbook = write_runbook(tmp / "runbook.yaml", self.policy)
         self.codes = TotpStore(self.state)
         for name in ("alice", "bob", "mallory"):
@@ -184,6 +185,16 @@ def test_a_refused_answer_records_nothing_and_spends_no_code(tmp_path: Path, cha
     assert refused.status_code == status and why in _shown(refused), refused.text
     assert rig.book.decision(run_id) is None
     assert rig.codes.check("alice", rig.codes.current_code("alice")).accepted  # alice's code was not spent
+
+
+def test_a_runbook_that_does_not_list_the_page_takes_no_decision_from_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    write_runbook(rig.runbook, rig.policy.model_copy(update={"approval": rig.policy.approval.model_copy(
+        update={"channels": frozenset({ApprovalChannel.CLI_SIGNED})})}))
+    run_id, _ = rig.waiting_run()
+    refused = _post(rig.client(), run_id, approver="alice", code=rig.codes.current_code("alice"))
+    assert refused.status_code == 403 and "does not accept approvals from this page" in _shown(refused)
+    assert rig.book.decision(run_id) is None
 
 
 def test_forms_from_elsewhere_are_refused(tmp_path: Path) -> None:

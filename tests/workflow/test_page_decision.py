@@ -20,7 +20,8 @@ from denpex.workflow.approval_answer import AnswerVerdict
 from denpex.workflow.page_decision import review_page_decision
 from lab.rig import xid79_on
 
-POLICY = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"})))
+POLICY = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"}), channels=frozenset(
+    {ApprovalChannel.CLI_SIGNED, ApprovalChannel.APPROVAL_PAGE})))
 PAGE_KEY = generate_key()
 RUN = "d98f3b01-0a4b-44cd-85af-19b50a742ddd"
 
