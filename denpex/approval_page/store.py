@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from denpex.isolation.approval import Approval
 from denpex.isolation.plan import Operation
 
-__all__ = ["BOOK_NAME", "PendingApproval", "StoredAnswer", "ApprovalBook"]
+__all__ = ["BOOK_NAME", "MAX_ANSWERS_PER_RUN", "PendingApproval", "StoredAnswer", "ApprovalBook"]
 
 BOOK_NAME = "approvals.sqlite3"
+MAX_ANSWERS_PER_RUN = 1000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
@@ -161,10 +162,13 @@ class ApprovalBook:
     # -- answers ------------------------------------------------------------------------------
 
     def record_answer(self, answer: StoredAnswer) -> None:
+        """Keep one answer, up to ``MAX_ANSWERS_PER_RUN`` per run: whoever reaches the page may post
+        any number, and the file must not grow without bound (the lockouts count the ones kept)."""
         with self._connect() as db:
             db.execute("INSERT INTO answers (run_id, at, address, approver, decision, outcome, reason) "
-                       "VALUES (?,?,?,?,?,?,?)", (answer.run_id, answer.at, answer.address, answer.approver[:200],
-                                                  answer.decision[:20], answer.outcome, answer.reason[:2000]))
+                       "SELECT ?,?,?,?,?,?,? WHERE (SELECT COUNT(*) FROM answers WHERE run_id = ?) < ?",
+                       (answer.run_id, answer.at, answer.address, answer.approver[:200], answer.decision[:20],
+                        answer.outcome, answer.reason[:2000], answer.run_id, MAX_ANSWERS_PER_RUN))
 
     def answers(self, run_id: str) -> list[StoredAnswer]:
         """Every answer given for ``run_id``, oldest first."""
