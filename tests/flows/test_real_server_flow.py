@@ -174,6 +174,7 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
     from playwright.sync_api import expect, sync_playwright
 
     assert CHROMIUM.exists(), f"{CHROMIUM} is missing: scripts/install_system_deps.sh installs Debian's chromium"
+    expect.set_options(timeout=60_000)  # each wait is for an event; a loaded machine renders slowly
     approve_incident, reject_incident = "page-approve", "page-reject"
     [approve_run] = paused_incidents(pg_rig, approve_incident)
     [reject_run] = paused_incidents(pg_rig, reject_incident, cluster=K8S_CLUSTER)
