@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from denpex.approval_page.command import serve_approvals_command
 from denpex.collector.node_agent_command import node_agent_command
 from denpex.evidence.errors import EvidenceError
 from denpex.hardware import HardwareError
@@ -115,6 +116,7 @@ app.add_typer(breaker_app, name="breaker")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(clusters_app, name="clusters")
 app.command("serve-api")(serve_api_command)
+app.command("serve-approvals")(serve_approvals_command)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(approver_app, name="approver")

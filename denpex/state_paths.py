@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["StatePathError", "state_path"]
+__all__ = ["StatePathError", "state_path", "UNOWNED", "plan_file", "legacy_plan_file", "report_file"]
 
 
 class StatePathError(ValueError):
@@ -29,3 +29,23 @@ def state_path(state_dir: Path, *parts: str) -> Path:
     if os.path.commonpath([os.path.normpath(path), os.path.normpath(state_dir)]) != os.path.normpath(state_dir):
         raise StatePathError(f"{str(path)!r} is outside the state directory {str(state_dir)!r}")
     return path
+
+
+UNOWNED = "_unowned"
+"""The tenant folder of a cluster with no registered owner (no tenant name starts with ``_``)."""
+
+
+def plan_file(state_dir: Path, tenant: str | None, cluster: str, incident_id: str) -> Path:
+    """Where an incident's plan is kept: ``plans/<tenant>/<cluster>/<incident>.json``, so that
+    another tenant's incident of the same id, on its own cluster, never lands on it."""
+    return state_path(state_dir, "plans", tenant or UNOWNED, cluster, f"{incident_id}.json")
+
+
+def legacy_plan_file(state_dir: Path, incident_id: str) -> Path:
+    """Where plans were kept before they were keyed by tenant and cluster (read, never written)."""
+    return state_path(state_dir, "plans", f"{incident_id}.json")
+
+
+def report_file(state_dir: Path, tenant: str | None, cluster: str, incident_id: str, run_id: str) -> Path:
+    """An incident run's final report: ``reports/<tenant>/<cluster>/<incident>-<run>.json``."""
+    return state_path(state_dir, "reports", tenant or UNOWNED, cluster, f"{incident_id}-{run_id}.json")

@@ -30,6 +30,7 @@ from blocks.notify import DenpexApprovalWebhook
 from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, runbook_path
 from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget, block_name_for
 from denpex.analysis.models import TriageResult
+from denpex.approval_page.brief import ApprovalBrief
 from denpex.charts import Chart, charts_section
 from denpex.isolation.config import IsolationSettings
 from denpex.evidence.store import open_store
@@ -45,10 +46,11 @@ from denpex.tenancy import judge_target, read_ownership
 from denpex.workflow.approval_answer import AnswerVerdict, ApprovalAnswer, ReviewedAnswer, review_answer
 from denpex.workflow.decision_audit import record_decision
 from denpex.workflow.markdown import approval_markdown
+from flows.approval_page import ask_on_page
 from flows.run_log import incident_log
 
 __all__ = ["ApprovalInput", "Target", "TargetLookup", "load_runbook_for_flow", "find_target", "approval_form", "ask_approval",
-           "record_not_done", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
+           "record_not_done", "record_approved", "emit", "remediation_limit", "ensure_limit", "webhook_url", "state_dir",
            "run_id", "answer_lag", "artifact_prefix", "form_description", "report_url", "FORM_GROUP_CHARTS"]
 
 # Beside the form (about 470 px wide): the overview and the group chart nearest the culprit.
@@ -171,6 +173,7 @@ def form_description(report: TriageReport, result: TriageResult, plan: Isolation
         report, incident_id=incident_id, cluster=cluster, plan=plan, report_link=link,
         approvers=sorted(policy.approval.approvers_for(plan.tenant, plan.cluster)),
         code_needed=policy.approval.second_factor is SecondFactor.TOTP,
+        on_page=policy.approval.second_factor is not SecondFactor.NONE,
         charts=charts_section(charts, result, groups=FORM_GROUP_CHARTS, rest_at=where))
 
 
@@ -202,8 +205,19 @@ def _listed(names: list[str], limit: int = 10) -> str:
 
 
 def ask_approval(plan: IsolationPlan, description: str, *, operation: Operation, policy: IsolationPolicy,
+                 timeout: timedelta, poll: timedelta, brief: ApprovalBrief, runbook_file: Path) -> ReviewedAnswer | None:
+    """Pause until a person answers; None when nobody did within ``timeout``. Where the runbook
+    asks for a second factor (the default), the person decides on the approval page
+    (``flows.approval_page``); only ``second_factor: none`` keeps the Prefect form."""
+    if policy.approval.second_factor is not SecondFactor.NONE:
+        return ask_on_page(plan, description, brief, operation=operation, policy=policy, runbook_file=runbook_file,
+                           timeout=timeout, poll=poll)
+    return _ask_in_form(plan, description, operation=operation, policy=policy, timeout=timeout, poll=poll)
+
+
+def _ask_in_form(plan: IsolationPlan, description: str, *, operation: Operation, policy: IsolationPolicy,
                  timeout: timedelta, poll: timedelta) -> ReviewedAnswer | None:
-    """Pause until a person answers; None when nobody did within ``timeout``."""
+    """The Prefect form (``second_factor: none``: a single trusted operator)."""
     form = approval_form(plan, description, policy=policy)
     pause = uuid4().hex  # its keys cannot be guessed, or written, before this pause exists
     try:
@@ -290,13 +304,34 @@ def emit(event: str, incident_id: str, cluster: str, payload: dict[str, Any]) ->
     )
 
 
+def record_approved(plan: IsolationPlan, answer: ReviewedAnswer, *, operation: Operation, cluster: str) -> None:
+    """The approval's ``decision`` record, with its comment, before the first intent (the approval
+    page wrote its own before it resumed the run)."""
+    if answer.recorded or answer.approval is None:
+        return
+    comment = answer.approval.comment or "no comment"
+    _record(plan, operation=operation, outcome="approved", reason=f"{answer.reason}: {comment}",
+            approver=answer.approver or None, cluster=cluster)
+
+
 def record_not_done(plan: IsolationPlan, *, operation: Operation, outcome: str, reason: str,
-                    approver: str | None, cluster: str) -> None:
+                    approver: str | None, cluster: str, audited: bool = False) -> None:
     """Audit log (and the cluster's stored copy, in the operator's audit store) and event feed:
-    why nothing was done. A copy that fails is a warning: the record is in the log, and the
-    cluster's next action checks the log against the copy as it stands."""
-    folder = state_dir()
+    why nothing was done (``audited``: the approval page already wrote the decision)."""
     payload = {"plan_hash": plan.content_hash(), "operation": operation.value, "reason": reason}
+    if not audited:
+        payload |= _record(plan, operation=operation, outcome=outcome, reason=reason, approver=approver,
+                           cluster=cluster)
+    emit(f"denpex.remediation.{outcome}", plan.incident_id, cluster, payload)
+
+
+def _record(plan: IsolationPlan, *, operation: Operation, outcome: str, reason: str, approver: str | None,
+            cluster: str) -> dict[str, str]:
+    """One decision record in the audit log and the cluster's stored copy. A copy that fails is a
+    warning (returned for the event): the record is in the log, and the cluster's next action
+    checks the log against the copy as it stands."""
+    folder = state_dir()
+    payload: dict[str, str] = {}
     try:
         record_decision(state_audit_log(folder), plan, operation=operation, outcome=outcome, reason=reason,
                         approver=approver, at=utc_now(), store=open_store(resolve_audit_store(None, folder)),
@@ -305,7 +340,7 @@ def record_not_done(plan: IsolationPlan, *, operation: Operation, outcome: str, 
         get_run_logger().warning("the %s decision is in the audit log but not in its stored copy: %s",
                                  outcome, exc)
         payload["audit_copy_warning"] = str(exc)
-    emit(f"denpex.remediation.{outcome}", plan.incident_id, cluster, payload)
+    return payload
 
 
 def remediation_limit(cluster: str) -> str:

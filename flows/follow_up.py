@@ -11,8 +11,10 @@ from typing import Any, Callable
 
 from prefect.concurrency.sync import concurrency
 
-from denpex.isolation.plan import IsolationPlan, Operation, load_plan
-from denpex.state_paths import state_path
+from denpex.approval_page.brief import build_brief
+from denpex.isolation.plan import IsolationPlan, Operation
+from denpex.tenancy import read_ownership
+from denpex.workflow.saved_plans import load_saved_plan
 from denpex.workflow.approval_answer import AnswerVerdict
 from denpex.workflow.flow_parameters import check_flow_parameters
 from flows.approval import (
@@ -21,6 +23,7 @@ from flows.approval import (
     ensure_limit,
     find_target,
     load_runbook_for_flow,
+    record_approved,
     record_not_done,
     remediation_limit,
     state_dir,
@@ -38,17 +41,23 @@ def approve_then_run(cluster: str, incident_id: str, operation: Operation,
     check_flow_parameters(cluster=cluster, incident_id=incident_id)
     check_this_runs_settings()  # the state, runbooks and cluster access are the worker's own
     runbook, runbook_file = load_runbook_for_flow()
-    plan = load_plan(state_path(state_dir(), "plans", f"{incident_id}.json"))
+    # Whose incident this is comes from the operator's registry (the cluster's owner), never a parameter.
+    owner = read_ownership(state_dir(), cluster)
+    plan = load_saved_plan(state_dir(), owner.tenant, cluster, incident_id)
     # The saved plan's tenant is the owner the triage run found; the registry must still agree.
     target = find_target(cluster, runbook_file, tenant=plan.tenant).target_or_raise(cluster)
-    answer = ask_approval(plan, describe(plan), operation=operation, policy=runbook.policy(),
-                          timeout=runbook.workflow.approval_timeout, poll=runbook.workflow.approval_poll)
+    text = describe(plan)
+    answer = ask_approval(plan, text, operation=operation, policy=runbook.policy(),
+                          timeout=runbook.workflow.approval_timeout, poll=runbook.workflow.approval_poll,
+                          runbook_file=runbook_file, brief=build_brief(plan, operation, summary=_plain(text)))
     if answer is None or answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
         outcome = "timed_out" if answer is None else answer.verdict.value
         reason = "nobody answered" if answer is None else answer.reason
         record_not_done(plan, operation=operation, outcome=outcome, reason=reason,
-                        approver=(answer.approver or None) if answer else None, cluster=cluster)
+                        approver=(answer.approver or None) if answer else None, cluster=cluster,
+                        audited=answer is not None and answer.recorded)
         return {"incident_id": incident_id, "outcome": outcome, "reason": reason}
+    record_approved(plan, answer, operation=operation, cluster=cluster)
     limit = remediation_limit(cluster)
     ensure_limit(limit)
     with concurrency(limit, occupy=1, strict=True):
@@ -60,3 +69,9 @@ def approve_then_run(cluster: str, incident_id: str, operation: Operation,
               "outcome": node.outcome.value if node.outcome else None})
     return {"incident_id": incident_id, "outcome": "executed", "reason": answer.reason,
             "execution": report.model_dump(mode="json")}
+
+
+def _plain(markdown: str) -> list[str]:
+    """The dialog's text as plain lines for the approval page (which escapes what it shows)."""
+    return [line.strip("# ").replace("**", "").replace("`", "").replace("\\", "")
+            for line in markdown.splitlines() if line.strip()]

@@ -15,6 +15,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from denpex.isolation.drain_review import overdue_markdown
 from denpex.replay import ReplayReport, drift_markdown, load_catalog
+from denpex.replay.bounds import bounded_replay_files
+from denpex.state_dir import StateDirError, resolve_state_dir
 from tasks.replay import overdue_isolations_task, replay_incident_task
 from tasks.options import NOT_PERSISTED
 
@@ -25,6 +27,17 @@ DEFAULT_CATALOG = "incidents/catalog.json"
 DEFAULT_REVIEW_AGE_HOURS = 168.0
 
 
+CODE_ROOT = Path(__file__).resolve().parent.parent
+"""The folder that holds the running ``flows`` package (the repository root)."""
+
+
+def _state_dir() -> Path | None:
+    try:
+        return resolve_state_dir()
+    except StateDirError:
+        return None
+
+
 class ReplayDrift(RuntimeError):
     """A stored incident no longer triages as recorded; the run fails with the list."""
 
@@ -32,8 +45,10 @@ class ReplayDrift(RuntimeError):
 @flow(name="denpex-replay", log_prints=False, **NOT_PERSISTED)
 def replay(catalog: str = DEFAULT_CATALOG, audit_log: str | None = None,
            review_age_hours: float = DEFAULT_REVIEW_AGE_HOURS) -> ReplayReport:
-    """Replay every incident in ``catalog``; list drains in ``audit_log`` older than the review age."""
-    loaded = load_catalog(Path(catalog))
+    """Replay every incident in ``catalog``; list drains in ``audit_log`` older than the review age.
+    Both are bounded (``denpex.replay.bounds``): the bundled catalog or files under the state directory."""
+    catalog_file, audit_file = bounded_replay_files(catalog, audit_log, code_root=CODE_ROOT, state_dir=_state_dir())
+    loaded = load_catalog(catalog_file)
     futures = [replay_incident_task.submit(incident, loaded) for incident in loaded.incidents]
     report = ReplayReport(outcomes=[f.result() for f in futures])
     create_markdown_artifact(key="replay-drift", markdown=drift_markdown(report),
@@ -42,10 +57,10 @@ def replay(catalog: str = DEFAULT_CATALOG, audit_log: str | None = None,
         {"incident": o.incident_id, "drift": o.drift.value, "recorded": o.recorded_verdict.value,
          "replayed": o.replayed_verdict.value if o.replayed_verdict else "-", "detail": o.detail}
         for o in report.outcomes])
-    if audit_log is not None:
+    if audit_file is not None:
         now = datetime.now(UTC)
         review_age = timedelta(hours=review_age_hours)
-        overdue = overdue_isolations_task(Path(audit_log), now, review_age)
+        overdue = overdue_isolations_task(audit_file, now, review_age)
         create_markdown_artifact(key="isolations-due-for-review",
                                  markdown=overdue_markdown(overdue, now=now, review_age=review_age))
     if report.failed:

@@ -5,6 +5,7 @@ variables and defaults included), and the deployment's pull steps."""
 
 # No `from __future__ import annotations`: see flows/triage.py.
 
+from pathlib import Path
 from typing import Any
 
 from prefect.client.orchestration import PrefectClient, get_client
@@ -15,7 +16,10 @@ from prefect.workers.process import ProcessWorker
 
 from denpex.workflow.run_settings import check_run_settings
 
-__all__ = ["check_this_runs_settings"]
+__all__ = ["check_this_runs_settings", "CODE_ROOT"]
+
+CODE_ROOT = Path(__file__).resolve().parent.parent
+"""The folder that holds the running ``flows`` package: the only working directory a pull step may set."""
 
 
 def check_this_runs_settings() -> None:
@@ -30,7 +34,7 @@ async def _check(run: Any) -> None:
     async with get_client() as client:
         deployment = await client.read_deployment(run.deployment_id)
         env, command = await _rendered(client, run, deployment)
-    check_run_settings(env=env, command=command, pull_steps=deployment.pull_steps)
+    check_run_settings(env=env, command=command, pull_steps=deployment.pull_steps, code_root=CODE_ROOT)
 
 
 async def _rendered(client: PrefectClient, run: Any, deployment: Any) -> tuple[dict[str, Any], str | None]:

@@ -25,14 +25,16 @@ from denpex.analysis.batch import split_batches
 from denpex.analysis.workers import usable_cpus
 from denpex.analysis.models import TriageResult
 from denpex.analysis.triage import EvidenceInventory
+from denpex.approval_page.brief import build_brief
 from denpex.charts import charts_section
 from denpex.evidence.files import write_atomic
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
 from denpex.isolation.slurm_layout import mark_derived_candidates
 from denpex.report import PlanView, TriageReport
-from denpex.state_paths import state_path
+from denpex.state_paths import plan_file, report_file
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.flow_parameters import check_evidence_binding, check_flow_parameters, evidence_roots
+from denpex.workflow.incident_record import bind_incident
 from denpex.workflow.markdown import report_markdown
 from denpex.workflow.notify import approval_notice
 from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
@@ -48,12 +50,14 @@ from flows.approval import (
     find_target,
     form_description,
     load_runbook_for_flow,
+    record_approved,
     record_not_done,
     remediation_limit,
     run_id,
     state_dir,
     webhook_url,
 )
+from flows.approval_page import page_url
 from flows.run_log import incident_log, incident_run
 from flows.run_settings import check_this_runs_settings
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
@@ -115,10 +119,15 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                           alert_id=alert_id or None, evidence=evidence)
     # ... its settings (evidence roots, store, state) must be its worker's, not job variables ...
     check_this_runs_settings()
-    # ... and the evidence must be this incident's own folder, never another tenant's or a forged one;
+    # ... the evidence must be this incident's own folder, never another tenant's or a forged one;
     # what is read from here on is that folder as the check wrote it, never the caller's spelling.
     evidence = check_evidence_binding(evidence, tenant=tenant, cluster=cluster, job_id=job_id,
                                       incident_id=incident_id, roots=evidence_roots(os.environ))
+    # ... and the alert's facts are the ingest service's record of the incident, not the caller's.
+    bound = bind_incident(state_dir(), tenant=tenant, cluster=cluster, incident_id=incident_id, job_id=job_id,
+                          alert_time=alert_time, world_size=world_size)
+    alert_time, world_size = bound.alert_time, bound.world_size
+    log.info("incident: %s", plain(bound.note))
     runbook, runbook_file = load_runbook_for_flow()
     timing = runbook.workflow
     ref = IncidentRef(tenant=tenant, cluster=cluster, job_id=job_id, incident_id=incident_id,
@@ -173,15 +182,16 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     url = webhook_url()
     if url:
         notify_approvers(url, approval_notice(report, incident_id=incident_id, cluster=cluster,
-                                              run_url=flow_run.ui_url, plan_hash=plan.content_hash()))
+                                              run_url=page_url(run_id()) or flow_run.ui_url,
+                                              plan_hash=plan.content_hash()))
     log.info("waiting for approval of plan %s: %s", plan.content_hash()[:12], flow_run.ui_url)
-    brief = form_description(report, result, plan, charts, incident_id=incident_id, cluster=cluster,
-                             policy=runbook.policy(), key_prefix=key)
-    answer = ask_approval(plan, brief, operation=Operation.ISOLATE, policy=runbook.policy(),
-                          timeout=timing.approval_timeout, poll=timing.approval_poll)
+    description = form_description(report, result, plan, charts, incident_id=incident_id, cluster=cluster,
+                                   policy=runbook.policy(), key_prefix=key)
+    answer = ask_approval(plan, description, operation=Operation.ISOLATE, policy=runbook.policy(),
+                          timeout=timing.approval_timeout, poll=timing.approval_poll, runbook_file=runbook_file,
+                          brief=build_brief(plan, Operation.ISOLATE, report=report, charts=charts))
     if answer is not None:
-        log.info("approval: %s by %s: %s", answer.verdict.value, plain(answer.approver or "nobody named", 64),
-                 plain(answer.reason))
+        log.info("approval: %s", plain(answer.reason))  # the reason names who, once
     if answer is None:
         why = f"nobody answered within {timing.approval_timeout}; nothing was done"
         record_not_done(plan, operation=Operation.ISOLATE, outcome="timed_out", reason=why, approver=None,
@@ -190,8 +200,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     if answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
         stage = IncidentStage.REJECTED if answer.verdict is AnswerVerdict.REJECTED else IncidentStage.REFUSED
         record_not_done(plan, operation=Operation.ISOLATE, outcome=stage.value, reason=answer.reason,
-                        approver=answer.approver or None, cluster=cluster)
+                        approver=answer.approver or None, cluster=cluster, audited=answer.recorded)
         return _finish(ref, report, stage, answer.reason, plan, key)
+    record_approved(plan, answer, operation=Operation.ISOLATE, cluster=cluster)
     fresh = reread_inventory(evidence, world_size)
     recovery = check_recovery(result, _triage(fresh, _summaries(fresh), None),
                               newer_ranks=newer_dumps(inventory, fresh))
@@ -239,7 +250,7 @@ def _remediate(ref: IncidentRef, report: TriageReport, plan: IsolationPlan, targ
 
 def _save_plan(plan: IsolationPlan) -> None:
     """Keep the plan where the return-to-service flow finds it."""
-    path = state_path(state_dir(), "plans", f"{plan.incident_id}.json")
+    path = plan_file(state_dir(), plan.tenant, plan.cluster or "", plan.incident_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_plan(plan, path)
 
@@ -250,7 +261,7 @@ def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason
                               plan_hash=plan.content_hash() if plan else None, **extra)
     publish_decision(ref.incident_id, stage.value, reason, key)
     data = outcome.contract_json()
-    path = state_path(state_dir(), "reports", f"{ref.incident_id}-{ref.flow_run_id}.json")
+    path = report_file(state_dir(), ref.tenant, ref.cluster, ref.incident_id, ref.flow_run_id or "local")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
     data["report_path"] = str(path)

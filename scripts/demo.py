@@ -8,7 +8,7 @@ that host's node-agent key), sends the alert through
 the Alertmanager webhook, and shows the run reaching the approval pause with its UI URL and the
 report. Fresh state under out/demo/<time>/.
 
-    make demo                      # waits for you to approve in the UI (or the printed command)
+    make demo                      # waits for you to approve on the approval page (its URL is printed)
     make demo DEMO_APPROVE=1       # approves unattended, drains the culprit's node, exits
     make demo DEMO=path/to/folder  # another incident: per-rank dumps, manifest.json, *.log, *.jsonl,
                                    # optional collector/rank_<r>[.py-spy].stacks.json
@@ -244,6 +244,21 @@ def _register_blocks(lab: Any) -> None:
         "lab", overwrite=True)
 
 
+def _start_approval_page(services: Services, run_dir: Path, env: dict[str, str]) -> str:
+    """``denpex serve-approvals``: where the paused run is decided (its own process and port). The
+    flows link to it (``DENPEX_APPROVAL_PAGE_URL``) and check its signature with the public key it
+    writes into the state directory."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = run_dir / "approval-page.log"
+    proc = services.spawn([sys.executable, "-m", "denpex", "serve-approvals", "--port", str(port)], env, log)
+    _wait_http(f"{url}/healthz", "denpex serve-approvals", proc, log)
+    env["DENPEX_APPROVAL_PAGE_URL"] = url
+    os.environ["DENPEX_APPROVAL_PAGE_URL"] = url
+    _say(f"approval page (denpex serve-approvals): {url}")
+    return url
+
+
 def _wait_for_trigger(api: str, served: subprocess.Popen[bytes], log: Path, timeout_s: float = 180, *,
                       headers: dict[str, str]) -> None:
     """An event sent before the deployment's trigger exists starts nothing: wait for the automation."""
@@ -359,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(env)  # this process talks to the same API and store from here on
         lab = _start_slurm(services, incident)
         _register_blocks(lab)
+        page = _start_approval_page(services, run_dir, env)
         served = services.spawn([sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
         incident_id = f"demo-{run_dir.name.lower()}"
         _wait_for_trigger(api, served, run_dir / "serve.log", headers=prefect.headers)
@@ -368,36 +384,29 @@ def main(argv: list[str] | None = None) -> int:
         state = _wait_state(run_id, {"PAUSED", "COMPLETED"})
         _show_report(incident_id, run_dir)
         if state == "PAUSED":
-            plan = json.loads((run_dir / "state" / "plans" / f"{incident_id}.json").read_text())
-            from denpex.isolation.plan import IsolationPlan
-
-            digest = IsolationPlan.model_validate(plan).content_hash()
-            nodes = [a["node"] for a in plan["actions"]]
-            answer = {"decision": "approve", "plan_hash": digest, "nodes": nodes, "approver": "demo-operator",
-                      "comment": "approved by make demo"}
+            decide_at = f"{page}/runs/{run_id}"
             _say(f"PAUSED for approval: {ui}")
             if args.approve:
-                from prefect.flow_runs import resume_flow_run
-
                 from denpex.isolation.second_factor import TotpStore
+                from testkit.services.approval_page import decide
 
-                # What demo-operator's authenticator app shows now.
+                # On the approval page, as a person would: demo-operator, the code their authenticator shows.
                 code = TotpStore(run_dir / "state").current_code("demo-operator")
-                resume_flow_run(run_id, run_input={**answer, "code": code})
-                _say(f"approved {', '.join(nodes)} as demo-operator with their current TOTP code (DEMO_APPROVE=1)")
+                answer = decide(page, run_id, decision="approve", approver="demo-operator", code=code,
+                                comment="approved by make demo")
+                if answer.status_code != 303:
+                    raise SystemExit(f"demo: the approval page refused the approval ({answer.status_code}): "
+                                     f"{answer.text[-500:]}")
+                _say(f"approved on the approval page ({decide_at}) as demo-operator with their current TOTP code "
+                     "(DEMO_APPROVE=1)")
             else:
-                body = json.dumps({"run_input": {**answer, "code": "CODE"}}).replace('"CODE"', '"\'"$CODE"\'"')
-                # A busy SQLite server answers 503 for a locked database (Prefect rolls the resume back
-                # first, so a retry is safe); curl retries it as Prefect's own client does. Each
-                # answer is printed (a 422 says which field was wrong), and the retries stop within
-                # 25 s, while the TOTP code read before them is still the current one.
-                _say("approve in the UI (Resume; choose demo-operator and type the code from the authenticator "
-                     f"app that scanned the QR code above, or the one this prints: {code_command}), or with:\n"
-                     f"  CODE=$({code_command}); curl -sS --retry 8 --retry-delay 2 --retry-max-time 25 -u '{prefect.auth_string}' -X POST "
-                     f"{api}/flow_runs/{run_id}/resume -H 'Content-Type: application/json' -d '{body}'\n"
+                _say(f"approve on the approval page: {decide_at}\n"
+                     "  it shows the node, why, the charts and the full report; choose Approve and demo-operator, and "
+                     "type the code from the authenticator app that scanned the QR code above (or the one this prints: "
+                     f"{code_command}). The page signs the decision for this run and resumes it.\n"
                      "Ctrl-C stops the demo.")
             _wait_state(run_id, {"COMPLETED"}, timeout_s=None if not args.approve else 600)
-        reports = sorted((run_dir / "state" / "reports").glob(f"{incident_id}-*.json"))
+        reports = sorted((run_dir / "state" / "reports").glob(f"*/*/{incident_id}-*.json"))
         final = json.loads(reports[-1].read_text())
         _say(f"outcome: {final['outcome']}: {final['reason']}")
         for node in (final.get("execution") or {}).get("nodes", []):

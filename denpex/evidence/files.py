@@ -1,4 +1,5 @@
-"""Writing evidence files whole: readers see the complete file or none of it."""
+"""Writing evidence files whole (readers see the complete file or none of it), and reading them
+within a cap."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["write_atomic", "temporary_name"]
+__all__ = ["write_atomic", "temporary_name", "read_at_most"]
 
 
 def temporary_name(path: Path) -> Path:
@@ -26,3 +27,10 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_at_most(path: Path, max_bytes: int) -> bytes:
+    """The file's first ``max_bytes + 1`` bytes: a longer result means the file is over its cap,
+    and nothing past it was read. Raises OSError as ``open`` does."""
+    with path.open("rb") as handle:
+        return handle.read(max_bytes + 1)

@@ -3,16 +3,18 @@
 One record for every channel (docs/contracts.md "Approvals")::
 
     {"plan_hash", "operation", "incident_id", "cluster", "nodes", "approver", "comment",
-     "channel": "cli-signed | prefect-ui", "flow_run_id", "approved_at", "expires_at", "signature",
-     "second_factor" (prefect-ui: "totp" or null)}
+     "channel": "cli-signed | approval-page | prefect-ui", "flow_run_id", "approved_at", "expires_at",
+     "signature", "second_factor" ("totp" | "proxy" | null), "decision" (approval-page)}
 
 - ``cli-signed``: ``signature`` is ed25519 over the canonical JSON of every other field, by a key
   whose public half the operator lists for that approver (``TrustedApprovers``). A name alone is
   never enough: anyone can type one.
-- ``prefect-ui``: a person resumed the paused flow run; ``flow_run_id`` names it. Accepted only
-  when the operator's runbook lists the channel, the approver is among the runbook's approvers
-  for the tenant and cluster, and (``approval.second_factor: totp``, the default) the flow
-  accepted that approver's current TOTP code (``second_factor: "totp"``).
+- ``approval-page``: a person decided on Denpex's approval page for flow run ``flow_run_id``;
+  ``signature`` is the page's ed25519 signature over the same canonical JSON, ``decision`` says
+  approve or reject (``denpex.isolation.page_record``).
+- ``prefect-ui``: a person resumed the paused flow run through Prefect's form; ``flow_run_id``
+  names it. Accepted only with ``approval.second_factor: none`` (a single trusted operator), when
+  the runbook lists the channel and names the approver for the tenant and cluster.
 
 ``check_approval`` judges a record against the operator's policy (never the plan's) and reports
 every problem at once. A person who approved draining a node has not thereby approved resuming
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -31,13 +32,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from denpex.isolation.ed25519_keys import generate_key, load_private_key, public_key_text, save_private_key
 from denpex.isolation.errors import ApprovalError, ConfigError, validation_problems
 from denpex.isolation.gates import human_duration
+from denpex.isolation.page_record import page_record_problems, signature_verifies
 from denpex.isolation.plan import NODE_NAME_PATTERN, IsolationPlan, Operation, canonical_json
 from denpex.isolation.policy import ApprovalChannel, ApprovalRule, SecondFactor
 
@@ -79,11 +80,15 @@ class Approval(BaseModel):
     approved_at: AwareDatetime
     expires_at: AwareDatetime
     signature: str | None = None
-    """Base64 ed25519 signature over ``signed_bytes()`` (``cli-signed`` only)."""
-    second_factor: Literal["totp"] | None = None
-    """What proved the person behind a ``prefect-ui`` approval besides the Prefect API: ``totp``
-    when the flow accepted the approver's current one-time code (``cli-signed``: none, the
-    signature is the proof)."""
+    """Base64 ed25519 signature over ``signed_bytes()``: the approver's key (``cli-signed``) or the
+    approval page's (``approval-page``)."""
+    second_factor: Literal["totp", "proxy"] | None = None
+    """What proved the person besides reaching the service: ``totp`` when their current one-time
+    code was accepted, ``proxy`` when an authenticating proxy's identity header was (``cli-signed``:
+    none, the signature is the proof)."""
+    decision: Literal["approve", "reject"] | None = None
+    """``approval-page`` only: what the person decided. A signed ``reject`` is as binding as an
+    approval: it is final for its run."""
 
     @model_validator(mode="after")
     def _channel_fields(self) -> Approval:
@@ -95,6 +100,9 @@ class Approval(BaseModel):
             problems.append("a cli-signed approval has no flow_run_id")
         if self.channel is ApprovalChannel.PREFECT_UI and (self.flow_run_id is None or self.signature):
             problems.append("a prefect-ui approval names its flow_run_id and carries no signature")
+        if (self.channel is ApprovalChannel.APPROVAL_PAGE) != (self.decision is not None) or (
+                self.channel is ApprovalChannel.APPROVAL_PAGE and self.flow_run_id is None):
+            problems.append("an approval-page record, and only one, names its decision and flow_run_id")
         if self.channel is ApprovalChannel.CLI_SIGNED and self.second_factor is not None:
             problems.append("a cli-signed approval's proof is its signature; it names no second_factor")
         if problems:
@@ -103,8 +111,9 @@ class Approval(BaseModel):
 
     def signed_bytes(self) -> bytes:
         """What the signature covers: the canonical JSON of every field but ``signature``
-        (``second_factor`` is left out when unset, so that approvals signed before it existed verify)."""
-        unsigned = {"signature"} | ({"second_factor"} if self.second_factor is None else set())
+        (``second_factor`` and ``decision`` are left out when unset, so that approvals signed
+        before they existed verify)."""
+        unsigned = {"signature"} | {name for name in ("second_factor", "decision") if getattr(self, name) is None}
         return canonical_json(self.model_dump(mode="json", exclude=unsigned)).encode()
 
 
@@ -115,8 +124,11 @@ def _valid_node(name: str) -> bool:
 class TrustedApprovers:
     """The operator's trusted approver keys: name -> ed25519 public keys. Holds no secret."""
 
-    def __init__(self, keys: Mapping[str, Iterable[Ed25519PublicKey]] | None = None) -> None:
+    def __init__(self, keys: Mapping[str, Iterable[Ed25519PublicKey]] | None = None,
+                 page_keys: Iterable[Ed25519PublicKey] = ()) -> None:
         self._keys = {name: tuple(found) for name, found in (keys or {}).items()}
+        self.page_keys = tuple(page_keys)
+        """The approval page's public keys (the operator's configuration names the file)."""
 
     def keys_of(self, approver: str) -> tuple[Ed25519PublicKey, ...]:
         return self._keys.get(approver, ())
@@ -126,19 +138,7 @@ class TrustedApprovers:
 
     def verifies(self, approval: Approval) -> bool:
         """Whether one of the approver's trusted keys made ``approval.signature``."""
-        if approval.signature is None:
-            return False
-        try:
-            signature = base64.b64decode(approval.signature, validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        for key in self.keys_of(approval.approver):
-            try:
-                key.verify(signature, approval.signed_bytes())
-                return True
-            except InvalidSignature:
-                continue
-        return False
+        return signature_verifies(approval, self.keys_of(approval.approver))
 
 
 def _draft(plan: IsolationPlan, approver: str, *, at: datetime, ttl: timedelta, cluster: str | None,
@@ -252,15 +252,23 @@ def _authenticity(approval: Approval, rule: ApprovalRule, trusted: TrustedApprov
         elif not trusted.verifies(approval):
             problems.append(f"the signature does not verify with {who!r}'s trusted key (forged, edited "
                             "after signing, or signed with another key)")
+    elif approval.channel is ApprovalChannel.APPROVAL_PAGE:
+        problems += page_record_problems(approval, rule, trusted.page_keys, allowed)
     else:
         problems += _ui_proof(approval, rule, allowed)
     if allowed and who not in allowed:
         problems.append(f"{who!r} is not an allowed approver here ({', '.join(sorted(allowed))})")
-    elif not allowed and tenant is not None and who in _scoped_names(rule):
-        # An approver the runbook scopes to some tenants or clusters approves only there; with
-        # nobody listed for this tenant, any trusted key would otherwise do, theirs included.
-        problems.append(f"{who!r} approves only where the runbook scopes them, not for tenant {tenant!r} on "
-                        f"cluster {approval.cluster!r}")
+    elif not allowed and who in _scoped_names(rule):
+        # An approver the runbook scopes to some tenants or clusters approves only there, whatever
+        # the registry holds: with nobody listed here, any trusted key would otherwise do, theirs too.
+        problems.append(f"{who!r} approves only where the runbook scopes them, not for tenant {tenant or '(none)'!r} "
+                        f"on cluster {approval.cluster!r}")
+    elif not allowed and tenant is None and any(scope.tenant != "*" for scope in rule.scoped):
+        # Fail closed: the runbook scopes approvers by tenant, and without a registered owner nobody
+        # can tell whose approvers apply here; "anyone with a trusted key" is not the answer.
+        problems.append(f"the runbook scopes approvers by tenant, and cluster {approval.cluster!r} has no registered "
+                        "owner in the operator's registry, so whose approvers apply cannot be told; register it "
+                        f"(`denpex clusters add {approval.cluster} --tenant TENANT`) or list approvers for every tenant")
     return problems
 
 
@@ -271,9 +279,9 @@ def _ui_proof(approval: Approval, rule: ApprovalRule, allowed: frozenset[str]) -
     if not allowed:
         problems.append("the runbook names no approvers for this tenant and cluster, so a prefect-ui "
                         "approval cannot be accepted")
-    if rule.second_factor is SecondFactor.TOTP and approval.second_factor != "totp":
-        problems.append(f"the runbook requires {approval.approver}'s TOTP code for a prefect-ui approval "
-                        "(approval.second_factor: totp), and this approval was accepted without one")
+    if rule.second_factor is not SecondFactor.NONE:
+        problems.append(f"the runbook proves approvers on the approval page (approval.second_factor: "
+                        f"{rule.second_factor.value}); a Prefect form answer is accepted only with second_factor: none")
     return problems
 
 
@@ -322,47 +330,7 @@ def load_approval(path: Path) -> Approval:
                             "again with `denpex approve PLAN --approver NAME --key KEYFILE`") from exc
 
 
-# -- keys ---------------------------------------------------------------------------------
-
-
-def generate_key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-def public_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    """The raw 32-byte public key in base64: one line for the trusted approvers file."""
-    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.b64encode(raw).decode()
-
-
-def save_private_key(key: Ed25519PrivateKey, path: Path) -> None:
-    """PEM (PKCS#8), created readable by its owner only; an existing file is never overwritten."""
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError as exc:
-        raise ConfigError(f"{path} exists; choose another --out or remove it first") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot create key file: {exc.strerror or exc}") from exc
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(pem)
-
-
-def load_private_key(path: Path) -> Ed25519PrivateKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read key: {exc.strerror or exc}") from exc
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{path}: not an unencrypted PEM private key ({exc}); make one with "
-                          "`denpex approver keygen --out FILE`") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ConfigError(f"{path}: an approval key must be ed25519, not {type(key).__name__}")
-    return key
+# -- keys (the files themselves: denpex.isolation.ed25519_keys) ----------------------------
 
 
 def load_trusted_approvers(path: Path) -> TrustedApprovers:

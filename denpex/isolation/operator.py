@@ -4,7 +4,7 @@ A plan file (and anything editable through the Prefect API) is input to be check
 of rules. What the executor trusts is what the operator owns on the machine that acts:
 
 - the runbook (limits, approvers, channels, steps), or the built-in safe policy;
-- the approvers' ed25519 public keys;
+- the approvers' ed25519 public keys, and the approval page's (``denpex.isolation.page_record``);
 - the machine-wide state directory (absolute): breaker, run lock, audit log and its HMAC key;
 - where the audit log is copied (the audit store: its checked copy, one per cluster; and the
   evidence store: a copy per incident), and the cluster's name where the connection cannot tell it.
@@ -23,6 +23,7 @@ from denpex.isolation.audit import AuditLog, load_or_create_audit_key
 from denpex.isolation.breaker import CircuitBreaker
 from denpex.isolation.config import IsolationSettings
 from denpex.isolation.errors import ConfigError
+from denpex.isolation.page_record import load_page_public_keys, page_public_key_path
 from denpex.isolation.policy import IsolationPolicy
 from denpex.isolation.runbook import load_runbook
 from denpex.state_dir import StateDirError, resolve_state_dir
@@ -120,6 +121,9 @@ def load_operator_config(settings: IsolationSettings, environ: Mapping[str, str]
     policy = load_runbook(settings.runbook).policy() if settings.runbook else IsolationPolicy()
     trusted = load_trusted_approvers(settings.trusted_approvers) if settings.trusted_approvers \
         else TrustedApprovers()
+    page_keys = load_page_public_keys(page_public_key_path(environ, state_dir))
+    if page_keys:
+        trusted = TrustedApprovers({name: trusted.keys_of(name) for name in trusted.names()}, page_keys)
     return OperatorConfig(state_dir=state_dir, policy=policy, trusted=trusted, cluster=settings.cluster,
                           evidence_store=settings.evidence_store,
                           audit_store=resolve_audit_store(settings.audit_store, state_dir, environ),

@@ -162,15 +162,24 @@ class ApprovalChannel(StrEnum):
     PREFECT_UI = "prefect-ui"
     """A person resumed the paused flow run in the Prefect UI; trusted as far as the Prefect API's
     authentication is, so the runbook decides whether it is accepted at all."""
+    APPROVAL_PAGE = "approval-page"
+    """A person decided on Denpex's approval page (``denpex serve-approvals``), proved by their
+    second factor there; the page signs the decision (ed25519) for one run and one plan."""
 
 
 class SecondFactor(StrEnum):
-    """What proves the person behind a ``prefect-ui`` approval, beyond reaching the Prefect API."""
+    """What proves the person behind an approval made in a browser. ``totp`` and ``proxy`` are
+    proved on the approval page; only ``none`` leaves the answer to the Prefect form."""
 
     TOTP = "totp"
-    """The approver's current one-time code (RFC 6238), enrolled with ``denpex approver enroll``."""
+    """The approver's current one-time code (RFC 6238), enrolled with ``denpex approver enroll``,
+    typed on the approval page (never into Prefect, where every API user could read it)."""
+    PROXY = "proxy"
+    """The identity an authenticating proxy (oauth2-proxy and the like) puts in a header of its
+    requests to the approval page, trusted only from the proxy addresses the page is given."""
     NONE = "none"
-    """Nothing beyond the Prefect API's own authentication (anyone who reaches it may type a name)."""
+    """Nothing beyond the Prefect API's own authentication: the Prefect form, for a single trusted
+    operator (anyone who reaches the API may type a name, or flip an answer)."""
 
 
 class ApproverScope(_Frozen):
@@ -193,12 +202,15 @@ class ApprovalRule(_Frozen):
     scoped: tuple[ApproverScope, ...] = ()
     """Approvers for one tenant and/or cluster, added to ``approvers`` there."""
     channels: Annotated[frozenset[ApprovalChannel], PlainSerializer(lambda items: sorted(items), return_type=list)] \
-        = frozenset(ApprovalChannel)
-    """Channels accepted. ``prefect-ui`` approvals also need a name in ``approvers`` (or ``scoped``)
-    for the tenant and cluster; drop the channel where the Prefect API has no authentication."""
+        = frozenset({ApprovalChannel.CLI_SIGNED, ApprovalChannel.PREFECT_UI})
+    """Channels accepted. ``approval-page`` and ``prefect-ui`` approvals also need a name in
+    ``approvers`` (or ``scoped``) for the tenant and cluster. The default is what it was before the
+    approval page existed, so that plans saved under the built-in policy keep their hash; a runbook
+    names ``approval-page`` to take the page's decisions (the shipped runbooks do)."""
     second_factor: SecondFactor = SecondFactor.TOTP
-    """What a ``prefect-ui`` approval must also carry. The default, ``totp``, asks the form for the
-    approver's current code; ``none`` trusts the Prefect API's authentication alone."""
+    """How a person proves who they are when approving a paused run. The default, ``totp``, and
+    ``proxy`` send the approver to the approval page (``approval-page``); ``none`` keeps the Prefect
+    form (``prefect-ui``) and trusts the Prefect API's authentication alone."""
     ttl: timedelta = timedelta(hours=1)
     max_plan_age: timedelta = timedelta(hours=6)
     """A plan whose evidence is older than this (by the wall clock) is not executed."""

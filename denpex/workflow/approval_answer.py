@@ -95,6 +95,8 @@ class ReviewedAnswer(BaseModel):
     reason: str
     approval: Approval | None = None
     approver: str = ""
+    recorded: bool = False
+    """The decision is in the audit log already (the approval page wrote it before resuming the run)."""
 
 
 def review_answer(answer: ApprovalAnswer, plan: IsolationPlan, *, policy: IsolationPolicy, operation: Operation,

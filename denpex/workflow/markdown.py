@@ -97,7 +97,8 @@ def group_lines(report: TriageReport) -> list[str]:
 
 
 def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, plan: IsolationPlan,
-                      approvers: Sequence[str], code_needed: bool, report_link: str | None, charts: str = "") -> str:
+                      approvers: Sequence[str], code_needed: bool, report_link: str | None, charts: str = "",
+                      on_page: bool = False) -> str:
     """What the approval dialog shows above the form, essentials first and short: the action and
     node, the culprit, the one-line why, the hardware evidence, who may approve; the full report
     a link away; then the charts (``charts``, markdown drawn for the dialog's width)::
@@ -131,11 +132,13 @@ def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, p
     if approvers:
         who = ", ".join(inline(n, limit=60) for n in approvers)
         who += ", each with their authenticator code" if code_needed else ""
+        who += " on the approval page" if on_page else ""
     else:
         who = "nobody: the runbook names no approver for this tenant and cluster, so every answer is refused"
     lines.append(f"- **Who may approve:** {who}")
     link = f" · [full report]({report_link})" if report_link else " · full report: the run's Artifacts tab"
-    lines.append(f"- **Plan:** `{plan.content_hash()[:12]}` (the form carries the full hash){link}")
+    carried = "the page signs the decision for" if on_page else "the form carries"
+    lines.append(f"- **Plan:** `{plan.content_hash()[:12]}` ({carried} the full hash){link}")
     if charts:
         lines += ["", charts]
     return "\n".join(lines) + "\n"

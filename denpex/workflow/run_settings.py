@@ -9,7 +9,9 @@ who reaches the Prefect API. A run given ``DENPEX_EVIDENCE_ROOT`` there passed t
 with a forged folder; one given ``HTTPS_PROXY`` read the real folder through a forger (attacker
 reviews). A deny-list of names is never complete, so the rule is: the job configuration adds no
 environment variable at all, replaces no command, and the deployment's pull steps only set the
-working directory (a pull step can update ``os.environ`` before the flow starts).
+working directory (a pull step can update ``os.environ`` before the flow starts), and only to the
+folder that holds the running ``flows`` package (a working directory elsewhere would load another
+folder's code, runbooks or ``prefect.yaml`` as this deployment's).
 
 This module is the rule, on plain data; ``flows/run_settings.py`` renders the job configuration
 the way Prefect's worker does and reads the deployment from the API. (``denpex serve`` ignores
@@ -18,7 +20,9 @@ job variables; the check holds there too.)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from denpex.workflow.flow_parameters import FlowParameterError
@@ -30,9 +34,10 @@ ALLOWED_PULL_STEPS = frozenset({"prefect.deployments.steps.set_working_directory
 
 
 def check_run_settings(*, env: Mapping[str, Any] | None, command: str | None,
-                       pull_steps: Sequence[Any] | None) -> None:
+                       pull_steps: Sequence[Any] | None, code_root: Path) -> None:
     """FlowParameterError naming what the job configuration or the deployment sets that only the
-    worker may: environment variables (by name, never by value), a command, a pull step."""
+    worker may: environment variables (by name, never by value), a command, a pull step, a
+    working directory other than ``code_root`` (the folder that holds the running ``flows``)."""
     problems = []
     if env:
         names = ", ".join(sorted(str(name) for name in env))
@@ -44,8 +49,26 @@ def check_run_settings(*, env: Mapping[str, Any] | None, command: str | None,
     others = sorted({step for step in steps if step not in ALLOWED_PULL_STEPS})
     if others:
         problems.append(f"the deployment's pull steps include {', '.join(others)}")
+    problems += _working_directories(pull_steps or (), code_root)
     if problems:
         raise FlowParameterError(
             "this run's settings must be its worker's: " + "; ".join(problems) + " (the evidence roots, "
             "state, runbooks, S3, proxies and cluster access come from the worker's own environment, "
             "never from job variables or pull steps, which the Prefect API can edit); nothing was done")
+
+
+def _working_directories(pull_steps: Sequence[Any], code_root: Path) -> list[str]:
+    """Each ``set_working_directory`` step must name ``code_root`` itself (symlinks resolved)."""
+    root = os.path.realpath(code_root)
+    problems = []
+    for step in pull_steps:
+        if not isinstance(step, Mapping):
+            continue
+        for key, options in step.items():
+            if key not in ALLOWED_PULL_STEPS:
+                continue
+            directory = options.get("directory") if isinstance(options, Mapping) else None
+            if not isinstance(directory, str) or os.path.realpath(directory) != root:
+                problems.append(f"the deployment's set_working_directory names {str(directory)[:200]!r}, not the "
+                                f"folder that holds the running flows package ({root})")
+    return problems

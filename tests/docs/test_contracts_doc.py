@@ -5,6 +5,7 @@ are there."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable
@@ -92,6 +93,32 @@ def _alertmanager(body: str) -> None:
     assert (alert.job_id, alert.incident_id, alert.rank, alert.world_size) == ("job-123", "inc-7", 0, 4)
 
 
+def _page_record(body: str) -> None:
+    """The approval page's record: the model, and the signature verifies with the doc's test key."""
+    import base64
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+    from denpex.isolation.ed25519_keys import public_key_text
+    from denpex.isolation.page_record import signature_verifies
+
+    _validates(Approval)(body)
+    record = Approval.model_validate_json(body)
+    text = DOC.read_text()
+    key = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    assert f"`{public_key_text(key)}`" in text
+    assert f"```\n{record.signed_bytes().decode()}\n```" in text  # the canonical form shown is the one signed
+    public = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_text(key)))
+    assert signature_verifies(record, [public])
+    assert not signature_verifies(record.model_copy(update={"decision": "reject"}), [public])
+
+
+def _page_form(body: str) -> None:
+    from denpex.approval_page.decide import PageAnswer
+
+    _validates(PageAnswer)(body)
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "triage-report": _validates(TriageReport),
     "manifest": _validates(JobManifest),
@@ -104,6 +131,8 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "alertmanager": _alertmanager,
     "flow-parameters": _flow_parameters,
     "approval": _validates(Approval),
+    "approval-page-record": _page_record,
+    "approval-page-form": _page_form,
 }
 
 
@@ -137,3 +166,14 @@ def test_nothing_points_at_a_document_users_do_not_have() -> None:
                 for p in (ROOT / folder).rglob("*.py") if "ARCHITECTURE.md" in p.read_text()]
     pointing += [name for name in ("README.md", "Makefile") if "ARCHITECTURE.md" in (ROOT / name).read_text()]
     assert pointing == []
+
+
+def test_the_approval_pages_endpoints_are_the_apps() -> None:
+    """Every endpoint the table names is a route of the page's app, and every route is in the table."""
+    from denpex.approval_page.app import create_page_app
+
+    section = DOC.read_text().split("### `denpex serve-approvals`", 1)[1]
+    listed = set(re.findall(r"^\| `(GET|POST) (/[^`]*)` \|", section, re.M))
+    source = inspect.getsource(create_page_app)
+    routes = set(re.findall(r'@app\.(get|post)\("([^"]+)"\)', source))
+    assert {(m.lower(), p) for m, p in listed} == routes

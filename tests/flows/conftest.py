@@ -22,7 +22,8 @@ from denpex.ingest.client import IngestClient
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import IssuedKey, Registry
 from denpex.isolation.operator import BREAKER_NAME
-from flow_driver import FlowRig, enroll_approvers
+from flow_driver import FlowRig, enroll_approvers, use_page
+from testkit.services.approval_page import approval_page
 from testkit.services.ingest import ApiServer
 from testkit.services.prefect import wait_for_deployments
 from testkit.services.process_group import stop_process_group
@@ -59,6 +60,10 @@ def write_runbooks(folder: Path) -> None:
     (folder / "hang-triage.yaml").write_text(yaml.safe_dump(body))
     quick = dict(body, name="hang-triage-quick", workflow=dict(body["workflow"], approval_timeout="PT12S"))
     (folder / "hang-triage-quick.yaml").write_text(yaml.safe_dump(quick))
+    # A single trusted operator's runbook: the Prefect form, no second factor (README).
+    form = dict(body, name="hang-triage-form", approval=dict(body["approval"], second_factor="none",
+                                                             channels=["cli-signed", "prefect-ui"]))
+    (folder / "hang-triage-form.yaml").write_text(yaml.safe_dump(form))
 
 
 @pytest.fixture(scope="session")
@@ -117,20 +122,23 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
     write_runbooks(runbooks)
     enroll_approvers(state)
     register_blocks(slurm_lab)
-    env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
-           "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,
-           "DENPEX_EVIDENCE_ROOT": f"s3://evidence {INGEST_STORE} {work / 'ingest-store'}",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    log = work / "serve.log"
-    with log.open("wb") as out:
-        served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for_deployments(prefect_api, ["on-alert", "manual", "return-to-service", "requeue-hung-job"], served, log,
-                             automations=["denpex-alert"])
-        yield FlowRig(prefect_api, state, runbooks, s3_endpoint, slurm_lab, served, log)
-    finally:
-        stop_process_group(served)  # serve with the runs it forked (paused ones would wait on)
+    with approval_page(state, prefect_api, log=work / "page.log") as page:
+        use_page(state, page.url)
+        env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
+               "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,
+               "DENPEX_EVIDENCE_ROOT": f"s3://evidence {INGEST_STORE} {work / 'ingest-store'}",
+               "DENPEX_APPROVAL_PAGE_URL": page.url,
+               "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        log = work / "serve.log"
+        with log.open("wb") as out:
+            served = subprocess.Popen([sys.executable, "-m", "flows.serve"], cwd=ROOT, env=env,
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for_deployments(prefect_api, ["on-alert", "manual", "return-to-service", "requeue-hung-job"], served,
+                                 log, automations=["denpex-alert"])
+            yield FlowRig(prefect_api, state, runbooks, s3_endpoint, slurm_lab, served, log, page.url)
+        finally:
+            stop_process_group(served)  # serve with the runs it forked (paused ones would wait on)
 
 
 

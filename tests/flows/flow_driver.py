@@ -17,6 +17,7 @@ from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, load_plan
 from denpex.isolation.second_factor import TotpStore
 from denpex.workflow.alert_event import AlertEvent, emit_alert
+from testkit.services.approval_page import decide
 from testkit.services.slurm import SlurmLab
 
 
@@ -32,6 +33,8 @@ class FlowRig:
     lab: SlurmLab
     served: subprocess.Popen[bytes]
     serve_log: Path
+    page_url: str | None = None
+    """The approval page the rig's runs are decided on (``denpex serve-approvals``)."""
 
 
 ALERT_TIME = datetime(2026, 11, 29, 20, 29, 50, tzinfo=UTC)
@@ -145,7 +148,18 @@ def wait_for(run_id: UUID, wanted: set[str], *, timeout_s: float = 240) -> str:
 
 
 def saved_plan(state_dir: Path, incident_id: str) -> IsolationPlan:
-    return load_plan(state_dir / "plans" / f"{incident_id}.json")
+    """The incident's plan, wherever its tenant and cluster keyed it (``plans/<tenant>/<cluster>/``)."""
+    [path] = (state_dir / "plans").glob(f"*/*/{incident_id}.json")
+    return load_plan(path)
+
+
+PAGES: dict[Path, str] = {}
+"""The approval page that decides the runs of each state directory (``use_page``)."""
+
+
+def use_page(state_dir: Path, url: str) -> None:
+    """From now on ``resume(..., state_dir=state_dir)`` decides on the page at ``url``."""
+    PAGES[state_dir] = url
 
 
 APPROVERS = ("alice", "bob", "carol")
@@ -177,20 +191,31 @@ def totp_code(state_dir: Path, approver: str) -> str:
 
 
 def resume(run_id: UUID, answer: dict[str, Any], *, state_dir: Path | None = None) -> None:
-    """Answer the paused run. With ``state_dir``, an answer without a ``code`` gets the
+    """Answer the paused run: on the approval page where ``state_dir`` has one (``use_page``),
+    else through the Prefect form. With ``state_dir``, an answer without a ``code`` gets the
     approver's current one (a person typing it from their authenticator)."""
     from prefect.flow_runs import resume_flow_run
 
     if state_dir is not None and answer.get("decision") in {"approve", "reject"} and "code" not in answer:
         answer = {**answer, "code": totp_code(state_dir, str(answer.get("approver", "")).strip())}
+    if state_dir is not None and state_dir in PAGES:
+        response = decide(PAGES[state_dir], run_id, decision=str(answer["decision"]),
+                          approver=str(answer.get("approver", "")), code=str(answer.get("code", "")),
+                          nodes=answer.get("nodes"), comment=str(answer.get("comment", "")))
+        assert response.status_code == 303, f"{response.status_code}: {response.text[-2000:]}"
+        return
     resume_flow_run(run_id, run_input=answer)
 
 
 def report_of(state_dir: Path, incident_id: str, run_id: UUID) -> dict[str, Any]:
-    path = state_dir / "reports" / f"{incident_id}-{run_id}.json"
+    """The run's final report (``reports/<tenant>/<cluster>/<incident>-<run>.json``)."""
     deadline = time.monotonic() + 30
-    while not path.exists() and time.monotonic() < deadline:
+    while True:
+        found = list((state_dir / "reports").glob(f"*/*/{incident_id}-{run_id}.json"))
+        if found or time.monotonic() > deadline:
+            break
         time.sleep(0.5)
+    [path] = found
     return json.loads(path.read_text())
 
 

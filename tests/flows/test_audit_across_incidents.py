@@ -116,8 +116,9 @@ def test_a_log_cut_back_before_a_rejection_stops_the_next_incidents_drain(
     assert REFUSED in report["reason"] and "cut back" in report["reason"], report["reason"]
     assert drained_nodes(lab) == set()
     mine = [r for r in cutter.log.records() if r.incident_id == second]
-    assert [(r.kind, r.action) for r in mine] == [(AuditKind.DECISION, "refused")]  # no intent: nothing sent
-    assert REFUSED in mine[0].message
+    # The page's approval, then the execution's refusal; no intent: nothing sent.
+    assert [(r.kind, r.action) for r in mine] == [(AuditKind.DECISION, "approved"), (AuditKind.DECISION, "refused")]
+    assert REFUSED in mine[1].message
     # The rejection is in the stored copy, which kept it: the refusal was not copied over it.
     assert decision in _stored(flow_rig)
     assert all(r.incident_id != second for r in _stored(flow_rig))
@@ -131,8 +132,8 @@ def test_return_to_service_checks_the_log_against_its_copy(flow_rig: FlowRig, la
     report = _triage(flow_rig, incident, decision="approve", approver="alice", comment="Xid 79")
     assert report["outcome"] == "executed", report["reason"]
     assert drained_nodes(lab) == {CULPRIT_NODE}
-    intent, result = [r for r in cutter.log.records() if r.incident_id == incident]
-    assert (intent.kind, result.kind) == (AuditKind.INTENT, AuditKind.RESULT)
+    approved, intent, result = [r for r in cutter.log.records() if r.incident_id == incident]
+    assert (approved.kind, intent.kind, result.kind) == (AuditKind.DECISION, AuditKind.INTENT, AuditKind.RESULT)
 
     cutter.cut_before(intent.seq)  # the drain's records are gone
     run = run_deployment("denpex-return-to-service/return-to-service",
@@ -142,7 +143,8 @@ def test_return_to_service_checks_the_log_against_its_copy(flow_rig: FlowRig, la
     assert wait_for(run.id, {"COMPLETED", "FAILED"}) == "FAILED"
     assert REFUSED in _state_message(run.id), _state_message(run.id)
     assert drained_nodes(lab) == {CULPRIT_NODE}  # the rollback touched nothing
-    [refusal] = [r for r in cutter.log.records() if r.incident_id == incident]
+    kept, rollback_approved, refusal = [r for r in cutter.log.records() if r.incident_id == incident]
+    assert kept == approved and (rollback_approved.action, rollback_approved.operation.value) == ("approved", "rollback")
     assert (refusal.kind, refusal.action, refusal.operation.value) == (AuditKind.DECISION, "refused", "rollback")
     assert result in _stored(flow_rig)  # the drain extended the cluster's copy, which still shows it
 

@@ -142,7 +142,7 @@ def test_tenant_b_cannot_drain_tenant_a_cluster_through_a_target(state: Path, a_
     assert result["outcome"] == "refused"
     assert result["reason"] == (f"cluster {A_CLUSTER!r} belongs to tenant 'a' in the operator's registry, not to "
                                 "the incident's tenant 'b'")
-    assert not (state / "plans" / f"{incident}.json").exists()  # nothing was put up for approval
+    assert not list((state / "plans").glob(f"**/{incident}.json"))  # nothing was put up for approval
 
 
 def test_a_run_cannot_triage_another_tenants_uploads_as_its_own_incident(state: Path, tmp_path: Path,
@@ -163,16 +163,21 @@ def test_a_run_cannot_triage_another_tenants_uploads_as_its_own_incident(state: 
     assert not (state / "plans").exists() and not (state / "reports").exists()
 
 
-def _planted_plan(path: Path) -> None:
-    """A real plan where a climbing incident id leads, outside the state directory."""
+def _a_plan(incident: str, cluster: str = A_CLUSTER, tenant: str | None = None) -> Any:
+    """A real plan (Kubernetes, one node) for ``incident`` on ``cluster``."""
     from denpex.isolation.plan import utc_now
     from denpex.isolation.planner import plan_isolation
     from denpex.isolation.policy import IsolationPolicy, Scheduler
     from isolation.triage_cases import killed_process
 
     now = utc_now()
-    save_plan(plan_isolation(killed_process(as_of=now), None, IsolationPolicy(), None, Scheduler.KUBERNETES, "x", now,
-                             cluster=A_CLUSTER), path)
+    return plan_isolation(killed_process(as_of=now), None, IsolationPolicy(), None, Scheduler.KUBERNETES, incident,
+                          now, cluster=cluster, tenant=tenant)
+
+
+def _planted_plan(path: Path) -> None:
+    """A real plan where a climbing incident id leads, outside the state directory."""
+    save_plan(_a_plan("x"), path)
 
 
 def test_a_run_whose_parameters_climb_out_of_the_state_directory_does_nothing(state: Path, tmp_path: Path) -> None:
@@ -196,3 +201,68 @@ def test_a_run_whose_parameters_climb_out_of_the_state_directory_does_nothing(st
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             name=FlowRunFilterName(any_=[f"{A_CLUSTER}/.._.._x"])))
     assert runs and all(r.state is not None and r.state.is_failed() for r in runs)
+
+
+def test_the_alerts_facts_come_from_the_ingest_services_record(state: Path, tmp_path: Path) -> None:
+    """Issue 30 section 3: ``alert_time``, ``world_size`` and ``job_id`` were the API caller's. A run
+    started with a later alert time (every rank stale), a smaller world (a rank never missed) or
+    another job triages the incident as the ingest service recorded it, or does nothing."""
+    from datetime import timedelta
+
+    from denpex.ingest.database import Database
+    from denpex.ingest.incidents import IncidentBook, IncidentKey
+    from denpex.workflow.flow_parameters import FlowParameterError
+    from flows.triage import triage
+
+    _two_tenants(state)
+    incident = f"xt-{uuid.uuid4().hex[:8]}"
+    IncidentBook(Database(state)).claim_run(IncidentKey("a", A_CLUSTER, incident), "gloo-withheld_one", world_size=4,
+                                            alert_time=ALERT_TIME.isoformat(), reported_by_rank=0)
+    evidence = _evidence(tmp_path, "a", incident)
+    # No target block for the cluster: triage and report only.
+    result = triage(tenant="a", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
+                    alert_time=ALERT_TIME + timedelta(hours=3), evidence=evidence, world_size=3,
+                    alert_id=f"am-{incident}")
+    assert (result["world_size"], result["as_of"]) == (4, "2026-11-29T20:29:50Z")
+    assert result["verdict"] == "localized" and [c["rank"] for c in result["candidates"]] == [2]
+    # Another job's folder of the same incident id, and an incident the service never heard of.
+    for job, other in (("someone-elses-job", incident), ("gloo-withheld_one", "xt-never-heard-of")):
+        folder = tmp_path / "evidence" / incident_prefix("a", A_CLUSTER, job, other)
+        if not folder.exists():
+            shutil.copytree(evidence, folder)
+        why = "belongs to job 'gloo-withheld_one'" if other == incident else "the ingest service has no incident"
+        with pytest.raises(FlowParameterError, match=why):
+            triage(tenant="a", cluster=A_CLUSTER, job_id=job, incident_id=other, alert_time=ALERT_TIME,
+                   evidence=str(folder), world_size=4, alert_id=f"am-{other}")
+
+
+def test_plans_are_kept_per_tenant_cluster_and_incident(state: Path) -> None:
+    """Issue 30 section 3: tenant b opened an incident with the same id on its own cluster,
+    overwrote ``plans/<incident>.json``, and broke tenant a's return to service. Plans are kept per
+    tenant, cluster and incident; the follow-up flows take the tenant from the cluster's registered
+    owner; a plan saved before the change is read only when it is this cluster's and owner's."""
+    from denpex.isolation.errors import PlanError
+    from denpex.state_paths import legacy_plan_file, plan_file
+    from denpex.workflow.saved_plans import load_saved_plan
+    from flows.return_to_service import return_to_service
+    from flows.triage import _save_plan
+
+    _two_tenants(state)
+    theirs, ours = _a_plan("inc-same", B_CLUSTER, "b"), _a_plan("inc-same", A_CLUSTER, "a")
+    _save_plan(ours)
+    _save_plan(theirs)  # b's incident of the same id, saved after a's
+    assert load_saved_plan(state, "a", A_CLUSTER, "inc-same") == ours
+    assert load_saved_plan(state, "b", B_CLUSTER, "inc-same") == theirs
+    # Return to service finds a's plan by the registry's owner of a's cluster: with no plan of a's
+    # for an incident only b has, it refuses before it pauses, whatever b saved.
+    _save_plan(_a_plan("inc-only-b", B_CLUSTER, "b"))
+    with pytest.raises(PlanError, match="no plan is saved for incident inc-only-b of tenant a on cluster 'xt-a.prod'"):
+        return_to_service(cluster=A_CLUSTER, incident_id="inc-only-b")
+    # plans/<incident>.json from before: used for its own cluster and owner (and copied to the keyed
+    # place), refused for anyone else's.
+    save_plan(_a_plan("inc-old", A_CLUSTER, "a"), legacy_plan_file(state, "inc-old"))
+    assert load_saved_plan(state, "a", A_CLUSTER, "inc-old").cluster == A_CLUSTER
+    assert plan_file(state, "a", A_CLUSTER, "inc-old").exists()
+    save_plan(_a_plan("inc-overwritten", B_CLUSTER, "b"), legacy_plan_file(state, "inc-overwritten"))
+    with pytest.raises(PlanError, match="is a plan for tenant b on cluster 'xt-b.lab', not for a on 'xt-a.prod'"):
+        load_saved_plan(state, "a", A_CLUSTER, "inc-overwritten")

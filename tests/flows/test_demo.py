@@ -41,8 +41,9 @@ def _clone_with_venv(tmp_path: Path) -> Path:
     script = venv / "bin" / "denpex"
     script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom denpex.cli import main\nsys.exit(main())\n")
     script.chmod(0o755)
+    # From the clone, as `make demo` runs (from elsewhere, the current folder's denpex comes first).
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import denpex; print(denpex.__file__)"],
-                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+                           capture_output=True, text=True, timeout=60, check=True, cwd=clone).stdout.strip()
     assert where == str(clone / "denpex" / "__init__.py"), where
     return clone
 
@@ -73,6 +74,7 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     assert "[demo] the service stored the ranks' Python stacks beside their dumps (collector: ranks 0, 1, 2, 3)" in out
     assert '"kind":"intent"' in out and '"kind":"result"' in out  # the audit log is shown
     assert "data:image/png;base64" not in out  # charts are named by path, not dumped as base64
-    charts = sorted((Path(last.removeprefix("report: ")).parents[2] / "charts").glob("chart-*.png"))
+    # reports/<tenant>/<cluster>/<incident>-<run>.json in the run's state folder: the run's folder is four up.
+    charts = sorted((Path(last.removeprefix("report: ")).parents[4] / "charts").glob("chart-*.png"))
     assert charts and all(c.read_bytes().startswith(b"\x89PNG") for c in charts)
     assert f"{charts[0]}]" in out

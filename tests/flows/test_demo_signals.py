@@ -98,7 +98,8 @@ def _stop_and_check(proc: subprocess.Popen[bytes], log: Path, signum: signal.Sig
     return took
 
 
-SERVICES = {"flows.serve", "serve-api", "prefect", "moto_server", "slurmctld", "slurmd", "munged", "sshd"}
+SERVICES = {"flows.serve", "serve-api", "serve-approvals", "prefect", "moto_server", "slurmctld", "slurmd", "munged",
+            "sshd"}
 
 
 @pytest.mark.parametrize(
@@ -126,14 +127,20 @@ def test_a_signal_tears_down_everything_the_demo_started(tmp_path: Path, signum:
 
 
 def test_after_the_run_everything_stays_up_until_ctrl_c(tmp_path: Path) -> None:
-    """Interactive: approved with the command the demo prints, the run completes; the demo prints
+    """Interactive: approved on the approval page the demo prints, the run completes; the demo prints
     the result and `report: PATH`, keeps the UI up, and exits 0 on Ctrl-C, leaving nothing behind."""
+    from denpex.isolation.second_factor import TotpStore
+    from testkit.services.approval_page import decide
+
     proc, log = _start_demo(tmp_path)
     try:
         _wait_for_line(log, proc, "Ctrl-C stops the demo.", 300)
-        [command] = [line.strip() for line in log.read_text().splitlines() if line.strip().startswith("CODE=$(")]
-        approved = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
-        assert approved.returncode == 0 and '"status":"ACCEPT"' in approved.stdout.replace(" ", ""), approved
+        text = log.read_text()
+        [(page, run_id)] = re.findall(r"approve on the approval page: (http://127\.0\.0\.1:\d+)/runs/(\S+)", text)
+        [state] = re.findall(r"^\[demo\] state: (\S+)$", text, re.M)
+        code = TotpStore(Path(state) / "state").current_code("demo-operator")  # what the authenticator shows
+        approved = decide(page, run_id, decision="approve", approver="demo-operator", code=code, comment="go")
+        assert approved.status_code == 303, approved.text[-2000:]
         _wait_for_line(log, proc, "Ctrl-C stops the demo and tears everything down.", 240)
         text = log.read_text()
         assert "[demo] outcome: executed: approved by demo-operator" in text

@@ -27,7 +27,8 @@ from conftest import write_runbooks
 from denpex.ingest.layout import incident_prefix
 from denpex.isolation.k8s_layout import COMPLETION_INDEX
 from denpex.isolation.kubernetes import TAINT_KEY
-from flow_driver import enroll_approvers, find_run, resume, saved_plan, wait_for
+from flow_driver import enroll_approvers, find_run, resume, saved_plan, use_page, wait_for
+from testkit.services.approval_page import approval_page
 from testkit.fakes.k8s_api import FakeApiServer, make_node, make_pod
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -41,7 +42,9 @@ ALERT_TIME = datetime(2026, 11, 29, 20, 30, 22, tzinfo=UTC)  # six seconds after
 
 
 @pytest.fixture
-def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The operator's state and runbooks for this process's flow runs, decided on a real approval
+    page (``denpex serve-approvals``) over that state."""
     runbooks = tmp_path / "runbooks"
     write_runbooks(runbooks)
     monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path / "state"))
@@ -51,7 +54,10 @@ def state(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     from blocks import DenpexRunbook
 
     DenpexRunbook(name="hang-triage").save("default", overwrite=True)
-    return tmp_path / "state"
+    with approval_page(tmp_path / "state", prefect_harness, log=tmp_path / "page.log") as page:
+        use_page(tmp_path / "state", page.url)
+        monkeypatch.setenv("DENPEX_APPROVAL_PAGE_URL", page.url)
+        yield tmp_path / "state"
 
 
 @pytest.fixture
@@ -130,6 +136,7 @@ def test_the_dead_ranks_pod_places_it_and_its_nodes_own_xid_confirms_the_cordon(
     assert action.evidence[0] == f"host {DEAD_NODE} derived from the scheduler's job record, confirmed by its own signal"
     report = out["result"]
     assert report["outcome"] == "executed", report["reason"]
+    assert report["approval"]["channel"] == "approval-page" and report["approval"]["approver"] == "bob"
     [candidate] = report["candidates"]
     assert (candidate["rank"], candidate["host"]) == (1, DEAD_NODE)
     assert any("derived from the scheduler's job record" in r for r in candidate["reasons"])

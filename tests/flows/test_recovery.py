@@ -136,4 +136,6 @@ def test_a_job_that_recovers_while_the_run_is_paused_gets_no_isolation(
     assert drained_nodes(lab) == set()
     decisions = [r for r in keyed_audit_log(flow_rig.state_dir).records()
                  if r.incident_id == incident]
-    assert [(r.kind, r.action) for r in decisions] == [(AuditKind.DECISION, "withdrawn")]
+    # The page's approval, then the withdrawal: the plan was approved, and the recovery undid the need.
+    assert [(r.kind, r.action) for r in decisions] == [(AuditKind.DECISION, "approved"),
+                                                       (AuditKind.DECISION, "withdrawn")]

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -117,6 +118,16 @@ def _artifacts(run_id: Any) -> dict[str, Any]:
     return {a.key: a for a in found if a.key}
 
 
+@contextmanager
+def _runbook(lab: SlurmLab, name: str) -> Iterator[None]:
+    """The flows run runbook ``name`` inside the block, the rig's own after it."""
+    register_blocks(lab, runbook=name)
+    try:
+        yield
+    finally:
+        register_blocks(lab)
+
+
 def _artifact_keys(run_id: Any) -> set[str]:
     return set(_artifacts(run_id))
 
@@ -129,7 +140,7 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert wait_for(run_id, {"PAUSED"}) == "PAUSED"
     [notice] = approvers_webhook
     assert "waits for approval: drain gpu-node-003" in notice["text"]
-    assert notice["text"].rstrip().endswith(f"/flow-run/{run_id}")  # Prefect's own link to the run
+    assert notice["text"].rstrip().endswith(f"{flow_rig.page_url}/runs/{run_id}")  # the approval page's link
     keys = _artifact_keys(run_id)
     assert {f"denpex-{incident}-coverage", f"denpex-{incident}-report", f"denpex-{incident}-candidates"} <= keys
     plan = saved_plan(flow_rig.state_dir, incident)
@@ -140,6 +151,7 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert f"**Stack:** {CULPRIT_STACK}" in brief, brief
     assert "**Peers' stack:** distributed\\_c10d.py:3252 all\\_reduce\\(\\) ← train.py:88 step\\(\\)" in brief
     assert "Full stack of rank 2" in _artifacts(run_id)[f"denpex-{incident}-report"].data
+    assert f"**Decide on the approval page:** [{flow_rig.page_url}/runs/{run_id}]" in brief  # the pause's description
 
     resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
                     "approver": "alice", "comment": "Xid 79 confirmed"}, state_dir=flow_rig.state_dir)
@@ -151,7 +163,8 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert report["candidates"][0]["stack"]["source"] == "collector"
     assert [g["ranks"] for g in report["stack_groups"]] == [[0, 1, 3], [2]]
     assert report["plan"]["actions"] == [{"node": CULPRIT_NODE, "action": "drain"}]
-    assert report["approval"]["channel"] == "prefect-ui" and report["approval"]["flow_run_id"] == str(run_id)
+    assert report["approval"]["channel"] == "approval-page" and report["approval"]["flow_run_id"] == str(run_id)
+    assert report["approval"]["decision"] == "approve" and report["approval"]["second_factor"] == "totp"
     assert drained_nodes(lab) == {CULPRIT_NODE}
     assert reason_of(lab, CULPRIT_NODE).startswith(f"denpex:{incident} rank 2: xid 79")
     # The notes follow the facts: job gloo-withheld_one runs on no node of the lab, so nothing
@@ -168,8 +181,10 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
 
     audit = keyed_audit_log(flow_rig.state_dir)
     mine = [r for r in audit.records() if r.incident_id == incident]
-    assert [r.kind for r in mine] == [AuditKind.INTENT, AuditKind.RESULT]
-    assert all(r.approver == "alice" and r.node == CULPRIT_NODE for r in mine)
+    # The page's decision, with its comment, before the first intent (issue 30 section 1).
+    assert [r.kind for r in mine] == [AuditKind.DECISION, AuditKind.INTENT, AuditKind.RESULT]
+    assert mine[0].action == "approved" and mine[0].message.endswith(": Xid 79 confirmed")
+    assert all(r.approver == "alice" for r in mine) and all(r.node == CULPRIT_NODE for r in mine[1:])
     wanted = {"denpex.remediation.intent", "denpex.remediation.result"}
     assert wanted <= _event_names(incident, wanted)
     _the_run_page_tells_the_story(run_id, incident)
@@ -184,8 +199,8 @@ def _the_run_page_tells_the_story(run_id: Any, incident: str) -> None:
     assert os.environ["PREFECT_LOGGING_LEVEL"] == "WARNING"  # what the served flows inherit
     wanted = ("coverage: dumps of 4 of 4 ranks", "verdict: localized: rank 2 (not_entered) on gpu-node-003",
               f"plan: drain {CULPRIT_NODE} (plan ",
-              "answer: arrived ",  # the code was matched when the real API got the resume, not "unknown"
-              "approval: approved by alice: approved by alice",
+              "waiting for a decision on the approval page: http://127.0.0.1:",
+              f"approval: approved by alice for {CULPRIT_NODE} (on the approval page, totp)",
               f"ran: {CULPRIT_NODE}: act, applied, now IDLE+DRAIN", "outcome: executed: approved by alice")
     deadline = time.monotonic() + 30
     with get_client(sync_client=True) as client:
@@ -204,36 +219,43 @@ def _the_run_page_tells_the_story(run_id: Any, incident: str) -> None:
         assert any(level == logging.INFO and m.startswith(line) for level, m in mine), f"{line!r} not in {mine}"
 
 
-@pytest.mark.parametrize("answer, outcome, why", [
-    pytest.param({"decision": "reject", "approver": "carol", "comment": "job owner is debugging"},
-                 "rejected", "rejected by carol: job owner is debugging", id="rejected"),
-    pytest.param({"decision": "reject", "approver": "bob", "code": "", "comment": "looks fine"},
-                 "rejected", "rejected by an unverified answer naming 'bob'", id="unverified-reject"),
-    pytest.param({"decision": "approve", "approver": "bob", "plan_hash": "0" * 64},
-                 "refused", "not the plan shown", id="other-plan-hash"),
-    pytest.param({"decision": "approve", "approver": "alice", "nodes": ["gpu-node-009"]},
-                 "refused", "gpu-node-009 is not in the plan", id="node-not-in-plan"),
-    pytest.param({"decision": "approve", "approver": "bob", "code": ""}, "refused",
-                 "the runbook requires bob's current TOTP code", id="no-code"),
-    pytest.param({"decision": "approve", "approver": "bob", "code": "12 34 5x"}, "refused",
-                 "the code must be the 6 digits", id="malformed-code"),
-])
-def test_answers_that_touch_nothing(flow_rig: FlowRig, lab: SlurmLab, answer: dict[str, Any], outcome: str,
-                                    why: str, request: pytest.FixtureRequest) -> None:
-    incident = f"inc-{request.node.callspec.id}"
+def test_a_rejection_on_the_page_touches_nothing(flow_rig: FlowRig, lab: SlurmLab) -> None:
+    incident = "inc-rejected"
     run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
     wait_for(run_id, {"PAUSED"})
-    plan = saved_plan(flow_rig.state_dir, incident)
-    full = {"plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions], "comment": "", **answer}
-    resume(run_id, full, state_dir=flow_rig.state_dir)
+    resume(run_id, {"decision": "reject", "approver": "carol", "comment": "job owner is debugging"},
+           state_dir=flow_rig.state_dir)
     wait_for(run_id, {"COMPLETED"})
     report = report_of(flow_rig.state_dir, incident, run_id)
-    assert report["outcome"] == outcome and why in report["reason"]
+    why = "rejected by carol (on the approval page, totp): job owner is debugging"
+    assert report["outcome"] == "rejected" and report["reason"] == why
     assert report["execution"] is None
     assert drained_nodes(lab) == set()
-    assert any(why in message for message in _decisions(flow_rig, incident))
-    wanted = {f"denpex.remediation.{outcome}"}
+    # One decision record, the page's, signed for this run: the flow adds none of its own.
+    [decision] = _decisions(flow_rig, incident)
+    assert decision == f"rejected by carol on the approval page for run {run_id} (totp): job owner is debugging"
+    wanted = {"denpex.remediation.rejected"}
     assert wanted <= _event_names(incident, wanted)
+
+
+def test_the_prefect_form_decides_where_the_runbook_says_second_factor_none(flow_rig: FlowRig, lab: SlurmLab) -> None:
+    """A single trusted operator's runbook keeps the Prefect form; its approval writes a decision
+    record with the comment before the first intent (issue 30 section 1)."""
+    incident = "inc-form"
+    with _runbook(lab, "hang-triage-form"):
+        run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
+        wait_for(run_id, {"PAUSED"})
+        plan = saved_plan(flow_rig.state_dir, incident)
+        resume(run_id, {"decision": "approve", "plan_hash": plan.content_hash(), "nodes": [CULPRIT_NODE],
+                        "approver": "bob", "code": "", "comment": "the only operator"})
+        wait_for(run_id, {"COMPLETED"})
+    report = report_of(flow_rig.state_dir, incident, run_id)
+    assert report["outcome"] == "executed", report["reason"]
+    assert report["approval"]["channel"] == "prefect-ui" and report["approval"]["second_factor"] is None
+    mine = [r for r in keyed_audit_log(flow_rig.state_dir).records() if r.incident_id == incident]
+    assert [r.kind for r in mine] == [AuditKind.DECISION, AuditKind.INTENT, AuditKind.RESULT]
+    assert mine[0].action == "approved" and mine[0].message.endswith(": the only operator")
+    assert drained_nodes(lab) == {CULPRIT_NODE}
 
 
 def test_a_run_forced_to_running_without_an_answer_refuses_and_records_it(flow_rig: FlowRig, lab: SlurmLab) -> None:
@@ -249,7 +271,7 @@ def test_a_run_forced_to_running_without_an_answer_refuses_and_records_it(flow_r
         client.set_flow_run_state(run_id, Running(), force=True)
     wait_for(run_id, {"COMPLETED"})
     report = report_of(flow_rig.state_dir, incident, run_id)
-    why = "resumed without a valid answer"
+    why = "resumed without a decision that the approval page recorded for it"
     assert report["outcome"] == "refused" and why in report["reason"] and report["execution"] is None
     assert drained_nodes(lab) == set()
     assert any(why in message for message in _decisions(flow_rig, incident))
@@ -257,12 +279,11 @@ def test_a_run_forced_to_running_without_an_answer_refuses_and_records_it(flow_r
 
 def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(flow_rig: FlowRig, lab: SlurmLab) -> None:
     incident = "inc-timeout"
-    register_blocks(lab, runbook="hang-triage-quick")
-    try:
+    with _runbook(lab, "hang-triage-quick"):
         run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
         wait_for(run_id, {"PAUSED"})
-        # The server checks an answer against the form's schema: the approver is a choice among
-        # the runbook's approvers for this tenant and cluster, so a name outside it never resumes.
+        # The server checks an answer against the pause's schema (the page's one `record` field):
+        # the Prefect form's answers, and anything else, never resume the run.
         plan = saved_plan(flow_rig.state_dir, incident)
         answered = {"plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions], "comment": ""}
         for wrong in ({"decision": "maybe", "unknown": 1}, {**answered, "decision": "approve", "approver": "mallory"},
@@ -271,8 +292,6 @@ def test_invalid_input_is_refused_and_the_run_stays_paused_until_it_times_out(fl
                 resume(run_id, wrong)
         # Prefect fails a run whose pause expired (it can no longer resume); the flow has recorded why.
         wait_for(run_id, {"COMPLETED", "FAILED"}, timeout_s=120)
-    finally:
-        register_blocks(lab)
     report = report_of(flow_rig.state_dir, incident, run_id)
     assert report["outcome"] == "timed_out" and report["execution"] is None
     assert drained_nodes(lab) == set()
@@ -293,7 +312,8 @@ def test_late_evidence_is_waited_for_then_triaged_without_the_missing_rank(flow_
     if state == "PAUSED":
         plan = saved_plan(flow_rig.state_dir, incident)
         resume(run_id, {"decision": "reject", "approver": "carol", "comment": "test",
-                        "plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions]})
+                        "plan_hash": plan.content_hash(), "nodes": [a.node for a in plan.actions]},
+               state_dir=flow_rig.state_dir)
         wait_for(run_id, {"COMPLETED"})
     report = report_of(flow_rig.state_dir, incident, run_id)
     assert report["missing_ranks"] == [1] and report["ranks_with_evidence"] == [0, 2, 3]

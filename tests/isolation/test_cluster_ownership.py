@@ -148,11 +148,11 @@ def api() -> Iterator[FakeApiServer]:
         yield server
 
 
-def _plan(path: Path, cluster: str, tenant: str | None) -> Path:
+def _plan(path: Path, cluster: str, tenant: str | None, policy: IsolationPolicy = POLICY) -> Path:
     now = utc_now()
     result = killed_process(hardware=[signal(79, host=NODE, age=timedelta(minutes=1), as_of=now)], host=NODE,
                             as_of=now)
-    plan = plan_isolation(result, None, POLICY, None, Scheduler.KUBERNETES, "inc-xt", now, cluster=cluster,
+    plan = plan_isolation(result, None, policy, None, Scheduler.KUBERNETES, "inc-xt", now, cluster=cluster,
                           tenant=tenant)
     save_plan(plan, path)
     return path
@@ -164,10 +164,11 @@ def _edit_tenant(path: Path, tenant: str | None) -> IsolationPlan:
     return plan
 
 
-def _isolate(api: FakeApiServer, tmp_path: Path, plan: Path, cluster: str, approver: str) -> Result:
+def _isolate(api: FakeApiServer, tmp_path: Path, plan: Path, cluster: str, approver: str,
+             policy: IsolationPolicy = POLICY) -> Result:
     env = {"DENPEX_KUBE_HOST": api.url, "DENPEX_KUBE_TOKEN": "test-token", "DENPEX_STATE_DIR": str(tmp_path / "state"),
            "DENPEX_TRUSTED_APPROVERS": str(APPROVERS_FILE), "DENPEX_CLUSTER": cluster,
-           "DENPEX_RUNBOOK": str(write_runbook(tmp_path / "runbook.yaml", POLICY))}
+           "DENPEX_RUNBOOK": str(write_runbook(tmp_path / "runbook.yaml", policy))}
     approved = runner.invoke(app, ["approve", str(plan), "--approver", approver, "--key", key_file(approver)])
     assert approved.exit_code == 0, approved.output
     return runner.invoke(app, ["isolate", str(plan), "--execute"], env=env)
@@ -199,7 +200,32 @@ def test_the_owners_approver_isolates_a_tenantless_cli_plan(api: FakeApiServer, 
 
 def test_an_unregistered_cluster_works_as_before_and_says_no_scoping_applied(api: FakeApiServer,
                                                                               tmp_path: Path) -> None:
-    result = _isolate(api, tmp_path, _plan(tmp_path / "plan.json", "solo", None), "solo", "alice")
+    """Where the runbook lists approvers for every tenant, a cluster nobody registered
+    (single-tenant use) is approved as before, and the note says no tenant scoping applied."""
+    everywhere = IsolationPolicy(approval=ApprovalRule(approvers=frozenset({"alice"})))
+    result = _isolate(api, tmp_path, _plan(tmp_path / "plan.json", "solo", None, everywhere), "solo", "alice",
+                      everywhere)
     assert result.exit_code == 0, result.output
     assert ("note: cluster 'solo' has no registered owner in the ingest registry: no tenant scoping applied"
             in result.stdout)
+
+
+@pytest.mark.parametrize("approver, why", [
+    ("bob", "'bob' approves only where the runbook scopes them, not for tenant '(none)' on cluster 'gpu-prod'"),
+    ("alice", "the runbook scopes approvers by tenant, and cluster 'gpu-prod' has no registered owner"),
+], ids=["scoped-elsewhere", "any-trusted-key"])
+def test_scoped_approvers_hold_without_a_registry(api: FakeApiServer, tmp_path: Path, approver: str,
+                                                  why: str) -> None:
+    """Issue 30 section 3: with no ingest registry in the state directory, bob (scoped to acme's
+    gpu-dev) signed acme's gpu-prod plan with ``tenant: null`` and ``isolate --execute`` cordoned
+    the node. The scope holds whatever the registry holds: with no registered owner, no tenant's
+    approvers can be told, and no other trusted key (alice's) stands in for them (fail closed)."""
+    scoped = IsolationPolicy(approval=ApprovalRule(scoped=(
+        ApproverScope(tenant="acme", cluster="gpu-prod", names=frozenset({"dave"})),
+        ApproverScope(tenant="acme", cluster="gpu-dev", names=frozenset({"bob"})))))
+    plan = _plan(tmp_path / "plan.json", "gpu-prod", None, scoped)
+    result = _isolate(api, tmp_path, plan, "gpu-prod", approver, scoped)
+    assert result.exit_code == 2, result.output
+    assert "execution refused" in result.stderr and why in result.stderr
+    assert not [r for r in api.requests if r[0] == "PATCH"]
+    assert not api.nodes[NODE]["spec"].get("unschedulable")

@@ -103,24 +103,29 @@ def test_a_prefect_ui_approval_needs_the_channel_and_a_listed_approver_for_tenan
     ui = ui_approval(plan, "carol", flow_run_id="run-1", at=NOW, ttl=timedelta(hours=1), second_factor="totp")
     with pytest.raises(ApprovalError, match="names no approvers for this tenant and cluster"):
         check(plan, ui, tenant="acme")
-    scoped = ApprovalRule(scoped=(ApproverScope(tenant="acme", cluster="lab", names=frozenset({"carol"})),))
+    scoped = ApprovalRule(scoped=(ApproverScope(tenant="acme", cluster="lab", names=frozenset({"carol"})),),
+                          second_factor=SecondFactor.NONE)
     assert check(plan, ui, rule=scoped, tenant="acme") == ui
     with pytest.raises(ApprovalError, match="names no approvers for this tenant"):
         check(plan, ui, rule=scoped, tenant="globex")
     others = scoped.model_copy(update={"approvers": frozenset({"dave"})})
     with pytest.raises(ApprovalError, match="'carol' is not an allowed approver here \\(dave\\)"):
         check(plan, ui, rule=others, tenant="globex")
-    closed = ApprovalRule(scoped=scoped.scoped, channels=frozenset({ApprovalChannel.CLI_SIGNED}))
+    closed = scoped.model_copy(update={"channels": frozenset({ApprovalChannel.CLI_SIGNED})})
     with pytest.raises(ApprovalError, match="does not accept prefect-ui approvals"):
         check(plan, ui, rule=closed, tenant="acme")
 
 
-def test_a_prefect_ui_approval_needs_the_second_factor_the_operators_runbook_asks_for() -> None:
+def test_a_prefect_ui_approval_is_accepted_only_where_the_runbook_keeps_the_prefect_form() -> None:
+    """Issue 30 section 1: a code typed into the Prefect form proves who typed it, not what they
+    decided or for which run; with a second factor the approval page decides, never the form."""
     plan = make_plan(tenant="acme")
     bare = ui_approval(plan, "carol", flow_run_id="run-1", at=NOW, ttl=timedelta(hours=1))
+    with_code = ui_approval(plan, "carol", flow_run_id="run-1", at=NOW, ttl=timedelta(hours=1), second_factor="totp")
     scoped = ApprovalRule(scoped=(ApproverScope(tenant="acme", cluster="lab", names=frozenset({"carol"})),))
-    with pytest.raises(ApprovalError, match="requires carol's TOTP code"):
-        check(plan, bare, rule=scoped, tenant="acme")
+    for record in (bare, with_code):
+        with pytest.raises(ApprovalError, match="proves approvers on the approval page .*second_factor: none"):
+            check(plan, record, rule=scoped, tenant="acme")
     lenient = scoped.model_copy(update={"second_factor": SecondFactor.NONE})
     assert check(plan, bare, rule=lenient, tenant="acme") == bare
 

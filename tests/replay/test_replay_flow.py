@@ -24,8 +24,10 @@ CATALOG = ROOT / "incidents" / "catalog.json"
 
 
 @pytest.fixture(autouse=True)
-def harness(prefect_harness: str) -> str:
-    """The session's test-harness server (tests/plugins/services.py)."""
+def harness(prefect_harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's test-harness server (tests/plugins/services.py), and the test's folder as the
+    state directory (the replay reads catalogs and audit logs only there, or the bundled catalog)."""
+    monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path))
     return prefect_harness
 
 
@@ -79,3 +81,36 @@ async def test_a_changed_verdict_fails_the_run_with_a_drift_artifact(tmp_path: P
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def test_the_catalog_and_audit_log_are_the_bundled_catalog_or_files_under_the_state_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 section 3: the replay's ``catalog`` and ``audit_log`` come through the Prefect API,
+    and named any file the worker could read (another operator's audit log, a catalog pointing
+    anywhere). Outside the bundled catalog and the state directory, the run reads nothing."""
+    from denpex.workflow.flow_parameters import FlowParameterError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    audit = elsewhere / "audit.jsonl"
+    AuditLog(audit).append(AuditEntry(
+        kind=AuditKind.RESULT, incident_id="inc-theirs", plan_hash="a" * 64, operation=Operation.ISOLATE,
+        node="gpu-node-002", action="drain", approver="alice", outcome=Outcome.APPLIED),
+        at=datetime.now(UTC) - timedelta(days=30))
+    catalog = small_catalog(elsewhere, change_verdict=False)
+    monkeypatch.setenv("DENPEX_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "escape").symlink_to(elsewhere)  # a link out of the state directory is followed
+    for kwargs, why in (
+            ({"catalog": str(catalog)}, "is neither the bundled catalog"),
+            ({"catalog": str(tmp_path / "state" / "escape" / "catalog.json")}, "is neither the bundled catalog"),
+            ({"catalog": "/etc/passwd"}, "is neither the bundled catalog"),
+            ({"catalog": "incidents/../../../etc/passwd"}, "is neither the bundled catalog"),
+            ({"catalog": str(CATALOG), "audit_log": str(audit)}, "audit_log .* is not a file under the state directory"),
+    ):
+        with pytest.raises(FlowParameterError, match=why):
+            replay(**kwargs)
+    # The bundled catalog by its relative name (prefect.yaml's), and files under the state directory.
+    inside = tmp_path / "state" / "catalog.json"
+    inside.write_text(catalog.read_text())
+    assert replay(catalog=str(inside)).failed == []

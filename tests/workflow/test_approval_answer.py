@@ -68,8 +68,10 @@ def test_approval_carries_the_architecture_fields_and_passes_the_executors_check
     assert (approval.nodes, approval.approver, approval.comment) == (("gpu-node-002", "gpu-node-003"), "alice", "ok")
     assert (approval.channel, approval.flow_run_id, approval.signature) == (ApprovalChannel.PREFECT_UI, "run-1", None)
     assert approval.second_factor == "totp" and "TOTP code checked" in reviewed.reason
+    # The executor takes a Prefect form answer only where the runbook keeps the form (second_factor: none).
+    form_only = POLICY.approval.model_copy(update={"second_factor": SecondFactor.NONE})
     assert check_approval(plan, approval, now=utc_now() + timedelta(seconds=1), operation=Operation.ISOLATE,
-                          rule=POLICY.approval, trusted=TrustedApprovers(), cluster="lab", tenant="acme") == approval
+                          rule=form_only, trusted=TrustedApprovers(), cluster="lab", tenant="acme") == approval
 
 
 def test_rejection_keeps_the_reason(codes: TotpStore) -> None:
@@ -208,8 +210,8 @@ def test_the_executor_refuses_a_ui_approval_without_the_code_the_runbook_require
     later = utc_now() + timedelta(seconds=1)
     assert check_approval(plan, reviewed.approval, now=later, operation=Operation.ISOLATE, rule=lenient.approval,
                           trusted=TrustedApprovers(), cluster="lab", tenant="acme") == reviewed.approval
-    # The operator's runbook at execution is what counts: it asks for the code, the record has none.
-    with pytest.raises(ApprovalError, match="requires alice's TOTP code"):
+    # The operator's runbook at execution is what counts: it proves approvers on the approval page.
+    with pytest.raises(ApprovalError, match="proves approvers on the approval page"):
         check_approval(plan, reviewed.approval, now=later, operation=Operation.ISOLATE, rule=POLICY.approval,
                        trusted=TrustedApprovers(), cluster="lab", tenant="acme")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,12 +23,13 @@ from denpex.workflow.run_settings import check_run_settings
 from flows.run_settings import _rendered
 
 DEFAULT_TEMPLATE = ProcessWorker.get_default_base_job_template()
+CODE_ROOT = Path("/srv/denpex")
 SET_WORKING_DIRECTORY = {"prefect.deployments.steps.set_working_directory": {"directory": "/srv/denpex"}}
 
 
 def test_nothing_set_and_prefect_yamls_pull_step_pass() -> None:
-    check_run_settings(env={}, command=None, pull_steps=[SET_WORKING_DIRECTORY])
-    check_run_settings(env=None, command=None, pull_steps=None)
+    check_run_settings(env={}, command=None, pull_steps=[SET_WORKING_DIRECTORY], code_root=CODE_ROOT)
+    check_run_settings(env=None, command=None, pull_steps=None, code_root=CODE_ROOT)
 
 
 @pytest.mark.parametrize("env", [
@@ -39,16 +41,34 @@ def test_nothing_set_and_prefect_yamls_pull_step_pass() -> None:
 ])
 def test_any_environment_variable_is_refused_by_name_never_by_value(env: dict[str, str]) -> None:
     with pytest.raises(FlowParameterError, match="sets environment variable") as refused:
-        check_run_settings(env=env, command=None, pull_steps=None)
+        check_run_settings(env=env, command=None, pull_steps=None, code_root=CODE_ROOT)
     message = str(refused.value)
     assert all(name in message for name in env) and all(value not in message for value in env.values())
     assert message.endswith("nothing was done")
 
 
+@pytest.mark.parametrize("directory", ["/tmp/forged", "/srv/denpex/flows", "/srv/denpex/../other", "{{ $PWD }}", None],
+                         ids=["elsewhere", "inside", "climbing", "unrendered", "missing"])
+def test_set_working_directory_may_name_only_the_folder_of_the_running_code(directory: object) -> None:
+    """Issue 30 section 3: ``set_working_directory`` could name any folder; only the folder that
+    holds the running ``flows`` package is the deployment's own."""
+    step = {"prefect.deployments.steps.set_working_directory": {} if directory is None else {"directory": directory}}
+    with pytest.raises(FlowParameterError, match="set_working_directory names .*not the folder that holds the "
+                                                 "running flows package \\(/srv/denpex\\)"):
+        check_run_settings(env={}, command=None, pull_steps=[step], code_root=CODE_ROOT)
+    check_run_settings(env={}, command=None, pull_steps=[SET_WORKING_DIRECTORY], code_root=CODE_ROOT)
+
+
+def test_the_running_code_root_is_the_repository_folder() -> None:
+    from flows.run_settings import CODE_ROOT as RUNNING
+
+    assert (RUNNING / "flows" / "run_settings.py").is_file() and (RUNNING / "prefect.yaml").is_file()
+
+
 def test_a_command_or_another_pull_step_is_refused() -> None:
     with pytest.raises(FlowParameterError, match="replaces the command") as refused:
         check_run_settings(env={}, command="sh -c 'python -m prefect.engine'",
-                           pull_steps=[SET_WORKING_DIRECTORY, {"os:environ.update": {"DENPEX_EVIDENCE_ROOT": "x"}}])
+                           pull_steps=[SET_WORKING_DIRECTORY, {"os:environ.update": {"DENPEX_EVIDENCE_ROOT": "x"}}], code_root=CODE_ROOT)
     assert "pull steps include os:environ.update" in str(refused.value)
 
 
@@ -59,7 +79,7 @@ def test_a_command_or_another_pull_step_is_refused() -> None:
 ], ids=["allowed-key-first", "empty", "not-a-mapping"])
 def test_a_pull_step_is_judged_by_every_key_it_has(step: object) -> None:
     with pytest.raises(FlowParameterError, match="pull steps include"):
-        check_run_settings(env={}, command=None, pull_steps=[step])
+        check_run_settings(env={}, command=None, pull_steps=[step], code_root=CODE_ROOT)
 
 
 def _render(deployment_variables: dict[str, Any], run_variables: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -111,4 +131,4 @@ def test_a_work_pools_template_variables_reach_the_rendered_env(prefect_harness:
     env, command = asyncio.run(rendered())
     assert env == {"DENPEX_EVIDENCE_ROOT": "s3://forged"} and command is None
     with pytest.raises(FlowParameterError, match="DENPEX_EVIDENCE_ROOT"):
-        check_run_settings(env=env, command=command, pull_steps=None)
+        check_run_settings(env=env, command=command, pull_steps=None, code_root=CODE_ROOT)

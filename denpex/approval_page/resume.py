@@ -1,0 +1,70 @@
+"""Resume a paused run with its signed decision, through Prefect's HTTP API (the core imports no
+Prefect): ``POST {api}/flow_runs/{id}/resume`` with ``{"run_input": {"record": "<JSON>"}}``.
+
+The record is the only thing the run's input holds: no code, nothing that proves a person to
+whoever reads the API. The flow trusts none of it without the page's database (``page_decision``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import httpx
+from pydantic import SecretStr
+
+from denpex.isolation.approval import Approval
+from denpex.workflow.alert_event import api_headers
+
+__all__ = ["PrefectLink", "ResumeResult", "resume_run"]
+
+_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class PrefectLink:
+    """How the page reaches the Prefect API: its URL and the basic-auth string (from the
+    environment only, never an option that ``ps`` would show)."""
+
+    api_url: str
+    auth: SecretStr | None = None
+    timeout_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    resumed: bool
+    message: str
+
+
+def resume_run(link: PrefectLink, record: Approval) -> ResumeResult:
+    """Resume ``record.flow_run_id`` with ``record``. A busy SQLite server answers 503 for a locked
+    database (Prefect rolls the resume back first), so that is retried a few times."""
+    url = f"{link.api_url.rstrip('/')}/flow_runs/{record.flow_run_id}/resume"
+    headers = api_headers(link.auth.get_secret_value() if link.auth else None)
+    body = {"run_input": {"record": record.model_dump_json()}}
+    for attempt in range(_RETRIES):
+        try:
+            response = httpx.post(url, json=body, headers=headers, timeout=link.timeout_s)
+        except httpx.HTTPError as exc:
+            message = f"the Prefect API at {link.api_url} could not be reached ({exc})"
+        else:
+            if response.status_code != 503:
+                return _result(response)
+            message = "the Prefect API answered 503"
+        time.sleep(min(4.0, 0.5 * 2 ** attempt))
+    return ResumeResult(False, message)
+
+
+def _result(response: httpx.Response) -> ResumeResult:
+    if response.status_code >= 400:
+        return ResumeResult(False, f"the Prefect API answered HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        answer = response.json()
+    except ValueError:
+        return ResumeResult(False, "the Prefect API answered something that is not JSON")
+    status = str(answer.get("status", "")).upper()
+    if status == "ACCEPT":
+        return ResumeResult(True, "the run was resumed with the signed decision")
+    details = answer.get("details") or {}
+    return ResumeResult(False, f"the run was not resumed ({status or 'no status'}): {details.get('reason', '')}")
