@@ -41,14 +41,19 @@ def run_replay(server: PrefectServer, catalog: Path) -> dict[str, object]:
     """Run the replay flow in a fresh process against ``server``; return its flow run."""
     code = ("import sys; from flows.replay import replay; "
             "state = replay(catalog=sys.argv[1], return_state=True); "
-            "print('FLOW_RUN', state.state_details.flow_run_id)")
-    done = subprocess.run([sys.executable, "-c", code, str(catalog)], cwd=ROOT, env=server.env(),
+            "print('FLOW_RUN', state.state_details.flow_run_id); "
+            "print(state.message); state.is_failed() and state.result(raise_on_failure=False)")
+    # A catalog other than the bundled one must lie under the run's state directory.
+    env = {**server.env(), "DENPEX_STATE_DIR": str(catalog.parent)}
+    done = subprocess.run([sys.executable, "-c", code, str(catalog)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [flow_run_id] = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("FLOW_RUN")]
     response = httpx.get(f"{server.api_url}/flow_runs/{flow_run_id}", timeout=10, headers=server.headers)
     response.raise_for_status()
     run: dict[str, object] = response.json()
+    # On a failed run, what the flow said is the first thing a reader needs.
+    assert run["state_type"] == "COMPLETED", done.stdout[-3000:] + done.stderr[-3000:]
     return run
 
 
