@@ -32,7 +32,10 @@ The cases, and where each one's truth comes from (the same truth the tests compa
   for one lost in a tp collective whose rank is behind its ep peers; a tp partner that nothing
   separates from the failed rank is in the truth too (verdict ambiguous). Until issue 17 the
   members of each failed rank's ep group were named after the leads: any still named count as
-  named wrongly, and the notes column says how many are such ep peers.
+  named wrongly, and the notes column says how many are such ep peers. Issue 29's cases are among
+  them: ``moe16_tp_partner_went_on`` (a tp member that enqueued an op its partner never reached
+  waits on it) and the ``*_active_*`` ones, dumped with ``onlyActive=True`` as the pilots' GPU
+  jobs dump (only the entries still in flight).
 
 A "named" rank is one of the report's candidates (``TriageResult.candidates``), as in the tests.
 Per case: expected and given verdict, ranks named right (in the truth's culprits), named wrongly

@@ -51,6 +51,11 @@ class DumpSettings:
     timeout_ms: int = 600_000
     comm_lib_version: str = "2.27.5"
     watchdog_poll_ns: int = 100 * _MS
+    # ``onlyActive=True`` (``_dump_fr_trace(..., onlyActive=True)``, and what production collectors
+    # often ask for): the ring is read as usual, then every entry whose state reads ``completed``
+    # (retired, or found complete by the dump's own query) is left out (D ``getCollectiveTrace``:
+    # ``if (onlyActive && e.time_discovered_completed_.has_value()) continue;``).
+    only_active: bool = False
 
 
 def rank_dump(sim: Simulation, rank: int, dump_ns: int, settings: DumpSettings) -> dict[str, Any]:
@@ -74,7 +79,8 @@ def rank_dump(sim: Simulation, rank: int, dump_ns: int, settings: DumpSettings) 
         "pg_config": pg_config,
         "comm_lib_version": settings.comm_lib_version,
         "pg_status": pg_status,
-        "entries": [view.entry(r, topology.groups[r.group].desc) for r in ring],
+        "entries": [e for e in (view.entry(r, topology.groups[r.group].desc) for r in ring)
+                    if not (settings.only_active and e["state"] == "completed")],
     }
 
 
