@@ -44,8 +44,8 @@ _Found = tuple[Blockage, list[_RankOp]]
 
 def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
                    membership: GroupMembership, as_of_ns: int | None,
-                   dumped_at_ns: dict[int, int] | None = None, *, as_of_given: bool = False
-                   ) -> Comparison:
+                   dumped_at_ns: dict[int, int] | None = None, *, as_of_given: bool = False,
+                   world_size: int | None = None) -> Comparison:
     """Compare every group's progress across its members.
 
     ``dumped_at_ns`` gives each rank's dump time where known; a partly entered op that was young
@@ -58,6 +58,9 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
     clock = _Clock(as_of_ns, as_of_given, dumped_at_ns)
     when = "at the incident time" if as_of_given else "when the ranks dumped"
     heads = _heads(summaries)
+    # Gloo's pg_config is read against the world's size (summary.RankSummary.built_subgroup).
+    world = world_size or max([len(membership.members.get("0", ())), *(r + 1 for r in summaries),
+                               *(r + 1 for r in missing)])
     lag_cache: dict[str, list[int]] = {}
     deferred: list[tuple[str, _Found]] = []
     for name in sorted(membership.members):
@@ -70,7 +73,7 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         deferred += [(name, f) for f in later]
         if name in membership.inferred and (found[0] is None or found[0][0].kind is BlockageKind.OVERDUE):
             # A mismatch among the known members stands whatever the membership.
-            found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
+            found[0] = _unknown_members(name, progress, summaries, missing, world) or found[0]
         if found[0] is not None and found[0][0].tie and found[0][0].kind is BlockageKind.OVERDUE:
             found.append(_stopped_at(found[0][0], progress, summaries)
                          or _lagging_at(found[0][0], summaries, membership, lag_cache))
@@ -575,16 +578,17 @@ def _went_past(other: int, rank: int, tied: str, summaries: dict[int, RankSummar
 
 
 def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: dict[int, RankSummary],
-                     missing: set[int]) -> _Found | None:
+                     missing: set[int], world_size: int) -> _Found | None:
     """Without a manifest a group's members are the ranks whose dumps mention it. When every one
     of them waits in the same collective, the group cannot be whole: a collective whose members
     all entered completes (a one-member group's at once), so members that left no entry in the
     group exist and did not enter. They are among the ranks with nothing in flight anywhere (an
     idle rank cannot be blocked elsewhere) and the ranks without evidence. Gloo's own records
     cannot name the group, but they do say who built one: Gloo's ``pg_config`` holds the
-    last-built backend only, ``[]`` for a subgroup and the world's ranks for the default group
-    (non-members build no backend), so a rank that shows the world's list is a member of no
-    subgroup, and one that shows ``[]`` is a member of some. Such a rank may be blocked in another
+    last-built backend only, ``[]`` (torch 2.13) or positions shorter than the world (torch 2.14)
+    for a subgroup and the world's ranks for the default group (non-members build no backend), so
+    a rank that shows the world's list is a member of no subgroup, and one that shows a shorter
+    list is a member of some. Such a rank may be blocked in another
     group (it skipped this one's op and went on): it stays a suspect even when not idle.
     ``pg_status`` registers a group only once the rank records an entry in it, so it cannot tell
     a member that never entered from a non-member.
@@ -595,8 +599,8 @@ def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: d
         return None
     seq = seqs.pop()
     outside = {r: s for r, s in summaries.items() if name not in s.groups}
-    built = tuple(sorted(r for r, s in outside.items() if s.built_subgroup))
-    idle = tuple(sorted(r for r, s in outside.items() if s.built_subgroup is None
+    built = tuple(sorted(r for r, s in outside.items() if s.built_subgroup(world_size)))
+    idle = tuple(sorted(r for r, s in outside.items() if s.built_subgroup(world_size) is None
                         and not any(g.pending for g in s.groups.values())))
     suspects = tuple(sorted(built + idle)) + tuple(sorted(missing))
     op = next(o for o in ops.values() if o is not None)

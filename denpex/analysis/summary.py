@@ -203,11 +203,19 @@ class RankSummary(BaseModel):
     dumped_at_ns: int | None = None
     # The ``record_id`` of the newest entry: the last op the rank's CPU enqueued, in any group.
     newest_record_id: int | None = None
+    def built_subgroup(self, world_size: int) -> bool | None:
+        """Gloo only: whether the rank built a backend for a subgroup. ``"[]"`` (torch 2.13) or a
+        list shorter than the world (torch 2.14's positions) says it did; the world's list says
+        it did not; None when ``pg_config`` says neither."""
+        if self.gloo_config_size is None:
+            return None
+        return self.gloo_config_size < world_size
+
     # The dump left its completed entries out (``onlyActive``; ``denpex.analysis.active_only``):
     # it holds every op the rank has in flight, and a group it shows no entry of has none.
     only_active: bool = False
-    # Gloo only: whether the rank built a backend for a subgroup (see ``_gloo_built_subgroup``).
-    built_subgroup: bool | None = None
+    # Gloo only: how many ranks its ``pg_config`` lists, 0 for ``"[]"`` (``_gloo_config_size``).
+    gloo_config_size: int | None = None
     # ``pg_status``: rank-local pg_id -> (last enqueued, last completed) work sequence number. It
     # outlives the ring (see ``_pg_status``).
     pg_status: dict[int, tuple[int, int]] = Field(default_factory=dict)
@@ -246,7 +254,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         newest_time_ns=scan.newest_ns,
         oldest_time_ns=_oldest_time(entries),
         newest_record_id=_newest_record_id(entries),
-        built_subgroup=_gloo_built_subgroup(raw.get("pg_config")) if scan.backend == "gloo" else None,
+        gloo_config_size=_gloo_config_size(raw.get("pg_config")) if scan.backend == "gloo" else None,
         pg_status=_pg_status(raw.get("pg_status")),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
@@ -434,12 +442,16 @@ def _oldest_time(entries: list[Any]) -> int | None:
     return None
 
 
-def _gloo_built_subgroup(pg_config: object) -> bool | None:
-    """What Gloo's ``pg_config`` does tell (torch 2.13, measured): one unnamed entry, overwritten
-    by every backend the process builds, because Gloo records it before Python names the group.
-    The default group's backend knows its ranks (``"[0, 1, 2, 3]"``); a ``new_group`` backend
-    records ``"[]"``; non-members of a subgroup build no backend. So ``"[]"`` means the rank is a
-    member of some subgroup, a rank list means it is a member of none. None when it says neither.
+def _gloo_config_size(pg_config: object) -> int | None:
+    """How many ranks Gloo's one ``pg_config`` entry lists (0 for ``"[]"``), read by a rule that
+    needs no torch version (``compare`` decides with the world size what it means).
+
+    Gloo records ``pg_config`` before Python names the group: one unnamed entry, overwritten by
+    every backend the process builds; non-members of a subgroup build no backend. The default
+    group's backend lists the world's ranks. A ``new_group`` backend records ``"[]"`` (torch 2.9
+    to 2.13, measured) or the positions ``[0, ..., n-1]`` within that subgroup (torch 2.14,
+    measured), never global ranks. So the full world list means the rank built no subgroup;
+    ``[]`` or a list shorter than the world means it built one. None when it says neither.
     """
     if not isinstance(pg_config, dict) or len(pg_config) != 1:
         return None
@@ -448,8 +460,9 @@ def _gloo_built_subgroup(pg_config: object) -> bool | None:
     if not isinstance(text, str):
         return None
     if text.strip() == "[]":
-        return True
-    return False if parse_rank_list(text) else None
+        return 0
+    runs = parse_rank_list(text)
+    return sum(count for _, count, _ in runs) if runs else None
 
 
 def _pg_status(pg_status: object) -> dict[int, tuple[int, int]]:

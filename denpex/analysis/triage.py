@@ -212,7 +212,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     absent = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
     outran = {r: why for r, why in stale_by_peers(summaries, membership).items() if r not in stale}
     comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns, manifest,
-                                             as_of is not None)
+                                             as_of is not None, world_size)
     # A dump its peers outran says nothing about where its rank stands now. Where it takes part
     # in a stuck op, the rank counts as unreported; elsewhere (ranks dumped a moment apart in a
     # running job) it changes nothing.
@@ -221,7 +221,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     if involved:
         stale.update(involved)
         comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns,
-                                              manifest, as_of is not None)
+                                              manifest, as_of is not None, world_size)
     decision = mark_guessed_members(decide(comparison, fresh, missing, membership, manifest),
                                     comparison.blockages)
     age_notes: list[str] = []
@@ -257,14 +257,14 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
 
 
 def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], membership: GroupMembership,
-             as_of_ns: int | None, manifest: JobManifest | None, as_of_given: bool
+             as_of_ns: int | None, manifest: JobManifest | None, as_of_given: bool, world_size: int
              ) -> tuple[Comparison, dict[int, RankSummary], dict[int, str]]:
     """Compare the ranks whose dumps are usable; the others count as missing."""
     fresh = {r: s for r, s in summaries.items() if r not in missing}
     dump_times = _dump_times(fresh, manifest)
     fresh, races = settle_retire_races(fresh, set(missing), membership, as_of_ns, dump_times)
     comparison = compare_groups(fresh, set(missing), membership, as_of_ns, dump_times,
-                                as_of_given=as_of_given)
+                                as_of_given=as_of_given, world_size=world_size)
     comparison.notes[:0] = race_notes(races)
     return comparison, fresh, missing
 
