@@ -182,6 +182,14 @@ class MoEScenario:
                         naming=NamingStyle.MEGATRON, fault_step_p2p=P2PMode.PLAIN)
 
 
+def _active(name: str, description: str, layout: MoELayout, faults: tuple[MoEFault, ...],
+            verdict: Verdict = Verdict.AMBIGUOUS) -> MoEScenario:
+    """A reproduction dumped as the pilots' GPU jobs dump (issue 29): ``onlyActive=True``, so only
+    the entries still in flight, from rings of 60 (gaps in ``record_id`` show what was left out)."""
+    return MoEScenario(name, f"onlyActive dumps, {description}", layout, faults, ring_size=60,
+                       only_active=True, verdict=verdict)
+
+
 _L16 = MoELayout(tp=2, pp=2, dp=4, ep=4, etp=1)
 _L32 = MoELayout(tp=2, pp=2, dp=8, ep=4, etp=2)
 
@@ -241,25 +249,22 @@ MOE_SCENARIOS: dict[str, MoEScenario] = {s.name: s for s in (
                 _L16, (MoEFault(5, "fwd1.l0.tp0"),), verdict=Verdict.LOCALIZED),
     # The pilots' dumps (issue 29): only the active entries (onlyActive=True), so completed history
     # is gone and a group a rank finished everything in leaves no entry at all.
-    MoEScenario("moe16_active_tp_faults", "16 ranks, onlyActive dumps: rank 5's GPU stops in the "
-                "backward tp _all_gather_base of microbatch 0, layer 1 (tp [4, 5]; rank 4 goes on to "
-                "enqueue later tp ops) and rank 2's in the forward one of microbatch 1, layer 0 "
-                "(tp [2, 3]; rank 3 enqueues the pair's next op). Pipeline peers block in p2p behind them.",
-                _L16, (MoEFault(5, "bwd0.l1.tp0"), MoEFault(2, "fwd1.l0.tp0")), only_active=True, ring_size=60,
-                verdict=Verdict.LOCALIZED),
-    MoEScenario("moe16_active_two_gpus", "16 ranks, onlyActive dumps: rank 2's GPU stops in the "
-                "dispatch of microbatch 1, layer 0 (ep [0-3]) and rank 13's in the dispatch of "
-                "microbatch 0, layer 1 (ep [12-15]).",
-                _L16, (MoEFault(2, "fwd1.l0.dispatch"), MoEFault(13, "fwd0.l1.dispatch")), only_active=True, ring_size=60),
-    MoEScenario("moe32_active_two_gpus", "32 ranks, onlyActive dumps: rank 6's GPU stops in the "
-                "dispatch of microbatch 1, layer 0 (ep [0, 2, 4, 6]) and rank 27's in the combine of "
-                "microbatch 0, layer 0 (ep [25, 27, 29, 31]).",
-                _L32, (MoEFault(6, "fwd1.l0.dispatch"), MoEFault(27, "fwd0.l0.combine")), only_active=True, ring_size=60),
-    MoEScenario("moe32_active_tp_pairs", "32 ranks, onlyActive dumps: rank 21's GPU stops in the "
-                "backward tp _all_gather_base of microbatch 0, layer 1 (tp [20, 21]) and rank 6's in the "
-                "forward one of microbatch 1, layer 0 (tp [6, 7]); each partner went on.",
-                _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp0")), only_active=True, ring_size=60,
-                verdict=Verdict.LOCALIZED),
+    _active("moe16_active_tp_faults", "16 ranks: rank 5's GPU stops in the backward tp _all_gather_base "
+            "of microbatch 0, layer 1 (tp [4, 5]; rank 4 goes on to enqueue later tp ops) and rank 2's in "
+            "the forward one of microbatch 1, layer 0 (tp [2, 3]; rank 3 enqueues the pair's next op). "
+            "Pipeline peers block in p2p behind them.",
+            _L16, (MoEFault(5, "bwd0.l1.tp0"), MoEFault(2, "fwd1.l0.tp0")), Verdict.LOCALIZED),
+    _active("moe16_active_two_gpus", "16 ranks: rank 2's GPU stops in the dispatch of microbatch 1, "
+            "layer 0 (ep [0-3]) and rank 13's in the dispatch of microbatch 0, layer 1 (ep [12-15]).",
+            _L16, (MoEFault(2, "fwd1.l0.dispatch"), MoEFault(13, "fwd0.l1.dispatch"))),
+    _active("moe32_active_two_gpus", "32 ranks: rank 6's GPU stops in the dispatch of microbatch 1, "
+            "layer 0 (ep [0, 2, 4, 6]) and rank 27's in the combine of microbatch 0, layer 0 "
+            "(ep [25, 27, 29, 31]).",
+            _L32, (MoEFault(6, "fwd1.l0.dispatch"), MoEFault(27, "fwd0.l0.combine"))),
+    _active("moe32_active_tp_pairs", "32 ranks: rank 21's GPU stops in the backward tp _all_gather_base "
+            "of microbatch 0, layer 1 (tp [20, 21]) and rank 6's in the forward one of microbatch 1, "
+            "layer 0 (tp [6, 7]); each partner went on.",
+            _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp0")), Verdict.LOCALIZED),
     # Issue 17, family 7: a stopped-CPU lead (ambiguous) beside a proven culprit in another group.
     MoEScenario("moe32_stopped_lead_and_tp_pair", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 6's GPU stops "
                 "in the dispatch all_to_all of microbatch 1, layer 0 (ep [0, 2, 4, 6]: a stopped-CPU "
