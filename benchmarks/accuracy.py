@@ -19,6 +19,8 @@ The cases, and where each one's truth comes from (the same truth the tests compa
   job whose truth names no culprit; the triage may name the other pair's ranks only as
   ``membership: inferred`` suspects, which count as named wrongly, and the notes say so),
   ``overlap_retire_race`` (family 5) and ``restart_withheld`` (family 6).
+- ``gloo_torch214/<name>``: real Gloo dumps from torch 2.14.1 (``tests/fixtures/gloo_torch214/``),
+  triaged in place; truth ``expected.json``.
 - ``gloo_collected/<name>``: the folders HangDumper wrote (dumps plus ``collector/`` records, no
   manifest); they carry no truth file, so the truth is what ``check_collected`` in
   ``tests/gloo_real/test_gloo_cases.py`` asserts (``subgroup_unknown``: localized, rank 1
@@ -32,7 +34,10 @@ The cases, and where each one's truth comes from (the same truth the tests compa
   for one lost in a tp collective whose rank is behind its ep peers; a tp partner that nothing
   separates from the failed rank is in the truth too (verdict ambiguous). Until issue 17 the
   members of each failed rank's ep group were named after the leads: any still named count as
-  named wrongly, and the notes column says how many are such ep peers.
+  named wrongly, and the notes column says how many are such ep peers. Issue 29's cases are among
+  them: ``moe16_tp_partner_went_on`` (a tp member that enqueued an op its partner never reached
+  waits on it) and the ``*_active_*`` ones, dumped with ``onlyActive=True`` as the pilots' GPU
+  jobs dump (only the entries still in flight).
 
 A "named" rank is one of the report's candidates (``TriageResult.candidates``), as in the tests.
 Per case: expected and given verdict, ranks named right (in the truth's culprits), named wrongly
@@ -61,7 +66,7 @@ from denpex.analysis.models import Membership, TriageResult  # noqa: E402
 from denpex.analysis.triage import TriageOptions, triage_path  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
-FAMILIES = ("gloo", "gloo_bare", "gloo_cases", "gloo_collected", "nccl", "moe")
+FAMILIES = ("gloo", "gloo_bare", "gloo_cases", "gloo_collected", "gloo_torch214", "nccl", "moe")
 
 # tests/gloo_real/test_gloo_cases.py::check_collected: the only truth these folders have.
 COLLECTED_TRUTH: dict[str, tuple[str, dict[int, str]]] = {
@@ -136,9 +141,9 @@ def _gloo_fixture(name: str, suffix: str, manifest: bool = True) -> Callable[[Pa
     return prepare
 
 
-def _gloo_case(name: str) -> Callable[[Path], tuple[Path, Truth]]:
+def _gloo_case(name: str, family: str = "gloo_cases") -> Callable[[Path], tuple[Path, Truth]]:
     def prepare(scratch: Path) -> tuple[Path, Truth]:
-        folder = FIXTURES / "gloo_cases" / name
+        folder = FIXTURES / family / name
         return folder, _read_truth(folder)
     return prepare
 
@@ -199,6 +204,10 @@ def cases(families: tuple[str, ...]) -> Iterator[Case]:
     if "gloo_cases" in families:
         for folder in sorted(p for p in (FIXTURES / "gloo_cases").iterdir() if p.is_dir()):
             yield Case(f"gloo_cases/{folder.name}", _gloo_case(folder.name))
+    if "gloo_torch214" in families:
+        # Issue 29: real Gloo dumps from torch 2.14.1 (pg_config lists subgroup positions).
+        for folder in sorted(p for p in (FIXTURES / "gloo_torch214").iterdir() if p.is_dir()):
+            yield Case(f"gloo_torch214/{folder.name}", _gloo_case(folder.name, "gloo_torch214"))
     if "gloo_collected" in families:
         for folder in sorted(p for p in (FIXTURES / "gloo_collected").iterdir() if p.is_dir()):
             yield Case(f"gloo_collected/{folder.name}", _gloo_collected(folder.name))

@@ -1,7 +1,9 @@
 """Triage at scale, side by side on the same files: ``denpex triage``, torch's analyzer, the floor.
 
 For each size (ranks x 2,000-entry rings) a synthetic NCCL-style dump set is generated from the
-real template (``testkit.generators.expansion``), then three programs run on it, one after the other,
+real template (``testkit.generators.expansion``), or a Gloo-style one for scenario ``gloo``
+(``testkit.generators.gloo_expansion``: scheduled and retired entries, no p2p, a share of the ranks
+in Gloo's retire race), then three programs run on it, one after the other,
 each in its own process tree, with a time cap and a memory cap:
 
 - **floor**: the bare safe-unpickle of every dump on one core (a restricted ``pickle.Unpickler``
@@ -54,6 +56,10 @@ DEFAULT_TEMPLATE = REPO / "benchmarks" / "templates" / "gloo_rank0_2000.pkl.gz"
 FULL_SIZES = (512, 4096, 32768)
 QUICK_SIZES = (256,)
 TOOLS = ("floor", "denpex", "torchfrtrace")
+# Gloo-style (testkit.generators.gloo_expansion): states scheduled and retired, no p2p, the world
+# group and tp pairs, one rank never enters a world all_reduce, a share of the ranks shows the
+# retire race on its pair's newest op. The NCCL-style scenarios are hang_model.Scenario's.
+GLOO = "gloo"
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _POLL_S = 0.2
 _OUTPUT_CAP = 512 * 1024 * 1024  # torchfrtrace prints stacks per mismatch; cap the log file
@@ -370,8 +376,9 @@ def _bytes_estimate(ranks: int) -> int:
 
 
 def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
-    from testkit.generators.expansion import DEFAULT_PREFIX, generate_dump_set
+    from testkit.generators.expansion import DEFAULT_PREFIX, GeneratedSet, generate_dump_set
     from testkit.generators.fr_template import load_template
+    from testkit.generators.gloo_expansion import GlooSet, generate_gloo_set
     from testkit.generators.hang_model import Scenario
 
     result = SizeResult(ranks, scenario)
@@ -386,9 +393,14 @@ def run_size(ranks: int, scenario: str, args: argparse.Namespace) -> SizeResult:
     logs.mkdir()
     try:
         print(f"[{ranks} ranks, {scenario}] generating ...", flush=True)
-        made = generate_dump_set(folder, world_size=ranks, scenario=Scenario(scenario),
-                                 template=load_template(args.template), ring_size=args.ring,
-                                 workers=args.gen_workers)
+        made: GeneratedSet | GlooSet
+        if scenario == GLOO:
+            made = generate_gloo_set(folder, world_size=ranks, template=load_template(args.template),
+                                     ring_size=args.ring)
+        else:
+            made = generate_dump_set(folder, world_size=ranks, scenario=Scenario(scenario),
+                                     template=load_template(args.template), ring_size=args.ring,
+                                     workers=args.gen_workers)
         result.generation = {"seconds": round(made.seconds, 2), "files": made.files,
                              "bytes": made.bytes_written, "states": made.states}
         print(f"  generated {made.files} files, {made.bytes_written / 2**30:.2f} GiB in "
@@ -485,7 +497,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="256 ranks, every scenario, 120 s cap on torchfrtrace")
     p.add_argument("--scenarios", default=None,
-                   help="comma-separated scenarios or 'all' (default stalled; --quick: all)")
+                   help="comma-separated scenarios (hang_model's, and 'gloo') or 'all' (default stalled; "
+                        "--quick: all)")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"subset of {','.join(TOOLS)}")
     p.add_argument("--ring", type=int, default=2000, help="entries per rank (default 2000)")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
@@ -505,8 +518,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     sizes = args.sizes or ",".join(map(str, QUICK_SIZES if args.quick else FULL_SIZES))
     args.sizes = [int(s) for s in sizes.split(",") if s.strip()]
     scenarios = args.scenarios or ("all" if args.quick else "stalled")
-    args.scenarios = ([s.value for s in Scenario] if scenarios == "all"
-                      else [Scenario(s.strip()).value for s in scenarios.split(",")])
+    args.scenarios = ([s.value for s in Scenario] + [GLOO] if scenarios == "all"
+                      else [s.strip() if s.strip() == GLOO else Scenario(s.strip()).value
+                            for s in scenarios.split(",")])
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = [t for t in args.tools if t not in TOOLS]
     if unknown:

@@ -111,7 +111,8 @@ def _headline(report: TriageReport) -> str:
         return f"{head}: every rank reported and no process group is stuck."
     who = ", ".join(f"rank {c.rank} ({c.kind.value})" for c in report.candidates[:6])
     more = f" and {len(report.candidates) - 6} more" if len(report.candidates) > 6 else ""
-    return f"{head}: {who}{more}" if who else head
+    why = f" (why: {report.incomplete_reason.value})" if report.incomplete_reason is not None else ""
+    return f"{head}: {who}{more}{why}" if who else f"{head}{why}"
 
 
 def _host_lines(report: TriageReport) -> list[str]:

@@ -16,58 +16,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 
+from denpex.analysis.blockage import Blockage, BlockageKind
 from denpex.analysis.membership import GroupMembership
+from denpex.analysis.unreached import unreached_waits
 from denpex.analysis.wording import ranks_phrase
-from denpex.analysis.models import StuckCollective
 from denpex.analysis.op_rules import AgreementKey, agreement_key
 from denpex.analysis.summary import GroupProgress, OpKind, OpSignature, OpState, PendingOp, RankSummary
 
 __all__ = ["AGE_UNKNOWN_NOTE", "Blockage", "BlockageKind", "Comparison", "compare_groups", "progress_from_status"]
-
-
-class BlockageKind:
-    """Why a group's op did not complete (plain constants; rendered into StuckCollective)."""
-
-    BEHIND = "behind"          # some members never enqueued it
-    MISMATCH = "mismatch"      # members called different ops / sizes / dtypes at the same seq id
-    P2P = "p2p"                # a send/recv whose peer has no matching op in flight
-    OVERDUE = "overdue"        # everyone is in it, and it outlived its timeout
-    UNKNOWN_MEMBERS = "unknown_members"  # every known member is in it: the others are unknown
-    STOPPED = "stopped"        # everyone is in it; these members' CPUs stopped there, the others' went on
-    LAGGING = "lagging"        # everyone is in it; this member is behind its peers in another group too
-
-
-@dataclass(frozen=True, slots=True)
-class Blockage:
-    """One node of the wait-for graph: ``waiting`` ranks wait for ``targets`` in one op."""
-
-    group: str
-    seq: int
-    kind: str
-    op: str
-    waiting: tuple[int, ...]
-    targets: tuple[int, ...]
-    is_p2p: bool = False
-    tie: bool = False
-    detail: str = ""
-    unknown: tuple[int, ...] = ()
-    enqueued_ns: int | None = None
-    # Targets that called something else than their peers (the rest of the targets never entered).
-    mismatched: tuple[int, ...] = ()
-    # The members that have not called yet (or left no evidence) decide who is out of step.
-    undecided: bool = False
-    # Nothing says how long the op has waited: it may be slow progress, not a hang.
-    age_unknown: bool = False
-
-    def as_stuck(self, desc: str | None) -> StuckCollective:
-        return StuckCollective(
-            process_group=self.group, group_desc=desc, collective_seq_id=self.seq, op=self.op,
-            waiting_ranks=self.waiting, behind_ranks=self.targets, unknown_ranks=self.unknown,
-            is_p2p=self.is_p2p, detail=self.detail,
-            enqueued_at=datetime.fromtimestamp(self.enqueued_ns / 1e9, UTC) if self.enqueued_ns else None,
-        )
 
 
 @dataclass(slots=True)
@@ -76,6 +33,9 @@ class Comparison:
 
     blockages: list[Blockage] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Waits of ops queued behind their rank's own unfinished op (``denpex.analysis.unreached``):
+    # never a reason to leave a component, only direction inside a cycle of waits.
+    directions: list[Blockage] = field(default_factory=list)
 
 
 _RankOp = tuple[int, PendingOp]
@@ -84,8 +44,8 @@ _Found = tuple[Blockage, list[_RankOp]]
 
 def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
                    membership: GroupMembership, as_of_ns: int | None,
-                   dumped_at_ns: dict[int, int] | None = None, *, as_of_given: bool = False
-                   ) -> Comparison:
+                   dumped_at_ns: dict[int, int] | None = None, *, as_of_given: bool = False,
+                   world_size: int | None = None) -> Comparison:
     """Compare every group's progress across its members.
 
     ``dumped_at_ns`` gives each rank's dump time where known; a partly entered op that was young
@@ -98,6 +58,9 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
     clock = _Clock(as_of_ns, as_of_given, dumped_at_ns)
     when = "at the incident time" if as_of_given else "when the ranks dumped"
     heads = _heads(summaries)
+    # Gloo's pg_config is read against the world's size (summary.RankSummary.built_subgroup).
+    world = world_size or max([len(membership.members.get("0", ())), *(r + 1 for r in summaries),
+                               *(r + 1 for r in missing)])
     lag_cache: dict[str, list[int]] = {}
     deferred: list[tuple[str, _Found]] = []
     for name in sorted(membership.members):
@@ -110,11 +73,16 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
         deferred += [(name, f) for f in later]
         if name in membership.inferred and (found[0] is None or found[0][0].kind is BlockageKind.OVERDUE):
             # A mismatch among the known members stands whatever the membership.
-            found[0] = _unknown_members(name, progress, summaries, missing) or found[0]
+            found[0] = _unknown_members(name, progress, summaries, missing, world) or found[0]
         if found[0] is not None and found[0][0].tie and found[0][0].kind is BlockageKind.OVERDUE:
             found.append(_stopped_at(found[0][0], progress, summaries)
                          or _lagging_at(found[0][0], summaries, membership, lag_cache))
         found += _p2p_blockages(name, progress, members, missing, summaries, heads, as_of_ns)
+        covered = frozenset(r for f in found if f is not None for r in f[0].targets)
+        waits, directions = unreached_waits(
+            name, progress, lambda rank, op: _queued_behind(rank, op, heads, name), covered,
+            lambda rank: summaries[rank].backend == "nccl" and not summaries[rank].timing_enabled,
+            lambda rank: rank in heads and heads[rank].record_id == summaries[rank].newest_record_id)
         if from_status and any(f is not None for f in found):
             their = "its" if len(from_status) == 1 else "their"
             result.notes.append(f"{ranks_phrase(from_status)} left no entry of process group {name!r} "
@@ -126,6 +94,9 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
                                 f"process group {name!r} than its peers completed there (every member "
                                 "enqueues a collective before it completes anywhere): not read")
         _add(result, name, found, missing, clock, when)
+        # A young unreached wait is the same progress the stuck op's note already reports.
+        _add(result, name, list(waits), missing, clock, when, quiet=True)
+        _add(result, name, list(directions), missing, clock, when, into=result.directions, quiet=True)
     if not result.blockages:
         # Every stuck op sat behind an earlier op of its holders that is not stuck itself (it
         # was young, or nothing could be read of it): the queued ones are the only lead left.
@@ -137,16 +108,18 @@ def compare_groups(summaries: dict[int, RankSummary], missing: set[int],
 
 
 def _add(result: Comparison, name: str, found: list[_Found | None], missing: set[int],
-         clock: _Clock, when: str) -> None:
+         clock: _Clock, when: str, *, into: list[Blockage] | None = None, quiet: bool = False) -> None:
     for blockage, ops in (f for f in found if f is not None):
         # A rank that left no dump may be dead: then a young wait proves nothing either way.
         young = None if missing.intersection(blockage.targets) else _young(ops, clock)
+        if young and quiet:
+            continue
         if young:
             result.notes.append(f"process group {name!r} {blockage.op} #{blockage.seq} is partly "
                                 f"entered but was at most {young} old {when}: "
                                 "still in progress, not counted as a hang")
         else:
-            result.blockages.append(replace(blockage, enqueued_ns=_oldest(ops),
+            (result.blockages if into is None else into).append(replace(blockage, enqueued_ns=_oldest(ops),
                                             age_unknown=blockage.age_unknown or (
                                                 blockage.kind in _AGE_MATTERS
                                                 and clock.age_unknown(ops))))
@@ -159,7 +132,8 @@ AGE_UNKNOWN_NOTE = ("how long the stuck op has waited is unknown: the dumps reco
 
 # A slow rank looks exactly like a hung one in these; a mismatch or an overdue op is a hang
 # whatever its age.
-_AGE_MATTERS = frozenset({BlockageKind.BEHIND, BlockageKind.P2P, BlockageKind.UNKNOWN_MEMBERS})
+_AGE_MATTERS = frozenset({BlockageKind.BEHIND, BlockageKind.P2P, BlockageKind.UNKNOWN_MEMBERS,
+                          BlockageKind.UNREACHED})
 # An op that waited at least this share of its timeout is stuck, not slow (torch's NCCL watchdog
 # and Denpex's HangDumper only dump past it: the dumper at 0.75 x timeout).
 STUCK_SHARE_OF_TIMEOUT = 0.5
@@ -287,6 +261,12 @@ def _known_progress(name: str, members: tuple[int, ...], summaries: dict[int, Ra
     # records the new one under another pg_id, and pg_status keeps the old one's frozen counters.
     restarted = any(g.pg_id not in (None, 0) or g.pg_id_changed for g in known.values() if g.entry_count)
     for rank in wrapped:
+        if summaries[rank].only_active and stuck is not None:
+            # Its dump holds every op it has in flight (onlyActive), and none in this group: it
+            # never enqueued the op its peers hold (one it had finished, they would have too).
+            known[rank] = GroupProgress(name=name, last_enqueued=stuck - 1, last_completed=stuck - 1,
+                                        last_completed_by_all=stuck - 1)
+            continue
         status = None if restarted else progress_from_status(name, rank, summaries)
         if status is not None and status.last_enqueued < completed:
             contradicted.append(rank)
@@ -598,16 +578,17 @@ def _went_past(other: int, rank: int, tied: str, summaries: dict[int, RankSummar
 
 
 def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: dict[int, RankSummary],
-                     missing: set[int]) -> _Found | None:
+                     missing: set[int], world_size: int) -> _Found | None:
     """Without a manifest a group's members are the ranks whose dumps mention it. When every one
     of them waits in the same collective, the group cannot be whole: a collective whose members
     all entered completes (a one-member group's at once), so members that left no entry in the
     group exist and did not enter. They are among the ranks with nothing in flight anywhere (an
     idle rank cannot be blocked elsewhere) and the ranks without evidence. Gloo's own records
     cannot name the group, but they do say who built one: Gloo's ``pg_config`` holds the
-    last-built backend only, ``[]`` for a subgroup and the world's ranks for the default group
-    (non-members build no backend), so a rank that shows the world's list is a member of no
-    subgroup, and one that shows ``[]`` is a member of some. Such a rank may be blocked in another
+    last-built backend only, ``[]`` (torch 2.13) or positions shorter than the world (torch 2.14)
+    for a subgroup and the world's ranks for the default group (non-members build no backend), so
+    a rank that shows the world's list is a member of no subgroup, and one that shows a shorter
+    list is a member of some. Such a rank may be blocked in another
     group (it skipped this one's op and went on): it stays a suspect even when not idle.
     ``pg_status`` registers a group only once the rank records an entry in it, so it cannot tell
     a member that never entered from a non-member.
@@ -618,8 +599,8 @@ def _unknown_members(name: str, progress: dict[int, GroupProgress], summaries: d
         return None
     seq = seqs.pop()
     outside = {r: s for r, s in summaries.items() if name not in s.groups}
-    built = tuple(sorted(r for r, s in outside.items() if s.built_subgroup))
-    idle = tuple(sorted(r for r, s in outside.items() if s.built_subgroup is None
+    built = tuple(sorted(r for r, s in outside.items() if s.built_subgroup(world_size)))
+    idle = tuple(sorted(r for r, s in outside.items() if s.built_subgroup(world_size) is None
                         and not any(g.pending for g in s.groups.values())))
     suspects = tuple(sorted(built + idle)) + tuple(sorted(missing))
     op = next(o for o in ops.values() if o is not None)

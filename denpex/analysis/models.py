@@ -16,6 +16,7 @@ from denpex.analysis.stack_groups import CandidateStack, StackGroup
 
 __all__ = [
     "Verdict",
+    "IncompleteReason",
     "CandidateKind",
     "Membership",
     "HardwareBearing",
@@ -39,6 +40,24 @@ class Verdict(StrEnum):
     """Ranks that could explain the hang have no usable (or only stale) evidence."""
     NO_HANG = "no_hang"
     """Every rank has evidence and no process group is stuck."""
+
+
+class IncompleteReason(StrEnum):
+    """Why a verdict is ``incomplete`` (``incomplete_reason``; null for the other verdicts)."""
+
+    RANKS_MISSING = "ranks_missing"
+    """Ranks that could explain the hang left no usable or fresh dump."""
+    WORLD_SIZE_UNKNOWN = "world_size_unknown"
+    """One dump, no manifest and no ``--world-size``: how many ranks the job has is a guess."""
+    EVIDENCE_PREDATES_ALERT = "evidence_predates_alert"
+    """An alert (``--as-of``, the flow's alert time) says an op timed out, yet every op in flight
+    was young at that time: the dumps predate the hang, or the alert's time is wrong."""
+    MEMBERSHIP_UNKNOWN = "membership_unknown"
+    """A stuck group's members cannot all be seen (no manifest): the rank it waits on is a guess."""
+    UNDECIDED = "undecided"
+    """The dumps leave a wait open: a ring wrapped past the group, a tied mismatch, Gloo's retire."""
+    AGE_UNKNOWN = "age_unknown"
+    """Ops are in flight and nothing records how long they waited: slow and hung look the same."""
 
 
 class CandidateKind(StrEnum):
@@ -177,6 +196,9 @@ class TriageResult(BaseModel):
     """The comparison's answer before hardware correlation and planning."""
 
     verdict: Verdict
+    # Why the verdict is ``incomplete`` (additive; null otherwise). An incomplete verdict names
+    # candidates where some rank could explain the hang; the reason says why, also when none can.
+    incomplete_reason: IncompleteReason | None = None
     world_size: int
     ranks_with_evidence: list[int]
     missing_ranks: list[int]

@@ -29,6 +29,11 @@ every process alive, every member timed out, and this member's own dump fell ins
 retire race after the timeout. That needs a transport stall with no dead or stopped member and a
 dump taken after the timeout with no dump time recorded; the note says the op was read as complete.
 
+Cost: one pass over each group's members gathers who retired what (``_Retirers``), then each
+member holding an op is judged against that in constant time (the retirers' list is shared):
+linear in the group, where comparing every member with every other one took 30 s of one core for
+a 4,096-rank Gloo world group (issue 29, section 6).
+
     group "0" = [0, 1, 2, 3]; ranks 0, 2, 3 retired #4 (created at t, t+0.5 ms, t+0.2 ms),
     rank 1 holds #4 (created at t+0.1 ms); timeout 5 s; newest evidence t+0.5 ms
     -> rank 1's #4 is complete: Gloo's retire race, not a hang
@@ -36,7 +41,8 @@ dump taken after the timeout with no dump time recorded; the note says the op wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.summary import ROOTED_OPS, GroupProgress, OpKind, PendingOp, RankSummary
@@ -63,14 +69,22 @@ class RetireRace:
 def settle_retire_races(summaries: dict[int, RankSummary], missing: set[int], membership: GroupMembership,
                         as_of_ns: int | None, dump_times: dict[int, int]
                         ) -> tuple[dict[int, RankSummary], list[RetireRace]]:
-    """The summaries with every proven retire race read as complete, and the races found."""
+    """The summaries with every proven retire race read as complete, and the races found.
+
+    One pass over each group's members (``_Retirers``), then one look per member: linear in the
+    group's size, not members x members (a 4,096-rank world group made that 30 s of one core).
+    """
     races: list[RetireRace] = []
     settled = dict(summaries)
     for name, members in membership.members.items():
         if missing.intersection(members):
             continue  # a silent member may be dead: its peers' ops may have failed sooner
-        for rank in members:
-            race = _race(rank, name, members, summaries, as_of_ns, dump_times)
+        candidates = [(rank, op) for rank in members if (op := _racing_op(summaries.get(rank), name)) is not None]
+        if not candidates:
+            continue
+        retirers = _Retirers(name, members, summaries, as_of_ns, dump_times)
+        for rank, op in candidates:
+            race = retirers.race(rank, op)
             if race is None:
                 continue
             races.append(race)
@@ -89,50 +103,101 @@ def race_notes(races: list[RetireRace]) -> list[str]:
             "retired (the retire race): the op is read as complete" for r in races]
 
 
-def _race(rank: int, name: str, members: tuple[int, ...], summaries: dict[int, RankSummary],
-          as_of_ns: int | None, dump_times: dict[int, int]) -> RetireRace | None:
-    summary = summaries.get(rank)
+def _racing_op(summary: RankSummary | None, name: str) -> PendingOp | None:
+    """The member's op in the group that the race could explain: its oldest in flight, a Gloo
+    collective that needs every member (the race is Gloo's: NCCL's state is read off its events
+    at dump time), with a creation time."""
     group = summary.groups.get(name) if summary is not None else None
     op = group.oldest_pending_collective() if group is not None else None
     if (op is None or not op.signature.op.startswith("gloo:") or op.signature.op in ROOTED_OPS
             or op.time_created_ns is None):
-        return None  # the race is Gloo's: NCCL's state is read off its events at dump time
-    retired_by = []
-    for peer in members:
-        if peer == rank:
-            continue
-        theirs = summaries[peer].groups.get(name) if peer in summaries else None
-        if theirs is None or theirs.last_completed_by_all < op.collective_seq_id:
-            continue
-        if not _completed_not_failed(op, theirs, as_of_ns, dump_times.get(peer)):
-            return None
-        retired_by.append(peer)
-    if not retired_by:
         return None
-    times = [op.time_created_ns] + [t for p in retired_by if (t := _created(summaries[p].groups[name], op.collective_seq_id))]
-    return RetireRace(rank, name, op.collective_seq_id, op.signature.describe(), tuple(retired_by),
-                      (max(times) - min(times)) / 1e6)
+    return op
 
 
-def _completed_not_failed(op: PendingOp, theirs: GroupProgress, as_of_ns: int | None,
-                          dumped_ns: int | None) -> bool:
-    """Whether the peer's retire of ``op``'s seq id is proven a completion (see the module doc)."""
-    if theirs.last_completed_by_all > op.collective_seq_id:
-        return True  # it completed a later all-member collective: this one did not fail
-    last = theirs.last_op
-    if (last is None or last.collective_seq_id != op.collective_seq_id or last.time_created_ns is None
-            or not last.timeout_ms or op.time_created_ns is None):
-        return False
-    timeout_ns = last.timeout_ms * 1_000_000
-    if op.time_created_ns - last.time_created_ns >= JOINED_SHARE_OF_TIMEOUT * timeout_ns:
-        return False  # this member came late: the peer may have timed out before it entered
-    reached = dumped_ns if dumped_ns is not None else as_of_ns
-    return reached is not None and reached < last.time_created_ns + timeout_ns
+class _Retirers:
+    """What the members of one group that retired an op show, gathered in one pass.
+
+    For a member holding ``#s``, its retirers are the other members whose ``last_completed_by_all``
+    reaches ``s``. Those past ``s`` completed a later all-member collective: their retire was a
+    completion. Those exactly at ``s`` prove it only if each one's own op ``#s`` is known, its
+    timeout was not reached in the evidence, and this member entered ``#s`` less than half that
+    timeout after it: kept per level as "all usable" and the earliest deadline for joining.
+    """
+
+    def __init__(self, name: str, members: tuple[int, ...], summaries: dict[int, RankSummary],
+                 as_of_ns: int | None, dump_times: dict[int, int]) -> None:
+        self.name = name
+        self.by_level: dict[int, list[int]] = {}
+        self.at: dict[int, _Level] = {}
+        for peer in members:
+            theirs = summaries[peer].groups.get(name) if peer in summaries else None
+            if theirs is None:
+                continue
+            level = theirs.last_completed_by_all
+            self.by_level.setdefault(level, []).append(peer)
+            self.at.setdefault(level, _Level()).add(peer, theirs, as_of_ns, dump_times.get(peer))
+        self.levels = sorted(self.by_level)
+        # The members at or past each level, built once per level asked for (shared by the races).
+        self._reached: dict[int, tuple[int, ...]] = {}
+
+    def race(self, rank: int, op: PendingOp) -> RetireRace | None:
+        seq, created = op.collective_seq_id, op.time_created_ns
+        if created is None:
+            return None
+        exact = self.at.get(seq)
+        if exact is not None and not exact.proves(rank, created):
+            return None
+        retired_by = self._reached_from(seq)
+        if rank in retired_by:  # never in practice: it holds #s, so it completed less than that
+            retired_by = tuple(p for p in retired_by if p != rank)
+        if not retired_by:
+            return None
+        low = min(created, exact.first_created) if exact is not None and exact.first_created else created
+        high = max(created, exact.last_created) if exact is not None and exact.last_created else created
+        return RetireRace(rank, self.name, seq, op.signature.describe(), retired_by, (high - low) / 1e6)
+
+    def _reached_from(self, seq: int) -> tuple[int, ...]:
+        if seq not in self._reached:
+            start = bisect_left(self.levels, seq)
+            self._reached[seq] = tuple(sorted(p for level in self.levels[start:] for p in self.by_level[level]))
+        return self._reached[seq]
 
 
-def _created(group: GroupProgress, seq: int) -> int | None:
-    last = group.last_op
-    return last.time_created_ns if last is not None and last.collective_seq_id == seq else None
+@dataclass(slots=True)
+class _Level:
+    """The members whose ``last_completed_by_all`` is one value ``s``, and what their ``#s`` shows."""
+
+    unusable: set[int] = field(default_factory=set)
+    first_created: int | None = None
+    last_created: int | None = None
+    # The two earliest (created + half the timeout, rank): a member must have entered #s before
+    # the earliest deadline among the *other* members, whoever asks.
+    earliest: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, peer: int, theirs: GroupProgress, as_of_ns: int | None, dumped_ns: int | None) -> None:
+        seq = theirs.last_completed_by_all
+        last = theirs.last_op
+        if (last is None or last.collective_seq_id != seq or last.time_created_ns is None
+                or not last.timeout_ms):
+            self.unusable.add(peer)
+            return
+        created, timeout_ns = last.time_created_ns, last.timeout_ms * 1_000_000
+        self.first_created = created if self.first_created is None else min(self.first_created, created)
+        self.last_created = created if self.last_created is None else max(self.last_created, created)
+        reached = dumped_ns if dumped_ns is not None else as_of_ns
+        if reached is None or reached >= created + timeout_ns:
+            self.unusable.add(peer)  # the evidence reaches its timeout: the retire may be a failure
+            return
+        self.earliest = sorted([*self.earliest, (created + int(JOINED_SHARE_OF_TIMEOUT * timeout_ns), peer)])[:2]
+
+    def proves(self, rank: int, created: int) -> bool:
+        """Whether every other member at this level retired ``#s`` by completing it, for a member
+        that entered ``#s`` at ``created`` (see the module doc)."""
+        if len(self.unusable) - (rank in self.unusable) > 0:
+            return False
+        others = [deadline for deadline, p in self.earliest if p != rank]
+        return not others or created < others[0]
 
 
 def _completed(group: GroupProgress, seq: int) -> GroupProgress:

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from denpex.analysis.active_only import drop_closed_batch_members, left_out_completed
 from denpex.analysis.rank_runs import RankRuns, parse_rank_list
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import DecodedDump, DumpEncoding
@@ -202,8 +203,19 @@ class RankSummary(BaseModel):
     dumped_at_ns: int | None = None
     # The ``record_id`` of the newest entry: the last op the rank's CPU enqueued, in any group.
     newest_record_id: int | None = None
-    # Gloo only: whether the rank built a backend for a subgroup (see ``_gloo_built_subgroup``).
-    built_subgroup: bool | None = None
+    def built_subgroup(self, world_size: int) -> bool | None:
+        """Gloo only: whether the rank built a backend for a subgroup. ``"[]"`` (torch 2.13) or a
+        list shorter than the world (torch 2.14's positions) says it did; the world's list says
+        it did not; None when ``pg_config`` says neither."""
+        if self.gloo_config_size is None:
+            return None
+        return self.gloo_config_size < world_size
+
+    # The dump left its completed entries out (``onlyActive``; ``denpex.analysis.active_only``):
+    # it holds every op the rank has in flight, and a group it shows no entry of has none.
+    only_active: bool = False
+    # Gloo only: how many ranks its ``pg_config`` lists, 0 for ``"[]"`` (``_gloo_config_size``).
+    gloo_config_size: int | None = None
     # ``pg_status``: rank-local pg_id -> (last enqueued, last completed) work sequence number. It
     # outlives the ring (see ``_pg_status``).
     pg_status: dict[int, tuple[int, int]] = Field(default_factory=dict)
@@ -224,7 +236,7 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
     if entries and scan.accepted == 0:
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(scan.rejected.items()))
         raise DumpError(f"none of its {len(entries)} entries is usable ({reasons})")
-    groups = scan.finish()
+    groups = scan.finish(entries)
     if scan.backend != "gloo":
         # Gloo records pg_config before Python names the group, so it is wrong there.
         _apply_pg_config(groups, raw.get("pg_config"), rank_lists if rank_lists is not None else {})
@@ -237,11 +249,12 @@ def summarize_dump(dump: DecodedDump, *, rank: int,
         comm_lib_version=_str_or_none(raw.get("comm_lib_version")),
         entry_count=scan.accepted,
         ring_wrapped=scan.min_record_id is not None and scan.min_record_id > 0,
+        only_active=left_out_completed(entries, scan.saw_completed),
         timing_enabled=scan.timing_seen,
         newest_time_ns=scan.newest_ns,
         oldest_time_ns=_oldest_time(entries),
         newest_record_id=_newest_record_id(entries),
-        built_subgroup=_gloo_built_subgroup(raw.get("pg_config")) if scan.backend == "gloo" else None,
+        gloo_config_size=_gloo_config_size(raw.get("pg_config")) if scan.backend == "gloo" else None,
         pg_status=_pg_status(raw.get("pg_status")),
         dumped_at_ns=scan.live_discovered_ns,
         groups=groups,
@@ -289,6 +302,7 @@ class _Scan:
         self.newest_ns: int | None = None
         self.live_discovered_ns: int | None = None
         self.timing_seen = False
+        self.saw_completed = False
 
     def reject(self, why: str) -> None:
         self.rejected[why] = self.rejected.get(why, 0) + 1
@@ -298,6 +312,7 @@ class _Scan:
         newest = 0
         min_record = None
         accepted = 0
+        saw_done = False
         int64 = _INT64
         for e in entries:
             if type(e) is not dict:
@@ -339,6 +354,8 @@ class _Scan:
             if not retired and state != "scheduled":
                 self._note_live_discovery(e)
             done = retired or state == "completed"
+            if done:
+                saw_done = True
             if e.get("is_p2p") is True:
                 psid = e.get("p2p_seq_id")
                 if type(psid) is int and group.p2p_enq < psid < int64:
@@ -362,6 +379,7 @@ class _Scan:
             else:
                 _keep_pending(group, e)
         self.accepted += accepted
+        self.saw_completed = saw_done
         self.min_record_id = min_record
         if newest >= int64:
             # Only a corrupt or forged dump gets here; kept out of the hot loop.
@@ -391,7 +409,7 @@ class _Scan:
                                                               or value > self.live_discovered_ns):
                 self.live_discovered_ns = value
 
-    def finish(self) -> dict[str, GroupProgress]:
+    def finish(self, entries: list[Any]) -> dict[str, GroupProgress]:
         signatures = _SignatureCache()
         return {
             name: GroupProgress(
@@ -402,7 +420,7 @@ class _Scan:
                 last_completed=g.comp,
                 last_completed_by_all=g.comp_all,
                 last_p2p_enqueued=g.p2p_enq,
-                pending=[_pending_op(e, signatures) for e in g.pending
+                pending=[_pending_op(e, signatures) for e in drop_closed_batch_members(g.pending, entries)
                          if not _finished_by_later(e, g.comp)],
                 pending_dropped=g.dropped,
                 last_op=_pending_op(g.last_entry, signatures) if g.last_entry is not None else None,
@@ -424,12 +442,16 @@ def _oldest_time(entries: list[Any]) -> int | None:
     return None
 
 
-def _gloo_built_subgroup(pg_config: object) -> bool | None:
-    """What Gloo's ``pg_config`` does tell (torch 2.13, measured): one unnamed entry, overwritten
-    by every backend the process builds, because Gloo records it before Python names the group.
-    The default group's backend knows its ranks (``"[0, 1, 2, 3]"``); a ``new_group`` backend
-    records ``"[]"``; non-members of a subgroup build no backend. So ``"[]"`` means the rank is a
-    member of some subgroup, a rank list means it is a member of none. None when it says neither.
+def _gloo_config_size(pg_config: object) -> int | None:
+    """How many ranks Gloo's one ``pg_config`` entry lists (0 for ``"[]"``), read by a rule that
+    needs no torch version (``compare`` decides with the world size what it means).
+
+    Gloo records ``pg_config`` before Python names the group: one unnamed entry, overwritten by
+    every backend the process builds; non-members of a subgroup build no backend. The default
+    group's backend lists the world's ranks. A ``new_group`` backend records ``"[]"`` (torch 2.9
+    to 2.13, measured) or the positions ``[0, ..., n-1]`` within that subgroup (torch 2.14,
+    measured), never global ranks. So the full world list means the rank built no subgroup;
+    ``[]`` or a list shorter than the world means it built one. None when it says neither.
     """
     if not isinstance(pg_config, dict) or len(pg_config) != 1:
         return None
@@ -438,8 +460,9 @@ def _gloo_built_subgroup(pg_config: object) -> bool | None:
     if not isinstance(text, str):
         return None
     if text.strip() == "[]":
-        return True
-    return False if parse_rank_list(text) else None
+        return 0
+    runs = parse_rank_list(text)
+    return sum(count for _, count, _ in runs) if runs else None
 
 
 def _pg_status(pg_status: object) -> dict[int, tuple[int, int]]:

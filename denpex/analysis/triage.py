@@ -23,13 +23,14 @@ from denpex.analysis.incarnations import settle_incarnations
 from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.membership_guess import mark_guessed_members
-from denpex.analysis.models import SkippedFile, TriageResult, Verdict
+from denpex.analysis.incomplete import incomplete_reason, one_dump_alone
+from denpex.analysis.models import IncompleteReason, SkippedFile, TriageResult, Verdict
 from denpex.analysis.retire_race import race_notes, settle_retire_races
 from denpex.analysis.stack_triage import attach_stacks
 from denpex.analysis.stale_by_peers import stale_by_peers
 from denpex.analysis.summary import RankSummary
 from denpex.analysis.twins import newer, same_moment
-from denpex.analysis.unknown_age import in_flight_of_unknown_age, unknown_age_note
+from denpex.analysis.unknown_age import in_flight, in_flight_of_unknown_age, predates_alert_note, unknown_age_note
 from denpex.analysis.verdict import Decision, decide
 from denpex.analysis.wording import ranks_phrase
 from denpex.evidence.discovery import DumpRef, discover_dumps, is_candidate_name, rank_from_file_name
@@ -152,6 +153,7 @@ def triage_outcomes(inventory: EvidenceInventory, outcomes: Iterable[RankSummary
                               as_of=as_of, options=options, skipped=skipped)
     if inventory.size_note:
         result.notes.insert(0, inventory.size_note)
+        result = one_dump_alone(result)
     result.notes[:0] = inventory.notes + twin_notes
     if options.stacks:
         # After the verdict, from the same store: the CLI and the flow's merge step both land here.
@@ -210,7 +212,7 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     absent = {r: _why_no_dump(set_aside.get(r)) for r in range(world_size) if r not in summaries}
     outran = {r: why for r, why in stale_by_peers(summaries, membership).items() if r not in stale}
     comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns, manifest,
-                                             as_of is not None)
+                                             as_of is not None, world_size)
     # A dump its peers outran says nothing about where its rank stands now. Where it takes part
     # in a stuck op, the rank counts as unreported; elsewhere (ranks dumped a moment apart in a
     # running job) it changes nothing.
@@ -219,16 +221,26 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
     if involved:
         stale.update(involved)
         comparison, fresh, missing = _compare(summaries, {**absent, **stale}, membership, as_of_ns,
-                                              manifest, as_of is not None)
+                                              manifest, as_of is not None, world_size)
     decision = mark_guessed_members(decide(comparison, fresh, missing, membership, manifest),
                                     comparison.blockages)
     age_notes: list[str] = []
+    reason: IncompleteReason | None = None
     if decision.verdict is Verdict.NO_HANG:
         unaged = in_flight_of_unknown_age(fresh, _dump_times(fresh, manifest), as_of_given=as_of is not None)
+        # An alert says an op timed out; young ops in flight at its time contradict it.
+        young = in_flight(fresh) if as_of is not None else []
         if unaged:
-            decision, age_notes = Decision(Verdict.INCOMPLETE, decision.candidates, decision.groups), [unknown_age_note(unaged)]
+            reason, age_notes = IncompleteReason.AGE_UNKNOWN, [unknown_age_note(unaged)]
+        elif young:
+            reason, age_notes = IncompleteReason.EVIDENCE_PREDATES_ALERT, [predates_alert_note(young)]
+        if reason is not None:
+            decision = Decision(Verdict.INCOMPLETE, decision.candidates, decision.groups)
+    elif decision.verdict is Verdict.INCOMPLETE:
+        reason = incomplete_reason(decision.candidates, comparison.blockages)
     return TriageResult(
         verdict=decision.verdict,
+        incomplete_reason=reason,
         world_size=world_size,
         ranks_with_evidence=sorted(fresh),
         missing_ranks=sorted(r for r in range(world_size) if r not in summaries),
@@ -245,14 +257,14 @@ def triage_summaries(summaries: dict[int, RankSummary], *, world_size: int,
 
 
 def _compare(summaries: dict[int, RankSummary], missing: dict[int, str], membership: GroupMembership,
-             as_of_ns: int | None, manifest: JobManifest | None, as_of_given: bool
+             as_of_ns: int | None, manifest: JobManifest | None, as_of_given: bool, world_size: int
              ) -> tuple[Comparison, dict[int, RankSummary], dict[int, str]]:
     """Compare the ranks whose dumps are usable; the others count as missing."""
     fresh = {r: s for r, s in summaries.items() if r not in missing}
     dump_times = _dump_times(fresh, manifest)
     fresh, races = settle_retire_races(fresh, set(missing), membership, as_of_ns, dump_times)
     comparison = compare_groups(fresh, set(missing), membership, as_of_ns, dump_times,
-                                as_of_given=as_of_given)
+                                as_of_given=as_of_given, world_size=world_size)
     comparison.notes[:0] = race_notes(races)
     return comparison, fresh, missing
 

@@ -20,7 +20,8 @@ from denpex.analysis.models import Verdict
 from denpex.analysis.summary import OpKind, PendingOp, RankSummary
 from denpex.analysis.wording import ranks_phrase
 
-__all__ = ["InFlightOfUnknownAge", "in_flight_of_unknown_age", "unknown_age_note"]
+__all__ = ["InFlightOfUnknownAge", "in_flight", "in_flight_of_unknown_age", "predates_alert_note",
+           "unknown_age_note"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +38,17 @@ def in_flight_of_unknown_age(summaries: dict[int, RankSummary], dump_times: dict
     """Ops in flight (oldest per rank and group) of unknown age that no peer shows completed."""
     if as_of_given:
         return []
+    return in_flight(summaries, skip=set(dump_times))
+
+
+def in_flight(summaries: dict[int, RankSummary], *, skip: set[int] | frozenset[int] = frozenset()
+              ) -> list[InFlightOfUnknownAge]:
+    """Ops in flight (oldest per rank and group), whatever their age, that no peer shows completed;
+    the ranks in ``skip`` are not looked at (their peers' completions still count)."""
     done_by_all = _completed_by_all(summaries)
     found = []
     for rank, summary in sorted(summaries.items()):
-        if rank in dump_times:
+        if rank in skip:
             continue
         for name, group in sorted(summary.groups.items()):
             for op in group.pending:
@@ -59,6 +67,16 @@ def unknown_age_note(found: list[InFlightOfUnknownAge]) -> str:
             "nothing records how long they have waited (no dump time, no --as-of): a slow op and a "
             f"hung one look the same, so the verdict is {Verdict.INCOMPLETE.value}, not "
             f"{Verdict.NO_HANG.value}. Pass --as-of with the alert time, or dumps with their dump times")
+
+
+def predates_alert_note(found: list[InFlightOfUnknownAge]) -> str:
+    ranks = sorted({f.rank for f in found})
+    first = found[0]
+    return (f"an alert time was given (--as-of), which says an op reached its timeout, yet the ops in "
+            f"flight on {ranks_phrase(ranks)} (e.g. rank {first.rank}'s {first.op.signature.describe()} "
+            f"in process group {first.group!r}) were young at that time: the dumps predate the hang, or "
+            f"the alert's time is wrong. The verdict is {Verdict.INCOMPLETE.value} "
+            "(evidence_predates_alert), not no_hang: take the dumps again, or check the alert's time")
 
 
 def _completed_by_all(summaries: dict[int, RankSummary]) -> dict[str, int]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from denpex.analysis.compare import Blockage, BlockageKind, Comparison, progress_from_status
+from denpex.analysis.blockage import Blockage, BlockageKind
+from denpex.analysis.compare import Comparison, progress_from_status
 from denpex.analysis.membership import GroupMembership
 from denpex.analysis.wording import ranks_phrase
 from denpex.analysis.models import Candidate, CandidateKind, GroupVerdict, Verdict
@@ -61,7 +62,7 @@ def decide(comparison: Comparison, summaries: dict[int, RankSummary], missing: d
                                "rank's silence is the only lead"])
             for r, why in sorted(missing.items())
         ])
-    culprits, reached = analyze(comparison.blockages)
+    culprits, reached = analyze(comparison.blockages, comparison.directions)
     candidates = [_candidate(c, summaries, missing, membership, host(c.rank)) for c in culprits]
     _share_blame_with_silent_ranks(candidates, culprits, missing)
     stopped = [b for c in culprits for b in c.blocking if b.kind is BlockageKind.STOPPED and c.rank in b.targets]
@@ -106,7 +107,11 @@ def verdict_of(culprits: list[Culprit], candidates: list[Candidate]) -> Verdict:
     """The verdict that a set of culprits (and their candidates, in the same order) supports.
 
     The whole incident's verdict, and each stuck group's from the culprits its waits end on.
+    Waits that end on no rank (a group whose unseen members nobody could be) explain nothing:
+    never ``localized`` without a named rank.
     """
+    if not culprits:
+        return Verdict.INCOMPLETE
     if any(b.kind is BlockageKind.STOPPED and c.rank in b.targets for c in culprits for b in c.blocking):
         # A CPU that stopped in an op is also what a rank that synchronised after it looks like
         # while a link or another GPU holds the op: a lead to check, never a culprit to act on.
@@ -272,6 +277,12 @@ def _why_stalled(culprit: Culprit, summaries: dict[int, RankSummary]) -> str:
                 "synchronised right after the op, e.g. .item(), while the fault is elsewhere; the "
                 "dumps cannot tell these apart")
     where = _in_flight(summaries[rank]) or "an op that never finished"
+    if first is not None and first.kind == BlockageKind.UNREACHED:
+        # Picked out of a cycle by a peer that went past it in a group both are in (unreached).
+        peers = ranks_phrase(first.waiting)
+        return (f"rank {rank} is itself blocked in {where}; {peers} enqueued collective #{first.seq} "
+                f"of process group {first.group!r}, which rank {rank} never reached: its CPU stopped "
+                f"first, and {peers} wait{'s' if len(first.waiting) == 1 else ''} on it")
     if first is not None and first.kind == BlockageKind.LAGGING:
         # Separated from its tied peers by where the CPUs stopped (compare._lagging_at).
         return (f"rank {rank} is itself blocked in collective #{first.seq} {first.op} in process group "

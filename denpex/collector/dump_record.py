@@ -55,6 +55,9 @@ class DumpRecord(BaseModel):
     process_groups: dict[str, ProcessGroupSpec] = Field(default_factory=dict)
     gpu_uuid: str | None = None
     gpu_pci_bus_id: str | None = None
+    # The job's torch (issue 29): each release lays its dumps out its own way (README, "Torch
+    # versions"); None where the job had not imported torch.
+    torch_version: str | None = Field(default=None, max_length=64)
 
     def identity(self) -> RankIdentity:
         """This rank's manifest entry."""

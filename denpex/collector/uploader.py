@@ -312,6 +312,8 @@ class EvidenceUploader:
             identity["host"] = record.host
         if record.local_rank is not None:
             identity["local_rank"] = record.local_rank
+        if record.torch_version:
+            identity["torch_version"] = record.torch_version
         # torch.distributed knows the world and the groups; a caller may pass them in instead.
         base = self._identity or _torch_identity_or_empty(self.target.job_id, incident_id)
         merged = {**base, **identity}

@@ -26,12 +26,17 @@ from denpex.evidence.safe_pickle import safe_loads
 __all__ = [
     "DumpEncoding",
     "DecodedDump",
+    "OLDEST_MINOR",
     "SUPPORTED_MAJOR",
     "decode_dump",
     "parse_version",
 ]
 
 SUPPORTED_MAJOR = 2
+# The oldest schema read: torch 2.6 writes "2.4" (no comm_lib_version, entries without their
+# thread); torch 2.9 to 2.14 write "2.10" (README, "Torch versions"). Older schemas come from
+# torch releases nobody here has run, so their fields are refused rather than guessed at.
+OLDEST_MINOR = 4
 _PICKLE_PROTO = 0x80
 # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
 _VERSION_PART = re.compile(r"[0-9]{1,6}")
@@ -83,7 +88,14 @@ def decode_dump(data: bytes, *, source: str) -> DecodedDump:
     if version[0] != SUPPORTED_MAJOR:
         raise DumpError(
             f"Flight Recorder schema {raw['version']} is not supported; Denpex reads "
-            f"{SUPPORTED_MAJOR}.x (torch 2.13 writes 2.10). Upgrade Denpex to read this dump."
+            f"{SUPPORTED_MAJOR}.{OLDEST_MINOR} (torch 2.6) to {SUPPORTED_MAJOR}.x (torch 2.9 to 2.14 write "
+            "2.10). Upgrade Denpex to read this dump."
+        )
+    if version[1] < OLDEST_MINOR:
+        raise DumpError(
+            f"Flight Recorder schema {raw['version']} was written by a torch older than 2.6, which "
+            f"Denpex does not read (its oldest is schema {SUPPORTED_MAJOR}.{OLDEST_MINOR}, torch 2.6); "
+            "dump again with torch 2.6 or later."
         )
     for key, kind in (("entries", list), ("pg_config", dict), ("pg_status", dict)):
         if key in raw and not isinstance(raw[key], kind):

@@ -42,6 +42,8 @@ class UploadIdentity(BaseModel):
     gpu_pci_bus_id: PlainText | None = None
     dumped_at: datetime | None = None
     process_groups: dict[PlainText, ProcessGroupSpec] = Field(default_factory=dict)
+    # The job's torch version (additive, issue 29): dumps differ by release.
+    torch_version: PlainText | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def _ranks_in_world(self) -> "UploadIdentity":

@@ -26,7 +26,7 @@ from testkit.generators.nccl_frames import frames_for
 from testkit.generators.nccl_program import Phase
 from testkit.generators.nccl_sim import Record, Simulation, Work
 
-__all__ = ["DumpFormat", "DumpSettings", "rank_dump", "json_form", "encode_dump", "VERSION"]
+__all__ = ["DumpFormat", "DumpSettings", "rank_dump", "json_form", "encode_dump", "torch26_form", "VERSION"]
 
 VERSION = "2.10"
 _MS = 1_000_000
@@ -51,6 +51,15 @@ class DumpSettings:
     timeout_ms: int = 600_000
     comm_lib_version: str = "2.27.5"
     watchdog_poll_ns: int = 100 * _MS
+    # ``onlyActive=True`` (``_dump_fr_trace(..., onlyActive=True)``, and what production collectors
+    # often ask for): the ring is read as usual, then every entry whose state reads ``completed``
+    # (retired, or found complete by the dump's own query) is left out (D ``getCollectiveTrace``:
+    # ``if (onlyActive && e.time_discovered_completed_.has_value()) continue;``).
+    only_active: bool = False
+    # The schema torch writes: "2.10" (torch 2.9 to 2.14, measured) or "2.4" (torch 2.6:
+    # FlightRecorder.hpp ``version_val``; its dump has no ``comm_lib_version`` and its entries no
+    # ``thread_name`` / ``thread_id``, measured on the 2.6.0 wheel and read in its recorder source).
+    schema: str = VERSION
 
 
 def rank_dump(sim: Simulation, rank: int, dump_ns: int, settings: DumpSettings) -> dict[str, Any]:
@@ -69,25 +78,37 @@ def rank_dump(sim: Simulation, rank: int, dump_ns: int, settings: DumpSettings) 
         works = [r.work for r in records if r.group == info.name and r.work is not None]
         pg_status[str(topology.pg_id(rank, info.name))] = view.status(works, base)
     ring = records[-settings.ring_size:]
-    return {
+    entries = [e for e in (view.entry(r, topology.groups[r.group].desc) for r in ring)
+               if not (settings.only_active and e["state"] == "completed")]
+    dump = {
         "version": VERSION,
         "pg_config": pg_config,
         "comm_lib_version": settings.comm_lib_version,
         "pg_status": pg_status,
-        "entries": [view.entry(r, topology.groups[r.group].desc) for r in ring],
+        "entries": entries,
     }
+    return torch26_form(dump) if settings.schema == "2.4" else dump
+
+
+def torch26_form(dump: dict[str, Any]) -> dict[str, Any]:
+    """The same dump as torch 2.6 writes it (schema ``"2.4"``): no ``comm_lib_version``, and
+    entries without the issuing thread (``thread_name`` and ``thread_id`` came with later
+    schemas); every other field, its order and its meaning are the same."""
+    entries = [{k: v for k, v in e.items() if k not in ("thread_name", "thread_id")} for e in dump.get("entries", [])]
+    return {"version": "2.4", "pg_config": dump["pg_config"], "pg_status": dump["pg_status"], "entries": entries}
 
 
 def json_form(dump: dict[str, Any]) -> dict[str, Any]:
     """The same dump as ``_dump_fr_trace_json`` writes it (``dump_json`` in the header)."""
     out: dict[str, Any] = {
         "version": dump["version"],
-        "comm_lib_version": dump["comm_lib_version"],
         "pg_config": dump["pg_config"],
         "pg_status": {pg: {k: str(v) for k, v in status.items()} for pg, status in dump["pg_status"].items()},
         # getNCCLCommDumpMap() is empty on stock NCCL: JSON writes {}, the pickle omits the key.
         "nccl_comm_state": {},
     }
+    if "comm_lib_version" in dump:
+        out["comm_lib_version"] = dump["comm_lib_version"]
     entries = []
     for entry in dump.get("entries", []):
         converted = {k: v for k, v in entry.items() if k != "frames"}

@@ -165,6 +165,8 @@ class MoEScenario:
     layout: MoELayout
     faults: tuple[MoEFault, ...]
     ring_size: int = 20
+    only_active: bool = False
+    """Dumped with ``onlyActive=True``: completed entries left out (issue 29's pilots' dumps)."""
     verdict: Verdict = Verdict.AMBIGUOUS
     unseparated: tuple[int, ...] = ()
     """Healthy ranks a correct triage names too: the tied partner of a failed rank that nothing
@@ -178,6 +180,14 @@ class MoEScenario:
         return Expected(scenario=self.name, verdict=self.verdict, culprits=culprits,
                         description=self.description, timing_enabled=False,
                         naming=NamingStyle.MEGATRON, fault_step_p2p=P2PMode.PLAIN)
+
+
+def _active(name: str, description: str, layout: MoELayout, faults: tuple[MoEFault, ...],
+            verdict: Verdict = Verdict.AMBIGUOUS) -> MoEScenario:
+    """A reproduction dumped as the pilots' GPU jobs dump (issue 29): ``onlyActive=True``, so only
+    the entries still in flight, from rings of 60 (gaps in ``record_id`` show what was left out)."""
+    return MoEScenario(name, f"onlyActive dumps, {description}", layout, faults, ring_size=60,
+                       only_active=True, verdict=verdict)
 
 
 _L16 = MoELayout(tp=2, pp=2, dp=4, ep=4, etp=1)
@@ -213,19 +223,48 @@ MOE_SCENARIOS: dict[str, MoEScenario] = {s.name: s for s in (
                 "the backward tp _all_gather_base of microbatch 0, layer 1 (tp [20, 21]); its ep peers "
                 "[17, 19, 23] and its partner 20 (in expert-tp [20, 21]) go on, rank 21 does not.",
                 _L32, (MoEFault(21, "bwd0.l1.tp0"),), verdict=Verdict.LOCALIZED),
+    # The fault in the pair's last op before the router's host sync: both members hold it as
+    # their newest tp op and neither enqueued anything the other did not.
     MoEScenario("moe16_tp_pair_unseparated", "16 ranks (tp2 pp2 dp4 ep4 etp1): rank 5's GPU stops in "
-                "the forward tp _all_gather_base of microbatch 1, layer 0 (tp [4, 5]); both members "
-                "stop before the ep dispatch (the router's host sync), so nothing separates them.",
-                _L16, (MoEFault(5, "fwd1.l0.tp0"),), unseparated=(4,)),
+                "the forward tp _reduce_scatter_base of microbatch 1, layer 0 (tp [4, 5]); both "
+                "members stop there, before the ep dispatch (the router's host sync), so nothing "
+                "separates them.",
+                _L16, (MoEFault(5, "fwd1.l0.tp1"),), unseparated=(4,)),
     MoEScenario("moe16_two_tp_pairs", "16 ranks (tp2 pp2 dp4 ep4 etp1): rank 5's GPU stops in the "
                 "backward tp _all_gather_base of microbatch 0, layer 1 (tp [4, 5], separated by ep "
-                "[4-7]) and rank 2's in the forward one of microbatch 1, layer 0 (tp [2, 3], not "
-                "separated).",
-                _L16, (MoEFault(5, "bwd0.l1.tp0"), MoEFault(2, "fwd1.l0.tp0")), unseparated=(3,)),
+                "[4-7]) and rank 2's in the forward _reduce_scatter_base of microbatch 1, layer 0 "
+                "(tp [2, 3], not separated).",
+                _L16, (MoEFault(5, "bwd0.l1.tp0"), MoEFault(2, "fwd1.l0.tp1")), unseparated=(3,)),
     MoEScenario("moe32_two_tp_pairs", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 21's GPU stops in the "
                 "backward tp _all_gather_base of microbatch 0, layer 1 (tp [20, 21], separated) and "
-                "rank 6's in the forward one of microbatch 1, layer 0 (tp [6, 7], not separated).",
-                _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp0")), unseparated=(7,)),
+                "rank 6's in the forward _reduce_scatter_base of microbatch 1, layer 0 (tp [6, 7], "
+                "not separated).",
+                _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp1")), unseparated=(7,)),
+    # Issue 29, section 1: a tp member that went on to enqueue a tp op its partner never reached
+    # waits on the partner, so the partner alone is named.
+    MoEScenario("moe16_tp_partner_went_on", "16 ranks (tp2 pp2 dp4 ep4 etp1): rank 5's GPU stops in "
+                "the forward tp _all_gather_base of microbatch 1, layer 0 (tp [4, 5]); rank 4 enqueues "
+                "the pair's _reduce_scatter_base, which rank 5 never reaches, then waits in the "
+                "router's host sync.",
+                _L16, (MoEFault(5, "fwd1.l0.tp0"),), verdict=Verdict.LOCALIZED),
+    # The pilots' dumps (issue 29): only the active entries (onlyActive=True), so completed history
+    # is gone and a group a rank finished everything in leaves no entry at all.
+    _active("moe16_active_tp_faults", "16 ranks: rank 5's GPU stops in the backward tp _all_gather_base "
+            "of microbatch 0, layer 1 (tp [4, 5]; rank 4 goes on to enqueue later tp ops) and rank 2's in "
+            "the forward one of microbatch 1, layer 0 (tp [2, 3]; rank 3 enqueues the pair's next op). "
+            "Pipeline peers block in p2p behind them.",
+            _L16, (MoEFault(5, "bwd0.l1.tp0"), MoEFault(2, "fwd1.l0.tp0")), Verdict.LOCALIZED),
+    _active("moe16_active_two_gpus", "16 ranks: rank 2's GPU stops in the dispatch of microbatch 1, "
+            "layer 0 (ep [0-3]) and rank 13's in the dispatch of microbatch 0, layer 1 (ep [12-15]).",
+            _L16, (MoEFault(2, "fwd1.l0.dispatch"), MoEFault(13, "fwd0.l1.dispatch"))),
+    _active("moe32_active_two_gpus", "32 ranks: rank 6's GPU stops in the dispatch of microbatch 1, "
+            "layer 0 (ep [0, 2, 4, 6]) and rank 27's in the combine of microbatch 0, layer 0 "
+            "(ep [25, 27, 29, 31]).",
+            _L32, (MoEFault(6, "fwd1.l0.dispatch"), MoEFault(27, "fwd0.l0.combine"))),
+    _active("moe32_active_tp_pairs", "32 ranks: rank 21's GPU stops in the backward tp _all_gather_base "
+            "of microbatch 0, layer 1 (tp [20, 21]) and rank 6's in the forward one of microbatch 1, "
+            "layer 0 (tp [6, 7]); each partner went on.",
+            _L32, (MoEFault(21, "bwd0.l1.tp0"), MoEFault(6, "fwd1.l0.tp0")), Verdict.LOCALIZED),
     # Issue 17, family 7: a stopped-CPU lead (ambiguous) beside a proven culprit in another group.
     MoEScenario("moe32_stopped_lead_and_tp_pair", "32 ranks (tp2 pp2 dp8 ep4 etp2): rank 6's GPU stops "
                 "in the dispatch all_to_all of microbatch 1, layer 0 (ep [0, 2, 4, 6]: a stopped-CPU "
@@ -481,9 +520,9 @@ def build_moe_scenario(name: str) -> BuiltMoE:
     dump_at = {r: timeout_at + (5 * _MS if r == first.rank else _jitter(f"dump/{r}", 150 * _MS, 1_500 * _MS))
                for r in programs}
     settings = DumpSettings(epoch_ns=int(WINDOW_START.timestamp()) * 10**9, timing=False,
-                            ring_size=scenario.ring_size)
+                            ring_size=scenario.ring_size, only_active=scenario.only_active)
     dumps = {r: rank_dump(sim, r, t, settings) for r, t in sorted(dump_at.items())}
-    short = [r for r, d in dumps.items() if len(d["entries"]) < scenario.ring_size]
+    short = [r for r in dumps if len([x for x in sim.records[r] if x.created_ns <= dump_at[r]]) < scenario.ring_size]
     if short:
         raise RuntimeError(f"{name}: ranks {short} recorded fewer entries than the ring holds")
     manifest = _manifest(scenario, topology, {r: settings.epoch_ns + t for r, t in dump_at.items()})

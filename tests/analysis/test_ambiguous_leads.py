@@ -299,10 +299,13 @@ def test_a_hang_after_an_in_process_restart_is_found_in_the_newest_incarnation(t
 
 
 def test_a_young_op_after_an_in_process_restart_is_progress(tmp_path: Path) -> None:
-    """The same rings at the new #6's own time: the newest incarnation's op is young, not hung."""
+    """The same rings at the new #6's own time: the newest incarnation's op is young, not hung, so
+    no healthy rank is named; an alert time that finds it young says the dumps predate the hang
+    (issue 29, section 5): incomplete, not no_hang."""
     stuck, idle = _two_incarnations(8, 5, pending=True), _two_incarnations(8, 5, pending=False)
     result = triage(tmp_path, {0: stuck, 1: stuck, 2: stuck, 3: idle}, W4)
-    assert result.verdict is V.NO_HANG, result.model_dump_json(indent=1)
+    assert result.verdict is V.INCOMPLETE and result.candidates == [], result.model_dump_json(indent=1)
+    assert result.incomplete_reason == "evidence_predates_alert"
     assert any("#6 is partly entered" in n for n in result.notes)
 
 

@@ -78,6 +78,8 @@ def test_ops_in_flight_of_unknown_age_are_never_no_hang(tmp_path: Path) -> None:
     assert unknown.verdict is V.INCOMPLETE and not unknown.candidates
     assert any("nothing records how long they have waited" in n and "--as-of" in n for n in unknown.notes)
     young = triage_path(folder, as_of=datetime.fromtimestamp((POSTED + 10**9) / 1e9, UTC))
-    assert young.verdict is V.NO_HANG, young.model_dump_json(indent=1)
+    # Young at the alert time: nobody is named, and the dumps predate the hang (issue 29, section 5).
+    assert young.verdict is V.INCOMPLETE and not young.candidates, young.model_dump_json(indent=1)
+    assert young.incomplete_reason == "evidence_predates_alert"
     overdue = triage_path(folder, as_of=LATE)
     assert overdue.verdict is not V.NO_HANG

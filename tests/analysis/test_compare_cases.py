@@ -10,6 +10,7 @@ import pytest
 
 from denpex.analysis.models import CandidateKind as K
 from denpex.analysis.models import Verdict as V
+from denpex.analysis.models import IncompleteReason
 from denpex.analysis.triage import triage_path
 from dumps import T0, dump, entry, history, write
 
@@ -84,15 +85,19 @@ def test_case(tmp_path: Path, case: str, fmt: str) -> None:
 
 
 def test_retire_race_is_not_a_hang_once_its_age_is_known(tmp_path: Path) -> None:
-    """Gloo's retire race leaves a finished op unretired. A dump time or the incident time that
-    shows it younger than half its timeout (5 s here) makes it progress: no_hang."""
+    """Gloo's retire race leaves a finished op unretired. A dump time that shows it younger than
+    half its timeout (5 s here) makes it progress: no_hang. An alert time (``--as-of``) says an op
+    timed out: young ops at that time mean the dumps predate the hang (issue 29, section 5), so
+    the verdict is incomplete, never no_hang."""
     dumped = datetime.fromtimestamp(T0 / 1e9, UTC) + timedelta(seconds=1)
     ranks = {str(r): {"dumped_at": dumped.isoformat()} for r in range(4)}
     write(tmp_path, {r: dump(world(5, 1)) for r in range(4)},
           manifest={"world_size": 4, "process_groups": WORLD, "ranks": ranks})
     assert triage_path(tmp_path).verdict is V.NO_HANG
     (tmp_path / "manifest.json").unlink()
-    assert triage_path(tmp_path, as_of=dumped).verdict is V.NO_HANG
+    young = triage_path(tmp_path, as_of=dumped)
+    assert young.verdict is V.INCOMPLETE and young.candidates == []
+    assert young.incomplete_reason is IncompleteReason.EVIDENCE_PREDATES_ALERT
     late = triage_path(tmp_path, as_of=dumped + timedelta(seconds=4))
     assert late.verdict is V.AMBIGUOUS and late.candidates[0].kind is K.STALLED
 
@@ -107,9 +112,12 @@ def test_unknown_age_lowers_confidence_and_asks_for_the_alert_time(tmp_path: Pat
     as_of = datetime.fromtimestamp(T0 / 1e9, UTC) + timedelta(seconds=30)
     known = triage_path(tmp_path, as_of=as_of)
     assert known.candidates[0].confidence == 0.9 and not any("--as-of" in n for n in known.notes)
-    # Young against the incident time: a slow rank, not a hang.
+    # Young against the alert time: no rank is named (a slow rank, not a hang), and since an
+    # alert says an op timed out, the dumps predate the hang (issue 29, section 5): incomplete.
     young = triage_path(tmp_path, as_of=as_of - timedelta(seconds=29))
-    assert young.verdict is V.NO_HANG and any("still in progress" in n for n in young.notes)
+    assert young.verdict is V.INCOMPLETE and not young.candidates
+    assert young.incomplete_reason is IncompleteReason.EVIDENCE_PREDATES_ALERT
+    assert any("still in progress" in n for n in young.notes)
 
 
 def test_stale_dump_by_collector_time(tmp_path: Path) -> None:

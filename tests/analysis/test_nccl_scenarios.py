@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from denpex.analysis.invariants import invariant_violations
 from denpex.analysis.models import CandidateKind, TriageResult
 from denpex.evidence.manifest import load_manifest
 from testkit.generators.nccl_dump import DumpFormat, encode_dump
@@ -60,6 +61,7 @@ def test_triage_finds_the_ground_truth(name: str, fmt: DumpFormat, tmp_path: Pat
     expected = scenario.expected
     assert outcome(result) == (expected.verdict.value, expected.culprits), expected.description
     assert set(result.missing_ranks) == set(scenario.missing_ranks)
+    assert invariant_violations(result) == []  # issue 29, section 4
 
 
 def _renamed(rank: int, fmt: DumpFormat) -> str:

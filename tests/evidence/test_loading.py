@@ -60,6 +60,9 @@ GOOD = pickle.dumps(dump(history("0", 3)), protocol=2)
         pytest.param(pickle.dumps({"entries": []}, protocol=2), "no 'version'", id="no-version"),
         pytest.param(pickle.dumps({"version": "3.0", "entries": []}, protocol=2), "not supported",
                      id="unknown-major"),
+        # Issue 29: torch 2.6 writes schema 2.4, the oldest read; older ones name the torch.
+        pytest.param(pickle.dumps({"version": "2.3", "entries": []}, protocol=2),
+                     "schema 2.3 was written by a torch older than 2.6", id="older-than-torch-2.6"),
         pytest.param(pickle.dumps({"version": "2.10", "entries": {"a": 1}}, protocol=2),
                      "'entries' is a dict", id="entries-not-list"),
         pytest.param(b"\xff\xfe garbage", "not a pickle", id="binary-garbage"),
