@@ -107,6 +107,7 @@ class Database:
         db = sqlite3.connect(self.path, timeout=30)
         try:
             db.executescript(_SCHEMA)  # runs its own transaction
+            _add_columns(db)
         finally:
             db.close()
 
@@ -130,3 +131,22 @@ class Database:
             db.execute("COMMIT")
         finally:
             db.close()
+
+
+# Columns added after a table was first made: (table, column, its SQL). A state directory from
+# before gets them when it is opened; rows already there hold NULL.
+_ADDED_COLUMNS = (
+    ("telemetry", "size", "INTEGER"),  # issue 30: the bytes each key added to an incident are capped
+)
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    for table, column, kind in _ADDED_COLUMNS:
+        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}  # noqa: S608 - names above
+        if column not in present:
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:  # another process opening the state added it meanwhile
+                if "duplicate column" not in str(exc):
+                    raise
+            db.commit()
