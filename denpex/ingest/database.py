@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS incidents (
     run_state TEXT NOT NULL DEFAULT 'not_started', run_started_at REAL, deliveries INTEGER NOT NULL DEFAULT 0,
     resolved_at TEXT, created_at REAL NOT NULL,
     PRIMARY KEY (tenant, cluster, incident_id));
+-- A job's incidents, newest first: a registration asks whether one opened since a rank's process started.
+CREATE INDEX IF NOT EXISTS incidents_by_job ON incidents (tenant, cluster, job_id, created_at);
 CREATE TABLE IF NOT EXISTS uploads (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, job_id TEXT NOT NULL,
     rank INTEGER NOT NULL, version INTEGER NOT NULL, encoding TEXT NOT NULL, sha256 TEXT NOT NULL,
