@@ -29,6 +29,8 @@ __all__ = [
     "SUPPORTED_MAJOR",
     "decode_dump",
     "parse_version",
+    "check_envelope_fields",
+    "json_decode_error",
 ]
 
 SUPPORTED_MAJOR = 2
@@ -77,6 +79,12 @@ def decode_dump(data: bytes, *, source: str) -> DecodedDump:
         raise DumpError(
             f"top level is a {type(raw).__name__}, not the mapping a Flight Recorder dump holds"
         )
+    return DecodedDump(source=source, encoding=encoding, version=check_envelope_fields(raw), raw=raw)
+
+
+def check_envelope_fields(raw: dict[str, Any]) -> tuple[int, int]:
+    """The schema version of a dump's top-level mapping, once its version and the types of its
+    ``entries``, ``pg_config`` and ``pg_status`` are checked (a DumpError names what is wrong)."""
     if "version" not in raw:
         raise DumpError("no 'version' field: not a Flight Recorder dump")
     version = parse_version(raw["version"])
@@ -88,7 +96,16 @@ def decode_dump(data: bytes, *, source: str) -> DecodedDump:
     for key, kind in (("entries", list), ("pg_config", dict), ("pg_status", dict)):
         if key in raw and not isinstance(raw[key], kind):
             raise DumpError(f"'{key}' is a {type(raw[key]).__name__}, expected a {kind.__name__}")
-    return DecodedDump(source=source, encoding=encoding, version=version, raw=raw)
+    return version
+
+
+def json_decode_error(exc: json.JSONDecodeError, text_end: int) -> DumpError:
+    """What a JSON syntax error means for a dump: cut short when it is at the end (``text_end``:
+    the length of the text without trailing blanks), else not JSON."""
+    if exc.pos >= text_end:
+        return DumpError(f"not valid JSON: it ends early, at byte {exc.pos}, so the file was "
+                         "cut short; collect it again")
+    return DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})")
 
 
 def _json_loads(data: bytes) -> object:
@@ -106,10 +123,7 @@ def _json_loads(data: bytes) -> object:
     except UnicodeDecodeError as exc:
         raise DumpError("neither a pickle nor UTF-8 JSON") from exc
     except json.JSONDecodeError as exc:
-        if exc.pos >= len(data.rstrip()):
-            raise DumpError(f"not valid JSON: it ends early, at byte {exc.pos}, so the file was "
-                            "cut short; collect it again") from exc
-        raise DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})") from exc
+        raise json_decode_error(exc, len(data.rstrip())) from exc
     except ValueError as exc:
         # A number with more digits than Python converts (sys.int_info.default_max_str_digits).
         raise DumpError(f"JSON holds an impossible value ({str(exc)[:80]})") from exc
