@@ -32,7 +32,7 @@ from typing import Any
 
 from denpex.evidence.cpu_budget import cpu_limit
 from denpex.evidence.errors import DumpError
-from denpex.evidence.fr_dump import DumpEncoding, check_envelope_fields, decode_dump, json_decode_error
+from denpex.evidence.fr_dump import DumpEncoding, check_envelope_fields, decode_dump, json_decode_errors
 from denpex.evidence.memory_budget import decode_within
 
 __all__ = ["DumpEnvelope", "JSON_CHECK_FLOOR_BYTES", "JSON_CHECK_BYTES_PER_INPUT_BYTE", "MIN_BYTES_PER_MAPPING",
@@ -99,20 +99,9 @@ def check_json_text(text: str, *, size: int) -> DumpEnvelope:
         return _NO_MAPPING
 
     decoder = json.JSONDecoder(object_pairs_hook=mapping)
-    try:
-        with cpu_limit(size):
-            parsed = decode_within(budget, lambda: decoder.decode(text))
-    except MemoryError as exc:
-        raise DumpError(f"checking these {size:,} bytes of JSON needs more than the {budget >> 20} MiB a real dump "
-                        "of this size could need (padding outside its entries, or one entry as large as a dump): "
-                        "hostile or corrupt, so it was refused; collect it again") from exc
-    except json.JSONDecodeError as exc:
-        raise json_decode_error(exc, len(text.rstrip())) from exc
-    except ValueError as exc:
-        # A number with more digits than Python converts (sys.int_info.default_max_str_digits).
-        raise DumpError(f"JSON holds an impossible value ({str(exc)[:80]})") from exc
-    except RecursionError as exc:
-        raise DumpError("JSON nested too deeply") from exc
+    with json_decode_errors(action="checking", size=size, budget=budget, text_end=len(text.rstrip()),
+                            likely="padding outside its entries, or one entry as large as a dump"), cpu_limit(size):
+        parsed = decode_within(budget, lambda: decoder.decode(text))
     if parsed is not _NO_MAPPING:
         raise DumpError(f"top level is a {type(parsed).__name__}, not the mapping a Flight Recorder dump holds")
     raw = dict(top[0])

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -30,7 +32,7 @@ __all__ = [
     "decode_dump",
     "parse_version",
     "check_envelope_fields",
-    "json_decode_error",
+    "json_decode_errors",
 ]
 
 SUPPORTED_MAJOR = 2
@@ -99,13 +101,29 @@ def check_envelope_fields(raw: dict[str, Any]) -> tuple[int, int]:
     return version
 
 
-def json_decode_error(exc: json.JSONDecodeError, text_end: int) -> DumpError:
-    """What a JSON syntax error means for a dump: cut short when it is at the end (``text_end``:
-    the length of the text without trailing blanks), else not JSON."""
-    if exc.pos >= text_end:
-        return DumpError(f"not valid JSON: it ends early, at byte {exc.pos}, so the file was "
-                         "cut short; collect it again")
-    return DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})")
+@contextmanager
+def json_decode_errors(*, action: str, size: int, budget: int, text_end: int, likely: str) -> Iterator[None]:
+    """Turn what decoding ``size`` bytes of JSON can raise into the DumpError that says what it means
+    for a dump (``action``: "decoding" or "checking"; ``likely``: what a budget overrun usually is;
+    ``text_end``: the text's length without trailing blanks, where a cut-short file fails)."""
+    try:
+        yield
+    except MemoryError as exc:
+        raise DumpError(f"{action} these {size:,} bytes of JSON needs more than the {budget >> 20} MiB a real dump "
+                        f"of this size could need ({likely}): hostile or corrupt, so it was refused; collect it "
+                        "again") from exc
+    except UnicodeDecodeError as exc:
+        raise DumpError("neither a pickle nor UTF-8 JSON") from exc
+    except json.JSONDecodeError as exc:
+        if exc.pos >= text_end:
+            raise DumpError(f"not valid JSON: it ends early, at byte {exc.pos}, so the file was "
+                            "cut short; collect it again") from exc
+        raise DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})") from exc
+    except ValueError as exc:
+        # A number with more digits than Python converts (sys.int_info.default_max_str_digits).
+        raise DumpError(f"JSON holds an impossible value ({str(exc)[:80]})") from exc
+    except RecursionError as exc:
+        raise DumpError("JSON nested too deeply") from exc
 
 
 def _json_loads(data: bytes) -> object:
@@ -113,19 +131,6 @@ def _json_loads(data: bytes) -> object:
     # The CPU limit is the general bound (the C decoder never returns to Python midway, so a
     # decode past it is ended by the worker's owner).
     budget = decode_budget(len(data), JSON_DECODE_BYTES_PER_INPUT_BYTE)
-    try:
-        with cpu_limit(len(data)):
-            return decode_within(budget, lambda: json.loads(data))
-    except MemoryError as exc:
-        raise DumpError(f"decoding these {len(data):,} bytes of JSON needs more than the {budget >> 20} MiB "
-                        "a real dump of this size could need (a flood of empty objects or lists): hostile "
-                        "or corrupt, so it was refused; collect it again") from exc
-    except UnicodeDecodeError as exc:
-        raise DumpError("neither a pickle nor UTF-8 JSON") from exc
-    except json.JSONDecodeError as exc:
-        raise json_decode_error(exc, len(data.rstrip())) from exc
-    except ValueError as exc:
-        # A number with more digits than Python converts (sys.int_info.default_max_str_digits).
-        raise DumpError(f"JSON holds an impossible value ({str(exc)[:80]})") from exc
-    except RecursionError as exc:
-        raise DumpError("JSON nested too deeply") from exc
+    with json_decode_errors(action="decoding", size=len(data), budget=budget, text_end=len(data.rstrip()),
+                            likely="a flood of empty objects or lists"), cpu_limit(len(data)):
+        return decode_within(budget, lambda: json.loads(data))
