@@ -1,13 +1,14 @@
 """Issue 30, §2: nothing is reserved for a request whose signature has not been checked.
 
-Against the real ``denpex serve-api`` with its default bounds (a 4 GiB spool, the 256 MiB dump
-cap), the S3 store and the Prefect engine of the other ingest tests: an attacker who knows two key
-ids (they travel in every request's headers) but no secret opens uploads that declare about
-321 MiB each and sends one byte of each. Before issue 30 every declared length was reserved at
-once, before the signature could be checked: ten of them filled the share of the spool for
-unverified bodies, and a genuine tenant's alert, registration and upload got 503 for as long as the
-attacker kept going. Nothing large crosses the wire: a declared length costs the attacker one
-header, so the test is cheap.
+Against the real ``denpex serve-api`` (the suite's S3 store and Prefect engine), with a small spool
+so that nothing large is ever sent or written: ``--max-spool-bytes`` 48 MiB. Before issue 30 every
+declared length was reserved at once, before the signature could be checked, and bodies not yet
+verified could hold three quarters of the spool. The review's attacker knew two key ids (they
+travel in every request's headers) but no secret: ten bodies declaring 3 GiB in all, trickled,
+held that share, and a genuine tenant's alert, registration and upload got 503 for as long as the
+attacker kept going. Here the same attack, scaled to the spool: bodies declaring 36 MiB, three
+quarters of it, kept alive by one byte at a time (the minimum rate is set to 1 byte/s, so that
+the attack lasts as long as the test needs, however slow the machine).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import json
 import select
 import signal
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,23 +36,28 @@ from testkit.services.s3 import MotoS3
 from ingest.conftest import Engine, Lab, make_lab
 
 pytestmark = [pytest.mark.timeout(240)]
-MiB = 1 << 20
+KiB, MiB = 1 << 10, 1 << 20
 FIXTURE = ROOT / "tests" / "fixtures" / "gloo" / "withheld_one"
 SETTLE_S = 60.0  # generous: a loaded 2-core machine answers in well under a second
+SPOOL = 48 * MiB
+V1_ALLOWANCE = SPOOL // 16  # the default share of bodies not yet verified (v1): 1.5 MiB per key id
+UNVERIFIED_BEFORE = SPOOL * 3 // 4  # what they could hold before issue 30
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory, s3: MotoS3, engine: Engine) -> Iterator[Lab]:
-    """The service as the README deploys it: every bound at its default."""
+    """The service with a 48 MiB spool and every share at its default fraction of it; a body may
+    keep 1 byte/s (so a trickle holds its place) for the default 900 s."""
     tmp = tmp_path_factory.mktemp("reservations")
-    lab = make_lab(tmp, s3, engine, prefix=tmp.name)
+    lab = make_lab(tmp, s3, engine, prefix=tmp.name, extra_args=[
+        "--max-spool-bytes", str(SPOOL), "--max-dump-bytes", str(4 * MiB), "--body-min-rate", "1"])
     yield lab
     lab.api.stop(signal.SIGTERM)
 
 
 @dataclass
 class HeldBody:
-    """One attacker upload: its headers and one byte of a body that declares ``declared`` bytes."""
+    """One attacker upload: its headers, then a byte now and then of a body that declares ``declared`` bytes."""
 
     port: int
     headers: dict[str, str]
@@ -64,19 +71,52 @@ class HeldBody:
         self.sock.sendall((f"POST /v1/evidence HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {self.declared}\r\n"
                            "Content-Type: multipart/form-data; boundary=x\r\n" + head + "\r\n-").encode())
 
+    def trickle(self) -> None:
+        """One more byte of the body, while the server has not answered."""
+        if self.sock is not None and self.status is None:
+            try:
+                self.sock.sendall(b"-")
+            except OSError:
+                pass  # answered and closed meanwhile: read by answered()
+
     def answered(self) -> bool:
         """True once the server answered (or closed); the status is kept."""
         if self.status is not None:
             return True
         if self.sock is None or not select.select([self.sock], [], [], 0)[0]:
             return False
-        answer = self.sock.recv(65536)
+        try:
+            answer = self.sock.recv(65536)
+        except OSError:
+            answer = b""
         self.status = int(answer.split()[1]) if answer.startswith(b"HTTP/1.1 ") else 0
         return True
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
+
+
+class Trickle:
+    """The attacker's loop: a byte to every body still held, four times a second, until stopped."""
+
+    def __init__(self, bodies: list[HeldBody]) -> None:
+        self.bodies = bodies
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.25):
+            for body in self.bodies:
+                body.trickle()
+
+    def __enter__(self) -> Trickle:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def _v1(key: IssuedKey, path: str, body: bytes, *, secret: bytes | None = None) -> dict[str, str]:
@@ -100,61 +140,70 @@ def _spooled_bodies(spool: Path) -> int:
     return sum(1 for p in spool.iterdir() if p.suffix == ".body") if spool.exists() else 0
 
 
-def _wait(condition: object, what: str) -> None:
+def _wait(condition: Callable[[], bool], what: str, sockets: Callable[[], list[socket.socket]] = list) -> None:
+    """Until ``condition`` holds: woken by an answer on one of ``sockets``, or every 50 ms to look
+    at the spool (a body admitted has a spool file and no answer yet)."""
     deadline = time.monotonic() + SETTLE_S
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        select.select(sockets(), [], [], 0.05)
 
 
 def test_two_key_ids_without_a_secret_do_not_block_a_genuine_tenant(lab: Lab) -> None:
     spool = lab.api.state_dir / "spool"
-    # Nine bodies of 321 MiB and one of the rest fill the 3 GiB that unverified bodies could hold
-    # before issue 30; six more of 64 MiB, within what a v1 body may still hold, fill the small
-    # allowance that unverified bodies have now. And forged v2 headers, for good measure.
-    sizes = [321 * MiB] * 9 + [3072 * MiB - 9 * 321 * MiB] + [64 * MiB] * 6
     keys = [lab.foreign_key, lab.other_cluster_key]  # two key ids of others; no secret
-    attack = [_forged(lab, keys[i % 2], size, version="v1") for i, size in enumerate(sizes)]
-    attack += [_forged(lab, key, 321 * MiB, version="v2") for key in keys]
+    # Four bodies of 8 MiB and one of 4 MiB: the three quarters of the spool that unverified
+    # bodies could hold before issue 30 (the review's nine of 321 MiB and one of 191 MiB, scaled).
+    big = [8 * MiB] * 4 + [UNVERIFIED_BEFORE - 32 * MiB]
+    attack = [_forged(lab, keys[i % 2], size, version="v1") for i, size in enumerate(big)]
+    # Eight v1 bodies of 512 KiB, within what a v1 body may still be: they fill the allowance.
+    attack += [_forged(lab, keys[i % 2], 512 * KiB, version="v1") for i in range(8)]
+    # And forged v2 headers declaring 8 MiB.
+    attack += [_forged(lab, key, 8 * MiB, version="v2") for key in keys]
     try:
-        # One at a time, each answered or admitted (its spool file exists) before the next, so that
-        # the bodies fill what they can to the byte.
-        for opened, body in enumerate(attack, start=1):
-            body.open()
-            _wait(lambda: sum(b.answered() for b in attack[:opened]) + _spooled_bodies(spool) >= opened,
-                  f"attacker body {opened} to be answered or admitted")
-        held = _spooled_bodies(spool)
+        with Trickle(attack):
+            # One at a time, each answered or admitted (its spool file exists) before the next, so that
+            # the bodies fill what they can to the byte.
+            for opened, body in enumerate(attack, start=1):
+                body.open()
+                _wait(lambda: sum(b.answered() for b in attack[:opened]) + _spooled_bodies(spool) >= opened,
+                      f"attacker body {opened} to be answered or admitted",
+                      lambda: [b.sock for b in attack[:opened] if b.sock is not None and b.status is None])
+            held = [b for b in attack if not b.answered()]
 
-        incident = "inc-" + uuid.uuid4().hex[:10]
-        acme = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
-        identity = {"job_id": "job-1", "incident_id": incident, "rank": 0, "world_size": 4, "host": "gpu-node-001"}
-        upload = acme.upload(identity, (FIXTURE / "rank_0.pkl").read_bytes(), "rank_0.pkl")
-        registration = acme.register("job-1", {"world_size": 4, "ranks": {"0": {"host": "gpu-node-001"}}})
-        alert = acme.alert({"job_id": "job-1", "incident_id": incident, "rank": 0, "world_size": 4})
-        bearer = httpx.post(f"{lab.url}/v1/alerts", headers={"Authorization": f"Bearer {lab.token.token}"}, json={
-            "version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
-                "status": "firing", "startsAt": "2026-12-01T13:09:14Z",
-                "labels": {"alertname": "NCCLWatchdogTimeout", "job_id": "job-1", "incident_id": incident}}]})
-        statuses = {b.declared // MiB: b.status for b in attack}
-        print(f"attacker statuses by MiB declared: {[(b.declared // MiB, b.status) for b in attack]}, "
-              f"bodies held {held}")
-        answers = {"upload": upload, "registration": registration, "alert": alert, "bearer alert": bearer}
+            incident = "inc-" + uuid.uuid4().hex[:10]
+            acme = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+            identity = {"job_id": "job-1", "incident_id": incident, "rank": 0, "world_size": 4,
+                        "host": "gpu-node-001"}
+            answers = {
+                "upload": acme.upload(identity, (FIXTURE / "rank_0.pkl").read_bytes(), "rank_0.pkl"),
+                "registration": acme.register("job-1", {"world_size": 4, "ranks": {"0": {"host": "gpu-node-001"}}}),
+                "alert": acme.alert({"job_id": "job-1", "incident_id": incident, "rank": 0, "world_size": 4}),
+                "bearer alert": httpx.post(f"{lab.url}/v1/alerts", headers={"Authorization": f"Bearer {lab.token.token}"},
+                                           json={"version": "4", "status": "firing", "receiver": "denpex", "alerts": [{
+                                               "status": "firing", "startsAt": "2026-12-01T13:09:14Z",
+                                               "labels": {"alertname": "NCCLWatchdogTimeout", "job_id": "job-1",
+                                                          "incident_id": incident}}]}),
+            }
+            still_held = [b for b in held if not b.answered()]  # the attack lasted through the genuine requests
+        statuses = [(b.declared // KiB, b.status) for b in attack]
+        print(f"attacker statuses by KiB declared: {statuses}; held {len(held)}, still held {len(still_held)}")
         assert {what: r.status_code for what, r in answers.items()} == {
             "upload": 201, "registration": 201, "alert": 200, "bearer alert": 200}, {
             what: r.text for what, r in answers.items()}
         # Forged v2 headers are refused from the headers alone: nothing was reserved for them.
         assert [b.status for b in attack[-2:]] == [401, 401], statuses
-        # A v1 body too large for the allowance is refused before anything is reserved; what the
-        # attacker holds at most is the allowance for v1 bodies (256 MiB of the 4 GiB spool).
-        assert [b.status for b in attack[:10]] == [413] * 10, statuses
-        assert 0 < held * 64 * MiB <= 256 * MiB, statuses
+        # A v1 body larger than a key id's share of the allowance is refused before anything is
+        # reserved; what the attacker holds at most is the allowance for v1 bodies.
+        assert [b.status for b in attack[:5]] == [413] * 5, statuses
+        assert 0 < len(held) * 512 * KiB <= V1_ALLOWANCE and still_held == held, statuses
+        assert {b.status for b in attack[5:-2] if b not in held} == {503}, statuses
     finally:
         for body in attack:
             body.close()
     _wait(lambda: _spooled_bodies(spool) == 0, "the attacker's spool files to go with their requests")
     assert lab.s3.keys(f"{lab.prefix}/globex/") == [] and lab.s3.keys(f"{lab.prefix}/acme/c2/") == []
-
 
 
 def _upload_body(incident: str, rank: int = 0) -> tuple[bytes, str]:
@@ -176,7 +225,7 @@ def test_a_v1_client_keeps_working_within_the_allowance(lab: Lab) -> None:
     v1 = _v1(lab.key, path, registration)
     registered = httpx.post(f"{lab.url}{path}", content=registration, headers=v1 | {"Content-Type": "application/json"})
     assert registered.status_code == 201, registered.text
-    too_big = HeldBody(lab.api.port, _v1(lab.key, "/v1/evidence", b""), 129 * MiB)
+    too_big = HeldBody(lab.api.port, _v1(lab.key, "/v1/evidence", b""), V1_ALLOWANCE // 2 + 1)
     try:
         too_big.open()
         _wait(too_big.answered, "the answer to a v1 body past the allowance")
