@@ -88,8 +88,8 @@ def investigate(path: str | Path, *, world_size: int | None = None,
     if supporting.sources:
         result = correlate(result, job, supporting, options=CorrelationOptions(host_domain=host_domain))
     result = result.model_copy(update={"telemetry_files": list(supporting.sources)})
-    if stored is not None and stored.shown_only:
-        result = result.model_copy(update={"notes": [*result.notes, *untrusted_notes(stored.shown_only)]})
+    if stored is not None and stored.shown.noted:
+        result = result.model_copy(update={"notes": [*result.notes, *untrusted_notes(stored.shown)]})
     report = TriageReport(**dict(result))
     plan = None
     if scheduler is not None:

@@ -9,6 +9,8 @@
            stacks files, the collector's and the py-spy sidecar's, when present and within bounds)
         -> a delivery thread sends each entry with a signed request (``denpex.ingest.client``)
            2xx: acknowledged, removed     5xx / 429 / no answer: retried with backoff
+           413 with telemetry: sent again at once without it (the incident holds all the telemetry
+                this key may add; the dump matters more)
            other 4xx: refused for good, set aside in ``rejected/`` (a bad key is never retried)
 
 A brief outage of the API or of S3 (the API answers 503) therefore loses nothing; what stays in
@@ -338,8 +340,16 @@ class EvidenceUploader:
         """False when the entry must be retried later (the service or the network is down)."""
         try:
             stacks = entry.stacks()
-            response = self._client.upload(entry.identity, entry.dump(), entry.dump_name, entry.telemetry(),
+            telemetry = entry.telemetry()
+            response = self._client.upload(entry.identity, entry.dump(), entry.dump_name, telemetry,
                                            stacks=stacks.get("stacks"), stacks_pyspy=stacks.get("stacks_pyspy"))
+            if response.status_code == 413 and telemetry:
+                # The incident holds all the telemetry this job's key may add (a large job's every rank
+                # sends its NVML snapshot); the dump matters more than telemetry that is only shown.
+                _log.warning("upload of %s: the service refused its telemetry (%s); sending the dump without it",
+                             entry.path.name, response.text[:200])
+                response = self._client.upload(entry.identity, entry.dump(), entry.dump_name, [],
+                                               stacks=stacks.get("stacks"), stacks_pyspy=stacks.get("stacks_pyspy"))
         except httpx.HTTPError as exc:
             _log.warning("upload of %s failed (%s); it stays in the spool", entry.path.name, exc)
             return False

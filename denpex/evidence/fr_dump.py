@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -30,6 +32,8 @@ __all__ = [
     "SUPPORTED_MAJOR",
     "decode_dump",
     "parse_version",
+    "check_envelope_fields",
+    "json_decode_errors",
 ]
 
 SUPPORTED_MAJOR = 2
@@ -82,6 +86,12 @@ def decode_dump(data: bytes, *, source: str) -> DecodedDump:
         raise DumpError(
             f"top level is a {type(raw).__name__}, not the mapping a Flight Recorder dump holds"
         )
+    return DecodedDump(source=source, encoding=encoding, version=check_envelope_fields(raw), raw=raw)
+
+
+def check_envelope_fields(raw: dict[str, Any]) -> tuple[int, int]:
+    """The schema version of a dump's top-level mapping, once its version and the types of its
+    ``entries``, ``pg_config`` and ``pg_status`` are checked (a DumpError names what is wrong)."""
     if "version" not in raw:
         raise DumpError("no 'version' field: not a Flight Recorder dump")
     version = parse_version(raw["version"])
@@ -100,25 +110,24 @@ def decode_dump(data: bytes, *, source: str) -> DecodedDump:
     for key, kind in (("entries", list), ("pg_config", dict), ("pg_status", dict)):
         if key in raw and not isinstance(raw[key], kind):
             raise DumpError(f"'{key}' is a {type(raw[key]).__name__}, expected a {kind.__name__}")
-    return DecodedDump(source=source, encoding=encoding, version=version, raw=raw)
+    return version
 
 
-def _json_loads(data: bytes) -> object:
-    # The same budgets as a pickle's: 47 MiB of ``{}`` would otherwise take a worker to 1.2 GiB.
-    # The CPU limit is the general bound (the C decoder never returns to Python midway, so a
-    # decode past it is ended by the worker's owner).
-    budget = decode_budget(len(data), JSON_DECODE_BYTES_PER_INPUT_BYTE)
+@contextmanager
+def json_decode_errors(*, action: str, size: int, budget: int, text_end: int, likely: str) -> Iterator[None]:
+    """Turn what decoding ``size`` bytes of JSON can raise into the DumpError that says what it means
+    for a dump (``action``: "decoding" or "checking"; ``likely``: what a budget overrun usually is;
+    ``text_end``: the text's length without trailing blanks, where a cut-short file fails)."""
     try:
-        with cpu_limit(len(data)):
-            return decode_within(budget, lambda: json.loads(data))
+        yield
     except MemoryError as exc:
-        raise DumpError(f"decoding these {len(data):,} bytes of JSON needs more than the {budget >> 20} MiB "
-                        "a real dump of this size could need (a flood of empty objects or lists): hostile "
-                        "or corrupt, so it was refused; collect it again") from exc
+        raise DumpError(f"{action} these {size:,} bytes of JSON needs more than the {budget >> 20} MiB a real dump "
+                        f"of this size could need ({likely}): hostile or corrupt, so it was refused; collect it "
+                        "again") from exc
     except UnicodeDecodeError as exc:
         raise DumpError("neither a pickle nor UTF-8 JSON") from exc
     except json.JSONDecodeError as exc:
-        if exc.pos >= len(data.rstrip()):
+        if exc.pos >= text_end:
             raise DumpError(f"not valid JSON: it ends early, at byte {exc.pos}, so the file was "
                             "cut short; collect it again") from exc
         raise DumpError(f"not a pickle, and not valid JSON ({exc.msg} at byte {exc.pos})") from exc
@@ -127,3 +136,13 @@ def _json_loads(data: bytes) -> object:
         raise DumpError(f"JSON holds an impossible value ({str(exc)[:80]})") from exc
     except RecursionError as exc:
         raise DumpError("JSON nested too deeply") from exc
+
+
+def _json_loads(data: bytes) -> object:
+    # The same budgets as a pickle's: 47 MiB of ``{}`` would otherwise take a worker to 1.2 GiB.
+    # The CPU limit is the general bound (the C decoder never returns to Python midway, so a
+    # decode past it is ended by the worker's owner).
+    budget = decode_budget(len(data), JSON_DECODE_BYTES_PER_INPUT_BYTE)
+    with json_decode_errors(action="decoding", size=len(data), budget=budget, text_end=len(data.rstrip()),
+                            likely="a flood of empty objects or lists"), cpu_limit(len(data)):
+        return decode_within(budget, lambda: json.loads(data))

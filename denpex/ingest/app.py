@@ -1,10 +1,11 @@
 """The HTTP app (FastAPI): ``POST /v1/evidence``, ``POST /v1/alerts``, ``GET /v1/incidents/{id}``,
 ``POST|GET /v1/jobs/{job_id}/ranks``.
 
-Thin: check what the headers alone can tell, then receive the body into the spool (hashed as it
-streams, within the bounds of :mod:`denpex.ingest.body_spool`), verify the signature, parse, call
-the service, answer JSON. No body byte is read before the headers pass (a stranger is answered
-401 or 403 at once), and no body is ever held whole in memory. Every refusal is
+Thin: check what the headers alone can tell, receive the body (:mod:`denpex.ingest.request_body`:
+a v2 signature is verified from the headers before anything is reserved, a v1 one once its body
+arrived within a small allowance), parse, call the service, answer JSON. No body byte is read
+before the headers pass (a stranger is answered 401 or 403 at once), and no body is ever held
+whole in memory. Every refusal is
 ``{"error": "<one clear sentence>"}`` with the status of its :class:`IngestError`. Blocking work
 (SQLite, the store, the dump check, the multipart parse) runs in the thread pool, never on the
 event loop.
@@ -22,21 +23,15 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from denpex.ingest.alerts import Alert, alert_from_watchdog, parse_alertmanager, parse_denpex_alert
-from denpex.ingest.auth import Caller, PendingRequest, authenticate_bearer, check_signed_headers, verify_signature
-from denpex.ingest.body_spool import SpooledFile, SpoolBusyError, SpoolSlot, spool_body
+from denpex.ingest.auth import authenticate_bearer
+from denpex.ingest.body_spool import SpooledFile, SpoolBusyError
 from denpex.ingest.coverage import incident_view
-from denpex.ingest.errors import (
-    IngestError,
-    InvalidRequestError,
-    NotFoundError,
-    PayloadTooLargeError,
-    RateLimitedError,
-)
+from denpex.ingest.errors import IngestError, InvalidRequestError, NotFoundError, RateLimitedError
 from denpex.ingest.identity import ID_PATTERN, parse_identity, parse_telemetry_identity
 from denpex.ingest.incidents import IncidentKey
 from denpex.ingest.registration import parse_registration
+from denpex.ingest.request_body import SignedReceiver
 from denpex.ingest.service import IngestService
-from denpex.ingest.signing import body_sha256, request_target
 from denpex.ingest.upload_form import FormCaps, parse_upload_form
 
 __all__ = ["create_app"]
@@ -51,6 +46,7 @@ def create_app(service: IngestService) -> FastAPI:
         service.close()
 
     app = FastAPI(title="Denpex ingest", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    receiver = SignedReceiver(service.registry, service.nonces, service.spool)
 
     @app.exception_handler(IngestError)
     async def _refused(_: Request, exc: IngestError) -> JSONResponse:
@@ -69,18 +65,16 @@ def create_app(service: IngestService) -> FastAPI:
 
     @app.post("/v1/evidence")
     async def upload_evidence(request: Request) -> JSONResponse:
-        cap = service.config.max_upload_bytes
-        pending = await _check_headers(service, request)
+        pending = await receiver.check_headers(request, service.clock())
         content_type = request.headers.get("content-type", "")
         if not content_type.lower().startswith("multipart/form-data"):
             raise InvalidRequestError("an upload is multipart/form-data with the parts 'identity' and 'dump' "
                                       "(or, from a node agent's key, 'identity' and 'telemetry')")
         caps = FormCaps(max_dump_bytes=service.config.max_dump_bytes,
                         max_telemetry_bytes=service.config.max_telemetry_bytes)
-        with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
-            body = await _receive(service, request, slot, cap)
-            caller = await _verify(service, request, pending, body.sha256)
-            form = await run_in_threadpool(parse_upload_form, body.path, content_type, slot, caps)
+        async with receiver.body(request, pending, cap=service.config.max_upload_bytes, now=service.clock()) as got:
+            caller = got.caller
+            form = await run_in_threadpool(parse_upload_form, got.body.path, content_type, got.slot, caps)
             if form.dump is None:
                 # A node agent's telemetry without a dump (the rank on its host died without one).
                 telemetry_identity = parse_telemetry_identity(form.identity)
@@ -98,32 +92,29 @@ def create_app(service: IngestService) -> FastAPI:
         now = datetime.fromtimestamp(service.clock(), UTC)
         authorization = request.headers.get("authorization")
         if authorization is not None:
+            # The token is checked from the headers: only then is anything reserved, in the bearer pool.
             grant = await run_in_threadpool(authenticate_bearer, service.registry, authorization)
             tenant, cluster = grant.tenant, grant.cluster
-            with service.spool.admit(_declared(request, cap), source=f"bearer:{tenant}/{cluster}",
-                                     authenticated=True) as slot:
-                body = await _small_body(await _receive(service, request, slot, cap))
+            async with receiver.bearer_body(request, tenant, cluster, cap=cap) as spooled:
+                body = await _small_body(spooled)
             alerts = parse_alertmanager(body, tenant=tenant, cluster=cluster, received_at=now)
         else:
-            pending = await _check_headers(service, request)
-            with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
-                spooled = await _receive(service, request, slot, cap)
-                caller = await _verify(service, request, pending, spooled.sha256)
-                body = await _small_body(spooled)
-            tenant, cluster = caller.tenant, caller.cluster
+            pending = await receiver.check_headers(request, service.clock())
+            async with receiver.body(request, pending, cap=cap, now=service.clock()) as got:
+                body = await _small_body(got.body)
+            tenant, cluster = got.caller.tenant, got.caller.cluster
             alerts = _signed_alerts(request, body, now)
         receipts = await run_in_threadpool(service.alerts.receive, tenant, cluster, alerts)
         return JSONResponse({"alerts": [r.model_dump(mode="json") for r in receipts]})
 
     @app.post("/v1/jobs/{job_id}/ranks")
     async def register_ranks(job_id: str, request: Request) -> JSONResponse:
-        cap = service.config.max_registration_bytes
-        pending = await _check_headers(service, request)
+        pending = await receiver.check_headers(request, service.clock())
         _check_job_id(job_id)
-        with service.spool.admit(_declared(request, cap), source=_source(pending)) as slot:
-            spooled = await _receive(service, request, slot, cap)
-            caller = await _verify(service, request, pending, spooled.sha256)
-            body = await _small_body(spooled)
+        async with receiver.body(request, pending, cap=service.config.max_registration_bytes,
+                                 now=service.clock()) as got:
+            body = await _small_body(got.body)
+        caller = got.caller
         registration = await run_in_threadpool(parse_registration, body)  # up to 8 MiB: off the event loop
         receipt = await run_in_threadpool(service.jobs.register, caller, job_id, registration)
         if receipt.changed:
@@ -132,8 +123,8 @@ def create_app(service: IngestService) -> FastAPI:
 
     @app.get("/v1/jobs/{job_id}/ranks")
     async def read_ranks(job_id: str, request: Request) -> JSONResponse:
-        pending = await _check_headers(service, request)
-        caller = await _verify(service, request, pending, body_sha256(b""))
+        pending = await receiver.check_headers(request, service.clock())
+        caller = await receiver.empty(request, pending, service.clock())
         _check_job_id(job_id)
         layout = await run_in_threadpool(service.jobs.layout, caller.tenant, caller.cluster, job_id)
         if layout is None:
@@ -144,8 +135,8 @@ def create_app(service: IngestService) -> FastAPI:
     @app.get("/v1/incidents/{incident_id}")
     async def read_incident(incident_id: str, request: Request) -> JSONResponse:
         # A GET signs the empty body; whatever body a sender attaches is never read.
-        pending = await _check_headers(service, request)
-        caller = await _verify(service, request, pending, body_sha256(b""))
+        pending = await receiver.check_headers(request, service.clock())
+        caller = await receiver.empty(request, pending, service.clock())
         key = IncidentKey(caller.tenant, caller.cluster, incident_id)
         view = await run_in_threadpool(incident_view, service.book, service.trigger, key)
         return JSONResponse(view.model_dump(mode="json"))
@@ -158,41 +149,6 @@ def _check_job_id(job_id: str) -> None:
     if not re.fullmatch(ID_PATTERN, job_id):
         raise InvalidRequestError(f"job id {job_id[:64]!r} is not a valid id (letters, digits, '.', '_', '-'; "
                                   "at most 128)")
-
-
-def _declared(request: Request, limit: int) -> int | None:
-    """The declared Content-Length, refused (413) before a byte is read when it is over ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared is None or not declared.isdigit():
-        return None
-    if int(declared) > limit:
-        raise PayloadTooLargeError(f"the body is {int(declared):,} bytes, over the {limit:,}-byte cap; "
-                                   "nothing was stored")
-    return int(declared)
-
-
-async def _check_headers(service: IngestService, request: Request) -> PendingRequest:
-    return await run_in_threadpool(check_signed_headers, service.registry, service.nonces, dict(request.headers),
-                                   now=service.clock())
-
-
-def _source(pending: PendingRequest) -> str:
-    """Whom a signed body's slot is counted against before its signature is verified: the key
-    it names (the headers proved the key exists, not who holds it)."""
-    return f"key:{pending.key.key_id}"
-
-
-async def _receive(service: IngestService, request: Request, slot: SpoolSlot, cap: int) -> SpooledFile:
-    """The body, spooled and hashed, within its cap and its deadline."""
-    deadline = service.spool.limits.deadline_s(_declared(request, cap), cap)
-    return await spool_body(request.stream(), slot, cap=cap, deadline_s=deadline)
-
-
-async def _verify(service: IngestService, request: Request, pending: PendingRequest, body_hash: str) -> Caller:
-    """The signature over the request target: the path and, when there is one, the query as sent."""
-    target = request_target(request.url.path, request.scope.get("query_string", b"").decode("latin-1"))
-    return await run_in_threadpool(verify_signature, service.nonces, pending, method=request.method, target=target,
-                                   body_hash=body_hash, now=service.clock())
 
 
 async def _small_body(spooled: SpooledFile) -> bytes:

@@ -1,7 +1,7 @@
 """Who sent a request: a verified signature or bearer token, bound to one tenant and cluster.
 
-A signed request is checked in two steps, so that nothing about the body is read, stored or
-spent before the headers alone could pass (the body may be 256 MiB):
+A signed request is checked in steps, so that nothing about the body is read, stored or spent
+before the headers alone could pass (the body may be 256 MiB):
 
 :func:`check_signed_headers`, from the headers only, before any body byte is read:
 
@@ -13,12 +13,18 @@ spent before the headers alone could pass (the body may be 256 MiB):
 6. the tenant's plan includes hang triage                         403
 7. the nonce was not used with this key yet (read, not recorded)  401
 
-:func:`verify_signature`, once the body has been hashed as it streamed to the spool:
+:func:`verify_headers` for a v2 signature, still from the headers only, before anything is
+reserved for the body; :func:`verify_signature` for a v1 signature, once the body has been hashed
+as it streamed to the spool (within the small allowance for unverified bodies):
 
 8. the HMAC matches (constant time)                               401
 9. the nonce is recorded, atomically: of two requests racing with
    one nonce only one passes; a request whose HMAC failed never
    spends the nonce of the genuine one                            401
+
+A v2 body is then checked against the length and SHA-256 its signature covers as it streams
+(:func:`denpex.ingest.body_spool.spool_body`, 401 on any difference). Its nonce is spent already:
+a retry signs again with a fresh one, as Denpex's clients do.
 
 A key id is not a secret, so steps 4-6 answer before the signature is known to be good: their
 messages name what the headers claimed, never which tenant or cluster the key belongs to.
@@ -33,10 +39,18 @@ from denpex.ingest.errors import AuthenticationError, ForbiddenError
 from denpex.ingest.nonce_cache import NonceCache
 from denpex.ingest.plans import require_hang_triage
 from denpex.ingest.registry import Registry, SigningKey, TokenGrant
-from denpex.ingest.signing import SignedHeaders, body_sha256, check_signature, check_timestamp, parse_signed_headers
+from denpex.ingest.signing import (
+    SignatureVersion,
+    SignedHeaders,
+    body_sha256,
+    check_body,
+    check_signature,
+    check_timestamp,
+    parse_signed_headers,
+)
 
-__all__ = ["Caller", "PendingRequest", "check_signed_headers", "verify_signature", "authenticate_signed",
-           "authenticate_bearer"]
+__all__ = ["Caller", "PendingRequest", "check_signed_headers", "verify_headers", "verify_signature",
+           "authenticate_signed", "authenticate_bearer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +91,25 @@ def check_signed_headers(registry: Registry, nonces: NonceCache, headers: Mappin
     return PendingRequest(signed=signed, key=key)
 
 
+def verify_headers(nonces: NonceCache, pending: PendingRequest, *, method: str, target: str, now: float) -> Caller:
+    """Steps 8-9 for a v2 signature: the HMAC over the request target and the declared body, from
+    the headers alone, then the nonce. The body that arrives must then be the declared one."""
+    if pending.signed.version is not SignatureVersion.V2:
+        raise ValueError("a v1 signature covers the body itself: verify it with verify_signature once it arrived")
+    return _verified(nonces, pending, method=method, target=target, body_hash=None, now=now)
+
+
 def verify_signature(nonces: NonceCache, pending: PendingRequest, *, method: str, target: str, body_hash: str,
                      now: float) -> Caller:
-    """Steps 8-9: the HMAC over the request target and the streamed body's hash, then the nonce."""
+    """Steps 8-9 for a v1 signature: the HMAC over the request target and the streamed body's hash,
+    then the nonce."""
+    if pending.signed.version is not SignatureVersion.V1:
+        raise ValueError("a v2 signature is verified from the headers, before the body: use verify_headers")
+    return _verified(nonces, pending, method=method, target=target, body_hash=body_hash, now=now)
+
+
+def _verified(nonces: NonceCache, pending: PendingRequest, *, method: str, target: str, body_hash: str | None,
+              now: float) -> Caller:
     key = pending.key
     check_signature(key.secret.get_secret_value().encode(), pending.signed, method, target, body_hash=body_hash)
     nonces.claim(key.key_id, pending.signed.nonce, now)
@@ -88,9 +118,14 @@ def verify_signature(nonces: NonceCache, pending: PendingRequest, *, method: str
 
 def authenticate_signed(registry: Registry, nonces: NonceCache, headers: Mapping[str, str], *,
                         method: str, path: str, body: bytes, now: float) -> Caller:
-    """Both steps for a body already in memory (``path`` is the request target)."""
+    """Every step for a body already in memory (``path`` is the request target), either version."""
     pending = check_signed_headers(registry, nonces, headers, now=now)
-    return verify_signature(nonces, pending, method=method, target=path, body_hash=body_sha256(body), now=now)
+    declared = pending.signed.declared
+    if declared is None:
+        return verify_signature(nonces, pending, method=method, target=path, body_hash=body_sha256(body), now=now)
+    caller = verify_headers(nonces, pending, method=method, target=path, now=now)
+    check_body(declared, size=len(body), sha256=body_sha256(body))
+    return caller
 
 
 def authenticate_bearer(registry: Registry, authorization: str) -> TokenGrant:

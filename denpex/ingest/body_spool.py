@@ -1,26 +1,38 @@
 """Request bodies on disk, never whole in memory, within bounds a stranger cannot push past.
 
-A key id is not a secret, so a request whose headers pass may still come from anyone: its body
-(up to 256 MiB) is streamed to a spool file while it is hashed, and only the hash decides. Three
-bounds hold whatever the senders do:
+A body (up to 256 MiB) is streamed to a spool file while it is hashed. Every body belongs to one
+**pool**, by what is known of its sender when it is admitted (:class:`SpoolPool`):
 
-- **bodies in flight** (``max_in_flight``): one more is refused at once, before a byte is read,
-  with 503 and ``Retry-After``. 503 rather than 429: it is the service's capacity that is
-  spent, not one tenant's rate (docs/contracts.md keeps 429 for a tenant's or cluster's limit).
-  One source (the key id a signed request names, or a bearer token's tenant and cluster) holds
-  at most ``max_in_flight_per_source`` of them, so a stranger who learned one key id cannot
-  take the whole pool (it can deny that one key: its slots are taken before any signature is
-  checked); bodies behind a bearer token (authenticated before the body) have a pool of their
-  own, and unverified bodies may reserve at most three quarters of the spool's disk, so forged
-  signed requests cannot starve Alertmanager.
-- **the spool's disk** (``max_disk_bytes``): a body reserves its ``Content-Length`` before it
-  is read (one that does not fit is refused at once, 503), and every byte written beyond a
-  reservation (a chunked body, the dump part copied out of the body) must fit too.
+- ``signed``: a v2 request whose signature was checked from its headers, before a byte of the body
+  was read or reserved; the sender holds the key's secret. A v1 request joins it once its
+  signature verified.
+- ``unverified``: a v1 request, whose signature can be checked only once its body arrived. A key
+  id is not a secret, so anyone can send one: these bodies have a small allowance of their own
+  (``max_unverified_bytes``, 256 MiB of the default 4 GiB spool) and one key id holds at most half
+  of it, so a stranger who fills it blocks v1 senders, never a v2 one nor an Alertmanager.
+- ``bearer``: an Alertmanager body whose token checked out from the headers, in a small pool of
+  its own (``max_bearer_bytes``: alerts are at most 4 MiB).
+
+Bounds, each answered at once with 503 and ``Retry-After`` (the service's capacity is spent, not
+one tenant's rate: docs/contracts.md keeps 429 for that):
+
+- **bodies in flight**: at most ``max_in_flight`` per pool, and ``max_in_flight_per_source`` per
+  source (the key id, or a bearer token's tenant and cluster) in each pool; a forged v1 request
+  never takes a slot of the key's signed bodies.
+- **bytes reserved** (``max_disk_bytes`` in all): a body reserves its declared length when it is
+  admitted, and every byte written beyond (a chunked body, the dump part copied out of the body)
+  must fit too. Each pool has its own bytes, and one source holds at most its share of a pool:
+  ``max_bytes_per_key`` of the signed pool, half of the others. The signed pool is what the other
+  two leave of the disk, so no pool can starve another.
 - **the time a body may take** (uvicorn has none): ``grace_s`` plus the declared size at
   ``min_rate_bytes_s``, and never more than ``max_body_s``; a body still arriving then is 408.
   The rate holds all along, not only at the end: past ``grace_s``, a body that has not kept
-  ``min_rate_bytes_s`` on average is cut off (408) at once, so a byte now and then holds a slot
-  for ``grace_s``, not for the whole deadline.
+  ``min_rate_bytes_s`` on average is cut off (408) at once.
+
+Every bound is **per replica**: the spool is the process's own local disk, so each ``serve-api``
+process bounds what it holds, whatever the others hold (a key that holds its share on every
+replica holds a share of each disk, never more of any). What must hold across replicas, the nonce
+cache and the rate limits, lives in the state database.
 
 Every spool file of a request is removed when the request ends, whatever happened (refusal,
 disconnect, cancellation). Files are named ``<pid>-<random>.<kind>``, mode 0600; one left by a
@@ -35,29 +47,78 @@ import hashlib
 import os
 import secrets
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from denpex.ingest.errors import PayloadTooLargeError, RequestTimeoutError, StoreUnavailableError
+from denpex.ingest.signing import DeclaredBody, check_body
 
-__all__ = ["SpoolLimits", "SpoolBusyError", "SpooledFile", "SpoolSlot", "BodySpool", "spool_body"]
+__all__ = ["SpoolPool", "SpoolLimits", "SpoolBusyError", "SpooledFile", "SpoolSlot", "BodySpool", "spool_body"]
 
 _GiB = 1 << 30
 _MiB = 1 << 20
 
 
+class SpoolPool(StrEnum):
+    """What is known of a body's sender when the body is admitted (module docstring)."""
+
+    SIGNED = "signed"
+    """A verified signature: v2 from its headers, or v1 once its body arrived and matched."""
+    UNVERIFIED = "unverified"
+    """A v1 signature not checked yet: anyone who knows a key id can send one."""
+    BEARER = "bearer"
+    """An Alertmanager body whose bearer token checked out from the headers."""
+
+
 @dataclass(frozen=True, slots=True)
 class SpoolLimits:
-    """The spool's folder and its bounds (module docstring)."""
+    """The spool's folder and its bounds (module docstring). A share left unset is a fraction of
+    ``max_disk_bytes``: a sixteenth for unverified bodies, a sixty-fourth for bearer alerts and a
+    quarter per key of signed bodies (256 MiB, 64 MiB and 1 GiB of the default 4 GiB)."""
 
     directory: Path
     max_in_flight: int = 64
     max_in_flight_per_source: int = 8
     max_disk_bytes: int = 4 * _GiB
+    max_unverified_bytes: int | None = None
+    max_bearer_bytes: int | None = None
+    max_bytes_per_key: int | None = None
     min_rate_bytes_s: int = 256 * 1024
     grace_s: float = 30.0
     max_body_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.pool_bytes(SpoolPool.SIGNED) <= 0:
+            raise ValueError(f"the spool's {self.max_disk_bytes:,} bytes leave nothing for signed bodies once "
+                             f"unverified ({self.pool_bytes(SpoolPool.UNVERIFIED):,}) and bearer "
+                             f"({self.pool_bytes(SpoolPool.BEARER):,}) bodies have their shares; give the spool "
+                             "more, or them less")
+
+    def pool_bytes(self, pool: SpoolPool) -> int:
+        """Bytes the bodies of ``pool`` may reserve together.
+
+        >>> SpoolLimits(Path("/s")).pool_bytes(SpoolPool.UNVERIFIED) >> 20
+        256
+        """
+        unverified = self.max_disk_bytes // 16 if self.max_unverified_bytes is None else self.max_unverified_bytes
+        bearer = self.max_disk_bytes // 64 if self.max_bearer_bytes is None else self.max_bearer_bytes
+        return {SpoolPool.UNVERIFIED: unverified, SpoolPool.BEARER: bearer,
+                SpoolPool.SIGNED: self.max_disk_bytes - unverified - bearer}[pool]
+
+    def source_bytes(self, pool: SpoolPool) -> int:
+        """Bytes one source (a key id, a bearer token's cluster) may reserve in ``pool``: a v1 body
+        larger than the unverified share is refused (413) before a byte is read.
+
+        >>> SpoolLimits(Path("/s")).source_bytes(SpoolPool.UNVERIFIED) >> 20
+        128
+        """
+        if pool is SpoolPool.SIGNED:
+            per_key = self.max_disk_bytes // 4 if self.max_bytes_per_key is None else self.max_bytes_per_key
+            return min(per_key, self.pool_bytes(pool))
+        return self.pool_bytes(pool) // 2
 
     def deadline_s(self, declared: int | None, cap: int) -> float:
         """Seconds a body of ``declared`` bytes (``cap`` when unknown) may take to arrive.
@@ -88,10 +149,12 @@ class SpooledFile:
 
 @dataclass
 class SpoolSlot:
-    """One request's share of the spool: its reservation and its files (removed with the slot)."""
+    """One request's share of the spool: its pool and source, its reservation and its files
+    (removed with the slot)."""
 
     spool: BodySpool
-    authenticated: bool = False
+    pool: SpoolPool
+    source: str
     reserved: int = 0
     used: int = 0
     files: list[Path] = field(default_factory=list)
@@ -104,49 +167,41 @@ class SpoolSlot:
         return path, fd
 
     def charge(self, nbytes: int) -> None:
-        """Count ``nbytes`` written; past the reservation they must fit in the spool's bound (503)."""
+        """Count ``nbytes`` written; past the reservation they must fit in the slot's pool (503)."""
         self.used += nbytes
         if self.used > self.reserved:
             self.spool.reserve(self, self.used - self.reserved)
 
 
 class BodySpool:
-    """The bounds of module docstring, shared by every request of one service."""
+    """The bounds of the module docstring, shared by every request of one service process."""
 
     def __init__(self, limits: SpoolLimits) -> None:
         self.limits = limits
         limits.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.Lock()
-        self._in_flight = 0
-        self._in_flight_authenticated = 0
-        self._by_source: dict[str, int] = {}
-        self._reserved = 0
-        self._reserved_unverified = 0
+        self._in_flight: Counter[SpoolPool] = Counter()
+        self._in_flight_by_source: Counter[tuple[SpoolPool, str]] = Counter()
+        self._bytes: Counter[SpoolPool] = Counter()
+        self._bytes_by_source: Counter[tuple[SpoolPool, str]] = Counter()
         _remove_orphans(limits.directory)
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes of spool disk reserved right now."""
-        return self._reserved
+        """Bytes of spool disk reserved right now, every pool together."""
+        return sum(self._bytes.values())
+
+    def reserved_in(self, pool: SpoolPool) -> int:
+        """Bytes reserved right now by the bodies of ``pool``."""
+        return self._bytes[pool]
 
     @contextlib.contextmanager
-    def admit(self, declared: int | None, *, source: str, authenticated: bool = False) -> Iterator[SpoolSlot]:
-        """A slot for one body from ``source``, refused at once (503) when a bound is reached; freed
-        on exit. ``authenticated``: the sender is proven already (a bearer token), so the body is
-        not counted in the pool that unproven signed requests share."""
+    def admit(self, declared: int | None, *, pool: SpoolPool, source: str) -> Iterator[SpoolSlot]:
+        """A slot in ``pool`` for one body from ``source`` that declares ``declared`` bytes,
+        refused at once (503) when a bound is reached; freed on exit."""
+        slot = SpoolSlot(self, pool=pool, source=source)
         with self._lock:
-            held = self._by_source.get(source, 0)
-            if held >= self.limits.max_in_flight_per_source:
-                raise SpoolBusyError(f"this sender has {held} bodies arriving, its bound; nothing was stored, "
-                                     "retry later")
-            # Each pool has the bound of its own: unverified bodies cannot take the authenticated ones'.
-            pool = self._in_flight_authenticated if authenticated else self._in_flight
-            if pool >= self.limits.max_in_flight:
-                raise SpoolBusyError(f"the service is receiving {pool} bodies, its bound; "
-                                     "nothing was stored, retry later")
-            self._by_source[source] = held + 1
-            self._count(authenticated, +1)
-        slot = SpoolSlot(self, authenticated=authenticated)
+            self._take_place(pool, source)
         try:
             if declared:
                 self.reserve(slot, declared)
@@ -156,42 +211,80 @@ class BodySpool:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
             with self._lock:
-                self._count(authenticated, -1)
-                self._reserved -= slot.reserved
-                if not authenticated:
-                    self._reserved_unverified -= slot.reserved
-                left = self._by_source.pop(source) - 1
-                if left:
-                    self._by_source[source] = left
+                self._release(slot.pool, slot.source, slot.reserved)
 
-    def _count(self, authenticated: bool, delta: int) -> None:
-        if authenticated:
-            self._in_flight_authenticated += delta
-        else:
-            self._in_flight += delta
+    def promote(self, slot: SpoolSlot, *, pool: SpoolPool, source: str) -> None:
+        """Move ``slot`` and its reservation to ``pool`` as ``source`` (a v1 body whose signature
+        verified leaves the unverified allowance), or refuse (503) when it does not fit there."""
+        with self._lock:
+            self._take_place(pool, source)
+            try:
+                self._check_bytes(pool, source, slot.reserved)
+            except SpoolBusyError:
+                self._release(pool, source, 0)
+                raise
+            self._release(slot.pool, slot.source, slot.reserved)
+            self._add_bytes(pool, source, slot.reserved)
+            slot.pool, slot.source = pool, source
 
     def reserve(self, slot: SpoolSlot, nbytes: int) -> None:
-        """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when the disk bound would pass.
-        Bodies whose sender is not proven yet may reserve at most three quarters of it, so that
-        a declared ``Content-Length`` (free to send) cannot keep authenticated alerts out."""
+        """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when its pool, its source's
+        share of the pool, or the disk would pass its bound."""
         with self._lock:
-            if self._reserved + nbytes > self.limits.max_disk_bytes:
-                raise SpoolBusyError(f"the upload spool is full ({self._reserved:,} of "
-                                     f"{self.limits.max_disk_bytes:,} bytes); nothing was stored, retry later")
-            share = self.limits.max_disk_bytes * 3 // 4
-            if not slot.authenticated and self._reserved_unverified + nbytes > share:
-                raise SpoolBusyError(f"the upload spool is full for bodies not yet verified "
-                                     f"({self._reserved_unverified:,} of {share:,} bytes); nothing was stored, "
-                                     "retry later")
-            self._reserved += nbytes
+            self._check_bytes(slot.pool, slot.source, nbytes)
+            self._add_bytes(slot.pool, slot.source, nbytes)
             slot.reserved += nbytes
-            if not slot.authenticated:
-                self._reserved_unverified += nbytes
+
+    def _take_place(self, pool: SpoolPool, source: str) -> None:
+        held = self._in_flight_by_source[pool, source]
+        if held >= self.limits.max_in_flight_per_source:
+            raise SpoolBusyError(f"this sender has {held} bodies arriving, its bound; nothing was stored, "
+                                 "retry later")
+        if self._in_flight[pool] >= self.limits.max_in_flight:
+            raise SpoolBusyError(f"the service is receiving {self._in_flight[pool]} {pool.value} bodies, its bound; "
+                                 "nothing was stored, retry later")
+        self._in_flight_by_source[pool, source] += 1
+        self._in_flight[pool] += 1
+
+    def _release(self, pool: SpoolPool, source: str, nbytes: int) -> None:
+        self._in_flight_by_source[pool, source] -= 1
+        self._in_flight[pool] -= 1
+        self._add_bytes(pool, source, -nbytes)
+        # Sources come and go (every key id a stranger names): forget those that hold nothing.
+        for counter in (self._in_flight_by_source, self._bytes_by_source):
+            if counter[pool, source] <= 0:
+                del counter[pool, source]
+
+    def _add_bytes(self, pool: SpoolPool, source: str, nbytes: int) -> None:
+        self._bytes[pool] += nbytes
+        self._bytes_by_source[pool, source] += nbytes
+
+    def _check_bytes(self, pool: SpoolPool, source: str, nbytes: int) -> None:
+        limits = self.limits
+        total = self.reserved_bytes
+        if total + nbytes > limits.max_disk_bytes:
+            raise SpoolBusyError(f"the upload spool is full ({total:,} of {limits.max_disk_bytes:,} bytes); nothing "
+                                 "was stored, retry later")
+        held, bound = self._bytes[pool], limits.pool_bytes(pool)
+        if held + nbytes > bound:
+            raise SpoolBusyError(f"the upload spool is full for {pool.value} bodies ({held:,} of {bound:,} bytes); "
+                                 f"nothing was stored, retry later{_V2_HINT if pool is SpoolPool.UNVERIFIED else ''}")
+        mine, share = self._bytes_by_source[pool, source], limits.source_bytes(pool)
+        if mine + nbytes > share:
+            raise SpoolBusyError(f"this sender holds {mine:,} bytes of {pool.value} bodies and asks for {nbytes:,} "
+                                 f"more, past its share of {share:,}; nothing was stored, retry later"
+                                 f"{_V2_HINT if pool is SpoolPool.UNVERIFIED else ''}")
 
 
-async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int, deadline_s: float) -> SpooledFile:
+_V2_HINT = " (or sign v2: its signature is checked before anything is reserved)"
+
+
+async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int, deadline_s: float,
+                     declared: DeclaredBody | None = None) -> SpooledFile:
     """Stream a request body into a spool file while hashing it: 413 past ``cap``, 408 past the
-    deadline or once it falls behind the spool's minimum rate (module docstring)."""
+    deadline or once it falls behind the spool's minimum rate (module docstring). With the
+    ``declared`` body of a v2 signature, the body must be exactly that (401): one byte past its
+    length is refused at once, and nothing past what was reserved for it is ever written."""
     limits = slot.spool.limits
     path, fd = slot.new_file("body")
     digest = hashlib.sha256()
@@ -208,6 +301,8 @@ async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int,
         async with asyncio.timeout_at(due()) as timer:  # due() is a loop time, not a delay
             async for chunk in chunks:
                 size += len(chunk)
+                if declared is not None and size > declared.length:
+                    check_body(declared, size=size, sha256="")
                 if size > cap:
                     raise PayloadTooLargeError(f"the body is over the {cap:,}-byte cap; nothing was stored")
                 slot.charge(len(chunk))
@@ -223,6 +318,8 @@ async def spool_body(chunks: AsyncIterator[bytes], slot: SpoolSlot, *, cap: int,
                                   "again faster") from exc
     finally:
         os.close(fd)
+    if declared is not None:
+        check_body(declared, size=size, sha256=digest.hexdigest())
     return SpooledFile(path=path, size=size, sha256=digest.hexdigest())
 
 

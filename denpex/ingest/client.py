@@ -1,6 +1,8 @@
 """A client of the ingest service that signs every request (collectors, scripts, tests, benchmarks).
 
-The multipart body is built here, byte for byte, because the signature covers the whole body::
+The multipart body is built here, byte for byte, because the signature covers the whole body. Every
+request is signed v2 (:mod:`denpex.ingest.signing`): the body's length and SHA-256 travel in signed
+headers, so the service checks the signature before it reserves anything for the body::
 
     client = IngestClient("http://127.0.0.1:8080", key_id="dk_...", secret="...", tenant="acme", cluster="c1")
     client.upload(identity, dump_bytes, "rank_3.pkl")      # -> httpx.Response
@@ -78,7 +80,7 @@ class IngestClient:
         self._http = http
 
     def signed(self, method: str, path: str, body: bytes) -> dict[str, str]:
-        """The authentication headers for one request (fresh nonce, current time); ``path`` is the target."""
+        """The v2 authentication headers for one request (fresh nonce, current time); ``path`` is the target."""
         return signed_headers(secret=self._secret.get_secret_value().encode(), key_id=self.key_id,
                               tenant=self.tenant, cluster=self.cluster, method=method, path=path, body=body)
 

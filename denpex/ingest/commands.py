@@ -153,6 +153,16 @@ def serve_api_command(
                                                "more are answered 503 with Retry-After.")] = 8,
     max_spool_bytes: Annotated[int, typer.Option(
         "--max-spool-bytes", min=1, help="Disk the spooled bodies may take (default 4 GiB); past it, 503.")] = 4 << 30,
+    max_unverified_bytes: Annotated[int | None, typer.Option(
+        "--max-unverified-bytes", min=0, help="Of the spool, what v1-signed bodies may hold before their signature "
+                                              "is checked (default: a sixteenth); one key id holds at most half, "
+                                              "the largest v1 body taken; 0 refuses v1.")] = None,
+    max_bearer_bytes: Annotated[int | None, typer.Option(
+        "--max-bearer-bytes", min=1, help="Of the spool, what Alertmanager bodies may hold once their token checked "
+                                          "out (default: a sixty-fourth).")] = None,
+    max_spool_bytes_per_key: Annotated[int | None, typer.Option(
+        "--max-spool-bytes-per-key", min=1, help="What one key's verified bodies may hold of the spool (default: a "
+                                                 "quarter); past it, 503 with Retry-After.")] = None,
     body_min_rate: Annotated[int, typer.Option(
         "--body-min-rate", min=1, help="Bytes/s a body must keep (plus 30 s of grace) before it is cut off "
                                        "with 408 (default 256 KiB/s).")] = 256 * 1024,
@@ -182,9 +192,15 @@ def serve_api_command(
                            # Read from the environment only, never an option: it would show in `ps`.
                            prefect_api_auth=_auth_string(os.environ.get("PREFECT_API_AUTH_STRING")),
                            check_workers=check_workers, max_dump_bytes=max_dump_bytes, spool_dir=spool_dir,
-                           max_bodies_in_flight=max_bodies_in_flight, max_bodies_per_sender=max_bodies_per_sender, max_spool_bytes=max_spool_bytes,
+                           max_bodies_in_flight=max_bodies_in_flight, max_bodies_per_sender=max_bodies_per_sender,
+                           max_spool_bytes=max_spool_bytes, max_unverified_bytes=max_unverified_bytes,
+                           max_bearer_bytes=max_bearer_bytes, max_spool_bytes_per_key=max_spool_bytes_per_key,
                            body_min_rate_bytes_s=body_min_rate, max_body_s=max_body_seconds,
                            max_runs_per_window=max_runs_per_window, run_window_s=run_window_seconds)
+    try:
+        config.spool_limits  # noqa: B018 - the spool's shares must fit the spool: say so before serving
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
     service = IngestService(config)
     # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
     # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503.

@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS incidents (
     run_state TEXT NOT NULL DEFAULT 'not_started', run_started_at REAL, deliveries INTEGER NOT NULL DEFAULT 0,
     resolved_at TEXT, created_at REAL NOT NULL,
     PRIMARY KEY (tenant, cluster, incident_id));
+-- A job's incidents, newest first: a registration asks whether one opened since a rank's process started.
+CREATE INDEX IF NOT EXISTS incidents_by_job ON incidents (tenant, cluster, job_id, created_at);
 CREATE TABLE IF NOT EXISTS uploads (
     tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, job_id TEXT NOT NULL,
     rank INTEGER NOT NULL, version INTEGER NOT NULL, encoding TEXT NOT NULL, sha256 TEXT NOT NULL,
@@ -107,6 +109,7 @@ class Database:
         db = sqlite3.connect(self.path, timeout=30)
         try:
             db.executescript(_SCHEMA)  # runs its own transaction
+            _add_columns(db)
         finally:
             db.close()
 
@@ -130,3 +133,22 @@ class Database:
             db.execute("COMMIT")
         finally:
             db.close()
+
+
+# Columns added after a table was first made: (table, column, its SQL). A state directory from
+# before gets them when it is opened; rows already there hold NULL.
+_ADDED_COLUMNS = (
+    ("telemetry", "size", "INTEGER"),  # issue 30: the bytes each key added to an incident are capped
+)
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    for table, column, kind in _ADDED_COLUMNS:
+        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}  # noqa: S608 - names above
+        if column not in present:
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:  # another process opening the state added it meanwhile
+                if "duplicate column" not in str(exc):
+                    raise
+            db.commit()

@@ -1,7 +1,9 @@
 """Check an uploaded dump with the safe loader in a worker process, before it is accepted.
 
-The decode memory budget (``denpex.evidence.memory_budget``) caps the whole process while it
-holds, so a hostile dump decoded in the server would squeeze every other request. Worker
+The dump is checked without being built (:mod:`denpex.evidence.dump_envelope`: a JSON dump's
+objects are dropped as they are parsed, so a worker holds its text and little more), under the
+decode memory budget (``denpex.evidence.memory_budget``), which caps the whole process while it
+holds: a hostile dump checked in the server would squeeze every other request. Worker
 processes take that risk instead, each decode under a CPU budget too
 (``denpex.evidence.cpu_budget``); a worker that dies or runs past its budget is replaced, failing
 only the dump it held. Jobs are handed out fairly across tenants (``denpex.analysis.lanes``), so
@@ -17,7 +19,8 @@ from pathlib import Path
 from denpex.analysis.lanes import LaneKilled, Lanes
 from denpex.evidence.cpu_budget import DEFAULT_CPU_BUDGET, CpuBudget, arm_cpu_limit
 from denpex.evidence.errors import DumpError
-from denpex.evidence.fr_dump import DumpEncoding, decode_dump
+from denpex.evidence.dump_envelope import check_envelope, check_json_text, is_pickle, json_text
+from denpex.evidence.fr_dump import DumpEncoding
 from denpex.ingest.errors import InvalidRequestError
 
 __all__ = ["DumpCheck", "DumpChecker", "check_dump", "encoding_of_filename"]
@@ -38,24 +41,28 @@ def encoding_of_filename(filename: str) -> DumpEncoding:
 
 
 def check_dump(source: bytes | Path, filename: str) -> DumpCheck | str:
-    """Decode the dump (its bytes, or the file that holds them) with the safe loader; a refusal is
-    returned as its message (picklable)."""
+    """Check the dump (its bytes, or the file that holds them) without building it
+    (:func:`denpex.evidence.dump_envelope.check_envelope`); a refusal is returned as its message
+    (picklable)."""
     try:
         data = source if isinstance(source, bytes) else source.read_bytes()
     except OSError as exc:
         return f"the spooled upload could not be read ({exc.strerror or exc})"
     try:
-        decoded = decode_dump(data, source=filename)
+        if is_pickle(data):
+            envelope = check_envelope(data, source=filename)
+        else:
+            text, size = json_text(data), len(data)
+            del data  # held as text from here on, not twice
+            envelope = check_json_text(text, size=size)
     except DumpError as exc:
         return str(exc)
-    del data
     declared = encoding_of_filename(filename)
-    if decoded.encoding is not declared:
-        return (f"the file name {filename!r} says {declared.value} but the bytes are {decoded.encoding.value}; "
+    if envelope.encoding is not declared:
+        return (f"the file name {filename!r} says {declared.value} but the bytes are {envelope.encoding.value}; "
                 "send the pickle without an extension or as .pkl, the JSON as .json")
-    entries = decoded.raw.get("entries", [])
-    return DumpCheck(encoding=decoded.encoding, version=f"{decoded.version[0]}.{decoded.version[1]}",
-                     entries=len(entries) if isinstance(entries, list) else 0)
+    return DumpCheck(encoding=envelope.encoding, version=f"{envelope.version[0]}.{envelope.version[1]}",
+                     entries=envelope.entries)
 
 
 class DumpChecker:

@@ -26,7 +26,6 @@ object (it is logged); that leftover is never recorded, and the retry writes the
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import json
 import sqlite3
@@ -53,7 +52,6 @@ from denpex.ingest.errors import (
     ConflictError,
     ForbiddenError,
     NotFoundError,
-    PayloadTooLargeError,
     StoreUnavailableError,
 )
 from denpex.ingest.identity import TelemetryIdentity, UploadIdentity
@@ -63,20 +61,16 @@ from denpex.ingest.layout import (
     current_stacks_name,
     incident_prefix,
     stacks_version_name,
-    telemetry_name,
     version_name,
 )
 from denpex.ingest.manifest_writer import ManifestWriter
 from denpex.ingest.stacks_check import CheckedStacks, check_stacks_parts
+from denpex.ingest.telemetry_caps import new_telemetry
 from denpex.ingest.upload_form import STACKS_PARTS, DumpPart
 
 __all__ = ["UploadReceipt", "TelemetryReceipt", "EvidenceIntake"]
 
 _log = logging.getLogger(__name__)
-
-MAX_TELEMETRY_FILES_PER_HOST = 64
-"""Telemetry files one host's key may add to one incident: a node's kernel log, sent a few times, fits;
-``telemetry.json`` (rewritten whole on each request, read by the flow under a 16 MiB cap) stays small."""
 
 
 class UploadReceipt(BaseModel):
@@ -162,7 +156,7 @@ class EvidenceIntake:
                                             self.manifests.registered_host(key, identity.job_id, identity.rank))
             known = self.book.telemetry(key)
             base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
-            items = _new_telemetry(telemetry, caller, known)
+            items = new_telemetry(telemetry, caller, known)
             held_stacks = self.book.stacks(key, identity.rank)
             same = next((u for u in earlier if u.sha256 == sha256), None)
             if same is not None:
@@ -210,8 +204,8 @@ class EvidenceIntake:
         can support a drain, and only a node agent's key can. It joins the named incident, which a
         dump or an alert opened (404: telemetry alone opens none), or, unnamed, the job's one open
         incident (404 when none, 409 when several: any key of the cluster can open one, and must not
-        divert the agents' telemetry to it). One host holds at most MAX_TELEMETRY_FILES_PER_HOST
-        files per incident (413), so that no key can grow ``telemetry.json`` past what the flow reads.
+        divert the agents' telemetry to it). The caps of :mod:`denpex.ingest.telemetry_caps` hold
+        (413), so that no key can grow ``telemetry.json`` or the incident's telemetry without bound.
         """
         if caller.host is None:
             raise ForbiddenError("a telemetry upload without a dump needs a key bound to its host (a node agent's "
@@ -227,7 +221,7 @@ class EvidenceIntake:
                                     "none: send it once the job's ranks or its alert opened the incident")
             self._check_job(key, identity.job_id)
             known = self.book.telemetry(key)
-            items = _new_telemetry(telemetry, caller, known)
+            items = new_telemetry(telemetry, caller, known)
             if items:
                 base = incident_prefix(key.tenant, key.cluster, identity.job_id, key.incident_id)
                 self._store_telemetry_alone(key, base, caller, items, known)
@@ -359,25 +353,6 @@ def _index(telemetry: list[StoredTelemetry]) -> bytes:
     return index.model_dump_json(indent=1).encode()
 
 
-def _new_telemetry(telemetry: list[bytes], caller: Caller,
-                   known: list[StoredTelemetry]) -> list[tuple[StoredTelemetry, bytes]]:
-    """This request's telemetry files that the incident does not hold yet (each once), within the
-    host's cap (413 past it: nothing of the request is stored)."""
-    held = {t.object_name for t in known}
-    out: dict[str, tuple[StoredTelemetry, bytes]] = {}
-    for data in telemetry:
-        item = _telemetry_item(data, caller)
-        if item.object_name not in held:
-            out.setdefault(item.object_name, (item, data))
-    if caller.host is not None and out:
-        of_host = sum(1 for t in known if t.trusted and t.host == caller.host)
-        if of_host + len(out) > MAX_TELEMETRY_FILES_PER_HOST:
-            raise PayloadTooLargeError(f"host {caller.host!r} holds {of_host} telemetry files of this incident and "
-                                       f"sent {len(out)} more; an incident keeps at most "
-                                       f"{MAX_TELEMETRY_FILES_PER_HOST} telemetry files per host; nothing was stored")
-    return list(out.values())
-
-
 def _the_open_incident(book: IncidentBook, caller: Caller, job_id: str) -> str:
     """The job's one open incident, which telemetry without an incident id joins."""
     open_ = book.incidents_of_job(caller.tenant, caller.cluster, job_id, limit=2)
@@ -395,9 +370,9 @@ def _record_telemetry(db: Database, key: IncidentKey, items: list[StoredTelemetr
     with db.connect() as conn:
         for item in items:
             conn.execute("INSERT OR IGNORE INTO telemetry (tenant, cluster, incident_id, sha256, object_name, "
-                         "trusted, host, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                         "trusted, host, key_id, uploaded_at, size) VALUES (?,?,?,?,?,?,?,?,?,?)",
                          (key.tenant, key.cluster, key.incident_id, item.sha256, item.object_name,
-                          int(item.trusted), item.host, key_id, now))
+                          int(item.trusted), item.host, key_id, now, item.size))
 
 
 def _new_stacks(sent: list[CheckedStacks], rank: int, version: int,
@@ -440,13 +415,6 @@ def _version_for(earlier: list[StoredUpload], encoding: DumpEncoding, identity: 
 def _dumped_at(upload: StoredUpload) -> str | None:
     ident = UploadIdentity.model_validate_json(upload.identity)
     return ident.dumped_at.isoformat() if ident.dumped_at else None
-
-
-def _telemetry_item(data: bytes, caller: Caller) -> StoredTelemetry:
-    """Telemetry is trusted only from a key bound to a host (a node agent's key)."""
-    sha256 = hashlib.sha256(data).hexdigest()
-    return StoredTelemetry(sha256=sha256, object_name=telemetry_name(sha256, caller.host),
-                           trusted=caller.host is not None, host=caller.host)
 
 
 def _bound_to_host(caller: Caller, identity: UploadIdentity) -> UploadIdentity:

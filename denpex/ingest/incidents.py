@@ -68,6 +68,10 @@ class StoredTelemetry(BaseModel):
     object_name: str
     trusted: bool
     host: str | None
+    key_id: str | None = None
+    """The key that sent it (None for one not yet recorded)."""
+    size: int | None = None
+    """Its bytes (None for a file recorded before sizes were)."""
 
 
 class StoredStacks(BaseModel):
@@ -164,18 +168,19 @@ class IncidentBook:
             self._insert_stacks(db, key, stacks, upload.key_id, upload.uploaded_at)
             for item in telemetry:
                 db.execute("INSERT OR IGNORE INTO telemetry (tenant, cluster, incident_id, sha256, object_name, "
-                           "trusted, host, key_id, uploaded_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                           "trusted, host, key_id, uploaded_at, size) VALUES (?,?,?,?,?,?,?,?,?,?)",
                            (key.tenant, key.cluster, key.incident_id, item.sha256, item.object_name,
-                            int(item.trusted), item.host, upload.key_id, upload.uploaded_at))
+                            int(item.trusted), item.host, upload.key_id, upload.uploaded_at, item.size))
         return True
 
     def telemetry(self, key: IncidentKey) -> list[StoredTelemetry]:
         """Every accepted telemetry file of the incident."""
         with self._db.connect() as db:
-            rows = db.execute("SELECT sha256, object_name, trusted, host FROM telemetry WHERE tenant = ? AND "
-                              "cluster = ? AND incident_id = ? ORDER BY object_name",
+            rows = db.execute("SELECT sha256, object_name, trusted, host, key_id, size FROM telemetry WHERE tenant = ? "
+                              "AND cluster = ? AND incident_id = ? ORDER BY object_name",
                               (key.tenant, key.cluster, key.incident_id)).fetchall()
-        return [StoredTelemetry(sha256=r[0], object_name=r[1], trusted=bool(r[2]), host=r[3]) for r in rows]
+        return [StoredTelemetry(sha256=r[0], object_name=r[1], trusted=bool(r[2]), host=r[3], key_id=r[4], size=r[5])
+                for r in rows]
 
     # -- incidents -----------------------------------------------------------------------------
 

@@ -18,6 +18,11 @@ Rules (each refusal stores nothing):
 - a rank registered on another host before is recorded as **moved** (a restart): the new host is
   its placement from now on, the move is kept with its time and answered, and an incident opened
   before the move keeps the placement it had (:meth:`JobRegistry.placement_at`);
+- the identity a registration replaces (any restart) is kept only when an incident of the job was
+  opened while it was current: that incident needs the process that died, and no other reader
+  asks for it. At most HISTORY_PER_RANK are kept per rank, so a job holds at most that many times
+  its ranks, however often it restarts (six restarts of 16,384 ranks once left 81,920 rows, and the
+  rate limit allowed about 24 million a day per cluster, all kept for a week);
 - a registration whose world size or process groups differ from the job's replaces them (an
   elastic restart) when a job's key sends it; ranks outside the new world size are not listed, and
   an incident opened before the change keeps the world size and groups it had. A host-bound key
@@ -43,7 +48,7 @@ from denpex.ingest.errors import ForbiddenError, InvalidRequestError, RateLimite
 
 __all__ = ["RegisteredRank", "Registration", "RegistrationReceipt", "RegisteredLayout", "JobRegistry",
            "parse_registration", "MAX_REGISTRATION_BYTES", "MAX_PROCESS_GROUPS", "MAX_GROUP_MEMBERS",
-           "REGISTRATION_RETENTION_S", "PRUNE_EVERY_S"]
+           "REGISTRATION_RETENTION_S", "PRUNE_EVERY_S", "HISTORY_PER_RANK"]
 
 MAX_REGISTRATION_BYTES = 8 * 1024 * 1024
 """A registration body's cap: a whole 16,384-rank manifest fits; a collector sends one rank."""
@@ -51,9 +56,8 @@ MAX_RANKS_PER_REGISTRATION = 16_384
 """More ranks than this go in several requests (each one is one write transaction)."""
 MOVES_SHOWN = 16
 """The newest moves kept and listed per rank (a rank restarted a hundred times lists its last 16)."""
-HISTORY_KEPT_S = 7 * 86_400.0
-"""A replaced identity is kept this long (for incidents opened before the restart), or longer while it
-is one of its rank's newest MOVES_SHOWN."""
+HISTORY_PER_RANK = 16
+"""Replaced identities kept per rank, newest first: a job keeps at most this many times its ranks."""
 MAX_PROCESS_GROUPS = 8_192
 """Process groups per registration (a 16,384-rank job's TP, PP and DP groups number a few thousand)."""
 MAX_GROUP_MEMBERS = 262_144
@@ -171,9 +175,13 @@ class JobRegistry:
                        (caller.tenant, caller.cluster, now, registration.entries))
             self._prune(db, now)
             layout_changed = self._job_row(db, caller, job_id, registration, groups, now)
+            # The newest incident of the job: an identity current when it opened is one it needs.
+            newest_incident = db.execute("SELECT MAX(created_at) FROM incidents WHERE tenant = ? AND cluster = ? AND "
+                                         "job_id = ?", (caller.tenant, caller.cluster, job_id)).fetchone()[0]
             for rank, entry in sorted(ranks.items()):
-                row = db.execute("SELECT host, identity FROM job_ranks WHERE tenant = ? AND cluster = ? AND "
-                                 "job_id = ? AND rank = ?", (caller.tenant, caller.cluster, job_id, rank)).fetchone()
+                row = db.execute("SELECT host, identity, registered_at FROM job_ranks WHERE tenant = ? AND "
+                                 "cluster = ? AND job_id = ? AND rank = ?",
+                                 (caller.tenant, caller.cluster, job_id, rank)).fetchone()
                 identity = entry.model_dump_json(exclude_none=True)
                 if row is not None and row[1] == identity:
                     unchanged += 1
@@ -183,9 +191,10 @@ class JobRegistry:
                     # (and the blame off the node it really ran on).
                     raise ForbiddenError(f"rank {rank} of job {job_id!r} is registered on host {row[0]!r}; a key "
                                          f"bound to host {caller.host!r} may not move it")
-                if row is not None:
+                if row is not None and newest_incident is not None and newest_incident >= row[2]:
                     # Any restart, on this node or another: the process that died is what an incident
-                    # opened before it needs (its pid and GPU name the Xid's).
+                    # opened while it ran needs (its pid and GPU name the Xid's). No incident opened
+                    # since it registered: none can ask for it, and it is not kept.
                     _keep_history(db, caller, job_id, rank, row[1], now)
                 if row is not None and row[0] is not None and entry.host is not None and row[0] != entry.host:
                     db.execute("INSERT INTO job_rank_moves (tenant, cluster, job_id, rank, from_host, to_host, "
@@ -333,17 +342,15 @@ def _bound_to_host(caller: Caller, registration: Registration) -> dict[int, Regi
 
 
 def _keep_history(db: sqlite3.Connection, caller: Caller, job_id: str, rank: int, replaced: str, now: float) -> None:
-    """Record the identity a registration replaced; drop the rank's ones past HISTORY_KEPT_S beyond its
-    newest MOVES_SHOWN (a rank restarted in a loop keeps a bounded history)."""
+    """Record the identity a registration replaced; the rank keeps its newest HISTORY_PER_RANK."""
     db.execute("INSERT INTO job_rank_history (tenant, cluster, job_id, rank, identity, key_id, replaced_at) "
                "VALUES (?, ?, ?, ?, ?, ?, ?)", (caller.tenant, caller.cluster, job_id, rank, replaced, caller.key_id, now))
-    _keep_newest(db, "job_rank_history", "replaced_at", caller, job_id, rank, older_than=now - HISTORY_KEPT_S)
+    _keep_newest(db, "job_rank_history", "replaced_at", caller, job_id, rank, HISTORY_PER_RANK)
 
 
 def _keep_newest(db: sqlite3.Connection, table: str, time_column: str, caller: Caller, job_id: str, rank: int,
-                 older_than: float | None = None) -> None:
-    """Delete one rank's rows of ``table`` beyond its newest MOVES_SHOWN (only those before ``older_than``)."""
+                 kept: int = MOVES_SHOWN) -> None:
+    """Delete one rank's rows of ``table`` beyond its newest ``kept``."""
     db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE tenant = ? AND cluster = ? "  # noqa: S608
-               f"AND job_id = ? AND rank = ? ORDER BY {time_column} DESC LIMIT -1 OFFSET ?) AND {time_column} < ?",
-               (caller.tenant, caller.cluster, job_id, rank, MOVES_SHOWN,
-                float("inf") if older_than is None else older_than))
+               f"AND job_id = ? AND rank = ? ORDER BY {time_column} DESC LIMIT -1 OFFSET ?)",
+               (caller.tenant, caller.cluster, job_id, rank, kept))

@@ -61,6 +61,13 @@ class ServiceConfig(BaseModel):
     max_bodies_in_flight: int = 64
     max_bodies_per_sender: int = 8
     max_spool_bytes: int = 4 << 30
+    max_unverified_bytes: int | None = None
+    """Spool bytes for v1-signed bodies before their signature is checked (default: a sixteenth of the
+    spool, 256 MiB; one key id holds at most half, the largest v1 body taken); 0 refuses v1."""
+    max_bearer_bytes: int | None = None
+    """Spool bytes for Alertmanager bodies behind a checked token (default: a sixty-fourth, 64 MiB)."""
+    max_spool_bytes_per_key: int | None = None
+    """Spool bytes one key may hold in verified bodies (default: a quarter of the spool, 1 GiB)."""
     body_min_rate_bytes_s: int = 256 * 1024
     max_body_s: float = 900.0
 
@@ -69,8 +76,9 @@ class ServiceConfig(BaseModel):
         """The bounds on bodies being received (:mod:`denpex.ingest.body_spool`)."""
         return SpoolLimits(directory=self.spool_dir or self.state_dir / "spool", max_in_flight=self.max_bodies_in_flight,
                            max_in_flight_per_source=self.max_bodies_per_sender,
-                           max_disk_bytes=self.max_spool_bytes, min_rate_bytes_s=self.body_min_rate_bytes_s,
-                           max_body_s=self.max_body_s)
+                           max_disk_bytes=self.max_spool_bytes, max_unverified_bytes=self.max_unverified_bytes,
+                           max_bearer_bytes=self.max_bearer_bytes, max_bytes_per_key=self.max_spool_bytes_per_key,
+                           min_rate_bytes_s=self.body_min_rate_bytes_s, max_body_s=self.max_body_s)
 
     @property
     def max_upload_bytes(self) -> int:

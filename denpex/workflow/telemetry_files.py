@@ -60,7 +60,7 @@ def telemetry_in_store(store: EvidenceStore) -> TelemetryParseResult:
     result = telemetry_files_in_store(store)
     # Uploaded through the ingest service (telemetry.json): only a node agent's events about its
     # own host may support isolation; the rest is never used here (denpex.hardware.stored_telemetry).
-    stored = load_stored_telemetry(store)
+    stored = load_stored_telemetry(store, shown=False)  # the flow shows none of the rest: it is not read
     if stored is not None:
         result = result.merged(stored.trusted)
     return result

@@ -21,7 +21,7 @@ from denpex.hardware import SignalKind, parse_telemetry_lines
 from denpex.ingest.alerts import DenpexAlert, parse_alertmanager
 from denpex.ingest.identity import UploadIdentity
 from denpex.ingest.registration import Registration
-from denpex.ingest.signing import sign
+from denpex.ingest.signing import body_sha256, sign, sign_v2, signed_headers
 from denpex.isolation.approval import Approval
 from denpex.report import TriageReport
 from denpex.workflow.alert_event import AlertEvent
@@ -88,6 +88,19 @@ def _signing_vector(body: str) -> None:
                 vector["timestamp"], vector["nonce"], vector["body"].encode()) == vector["signature"]
 
 
+def _signing_vector_v2(body: str) -> None:
+    vector = json.loads(body)
+    data = vector["body"].encode()
+    assert (vector["content_length"], vector["content_sha256"]) == (len(data), body_sha256(data))
+    assert sign_v2(vector["secret"].encode(), vector["method"], vector["path"], vector["tenant"], vector["cluster"],
+                   vector["timestamp"], vector["nonce"], data) == vector["signature"]
+    headers = signed_headers(secret=vector["secret"].encode(), key_id="dk_1", tenant=vector["tenant"],
+                             cluster=vector["cluster"], method=vector["method"], path=vector["path"], body=data,
+                             timestamp=vector["timestamp"], nonce=vector["nonce"])
+    assert (headers["X-Denpex-Content-Length"], headers["X-Denpex-Content-SHA256"], headers["X-Denpex-Signature"]) == (
+        str(vector["content_length"]), vector["content_sha256"], vector["signature"])
+
+
 def _alertmanager(body: str) -> None:
     [alert] = parse_alertmanager(body.encode(), tenant="acme", cluster="lab", received_at=datetime.now(UTC))
     assert (alert.job_id, alert.incident_id, alert.rank, alert.world_size) == ("job-123", "inc-7", 0, 4)
@@ -125,6 +138,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "kernel-log": _kernel_log,
     "collector-jsonl": _collector,
     "signing-vector": _signing_vector,
+    "signing-vector-v2": _signing_vector_v2,
     "upload-identity": _validates(UploadIdentity),
     "registration": _validates(Registration),
     "denpex-alert": _validates(DenpexAlert),

@@ -192,6 +192,15 @@ def test_hostile_pickle_is_refused_and_nothing_runs(lab: Lab, tmp_path: Path) ->
     refused(client(lab, lab.key).upload(identity(7, incident), dump_bytes(0), "rank_0.pkl"), 422, "outside world_size")
 
 
+def test_a_json_dump_padded_with_empty_objects_is_refused(lab: Lab) -> None:
+    """Issue 30, §3: the check worker no longer builds a JSON dump, so it counts what it would take:
+    3 MiB of ``{}`` (75 MiB decoded) is no Flight Recorder dump, and nothing of it is stored."""
+    incident = new_incident()
+    flood = json.dumps({"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": [{}] * (3 << 18)}).encode()
+    refused(client(lab, lab.key).upload(identity(0, incident), flood, "rank_0.json"), 422, "flood of empty objects")
+    assert objects(lab, incident) == []
+
+
 # 10 ----------------------------------------------------------------------------------------------
 def test_oversized_dump_is_refused(lab: Lab) -> None:
     """This server runs with a 4 MiB cap per dump (the default is 256 MiB)."""

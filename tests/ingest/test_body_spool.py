@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from denpex.ingest.body_spool import BodySpool, SpoolBusyError, SpoolLimits, spool_body
-from denpex.ingest.errors import PayloadTooLargeError, RequestTimeoutError
+from denpex.ingest.body_spool import BodySpool, SpoolBusyError, SpoolLimits, SpoolPool, spool_body
+from denpex.ingest.errors import AuthenticationError, PayloadTooLargeError, RequestTimeoutError
+from denpex.ingest.signing import DeclaredBody
+
+SIGNED = SpoolPool.SIGNED
 
 
 async def _chunks(parts: list[bytes], pause_s: float = 0.0) -> AsyncIterator[bytes]:
@@ -23,7 +26,7 @@ async def _chunks(parts: list[bytes], pause_s: float = 0.0) -> AsyncIterator[byt
 
 def test_a_body_is_spooled_hashed_private_and_removed_with_its_slot(tmp_path: Path) -> None:
     spool = BodySpool(SpoolLimits(tmp_path / "spool"))
-    with spool.admit(6, source="key:a") as slot:
+    with spool.admit(6, pool=SIGNED, source="key:a") as slot:
         body = asyncio.run(spool_body(_chunks([b"hel", b"lo!"]), slot, cap=10, deadline_s=5))
         assert body.path.read_bytes() == b"hello!" and body.sha256 == hashlib.sha256(b"hello!").hexdigest()
         assert stat.S_IMODE(body.path.stat().st_mode) == 0o600
@@ -32,27 +35,76 @@ def test_a_body_is_spooled_hashed_private_and_removed_with_its_slot(tmp_path: Pa
 
 
 def test_bodies_in_flight_and_disk_are_bounded(tmp_path: Path) -> None:
-    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_in_flight=2, max_disk_bytes=100))
-    with spool.admit(60, source="key:a"), spool.admit(None, source="key:b"):
-        with pytest.raises(SpoolBusyError, match="receiving 2 bodies") as busy:
-            with spool.admit(1, source="key:c"):
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_in_flight=2, max_disk_bytes=100, max_bytes_per_key=100,
+                                  max_unverified_bytes=0, max_bearer_bytes=0))
+    with spool.admit(60, pool=SIGNED, source="key:a"), spool.admit(None, pool=SIGNED, source="key:b"):
+        with pytest.raises(SpoolBusyError, match="receiving 2 signed bodies") as busy:
+            with spool.admit(1, pool=SIGNED, source="key:c"):
                 pass
         assert busy.value.status == 503 and busy.value.retry_after_s >= 1
-    with spool.admit(60, source="key:a"):
+    with spool.admit(60, pool=SIGNED, source="key:a"):
         with pytest.raises(SpoolBusyError, match="spool is full"):
-            with spool.admit(41, source="key:a"):
+            with spool.admit(41, pool=SIGNED, source="key:a"):
                 pass
-        with spool.admit(None, source="key:a") as slot:  # a chunked body: charged as it arrives
+        with spool.admit(None, pool=SIGNED, source="key:a") as slot:  # a chunked body: charged as it arrives
             with pytest.raises(SpoolBusyError, match="spool is full"):
                 asyncio.run(spool_body(_chunks([b"x" * 30, b"x" * 30]), slot, cap=1000, deadline_s=5))
     assert spool.reserved_bytes == 0 and list((tmp_path / "spool").iterdir()) == []
 
 
+def test_one_key_holds_at_most_its_share_of_the_signed_pool(tmp_path: Path) -> None:
+    """Issue 30, §2: a key that holds its secret (a compromised job's) cannot take the spool from the others."""
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=1000, max_bytes_per_key=300))
+    with spool.admit(200, pool=SIGNED, source="key:greedy") as slot:
+        with pytest.raises(SpoolBusyError, match="past its share of 300"):
+            with spool.admit(101, pool=SIGNED, source="key:greedy"):
+                pass
+        with pytest.raises(SpoolBusyError, match="past its share of 300"):  # bytes written past the reservation too
+            slot.charge(301)
+        with spool.admit(300, pool=SIGNED, source="key:other"):
+            assert spool.reserved_in(SIGNED) == 500
+    assert spool.reserved_bytes == 0
+
+
+def test_a_verified_v1_body_leaves_the_unverified_allowance(tmp_path: Path) -> None:
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=1600))  # 100 for v1 bodies, 50 per key id
+    with spool.admit(50, pool=SpoolPool.UNVERIFIED, source="key:a") as slot:
+        with pytest.raises(SpoolBusyError, match="past its share of 50.*sign v2"):
+            with spool.admit(1, pool=SpoolPool.UNVERIFIED, source="key:a"):
+                pass
+        spool.promote(slot, pool=SIGNED, source="key:a")
+        assert (spool.reserved_in(SpoolPool.UNVERIFIED), spool.reserved_in(SIGNED)) == (0, 50)
+        with spool.admit(50, pool=SpoolPool.UNVERIFIED, source="key:a"):  # the allowance is free again
+            pass
+        slot.charge(80)  # the dump part copied out of the body: charged to the signed pool now
+        assert spool.reserved_in(SIGNED) == 80
+    assert spool.reserved_bytes == 0
+
+
+def test_the_shares_must_fit_the_spool(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="leave nothing for signed bodies"):
+        SpoolLimits(tmp_path, max_disk_bytes=100, max_unverified_bytes=80, max_bearer_bytes=20)
+
+
+def test_a_v2_body_must_be_the_declared_one(tmp_path: Path) -> None:
+    spool = BodySpool(SpoolLimits(tmp_path / "spool"))
+    declared = DeclaredBody(length=6, sha256=hashlib.sha256(b"hello!").hexdigest())
+    with spool.admit(6, pool=SIGNED, source="key:a") as slot:
+        body = asyncio.run(spool_body(_chunks([b"hel", b"lo!"]), slot, cap=10, deadline_s=5, declared=declared))
+        assert body.sha256 == declared.sha256
+    cases = {"other bytes": [b"hello?"], "7 bytes": [b"hello", b"!!"], "5 bytes": [b"hello"]}
+    for what, chunks in cases.items():
+        with spool.admit(6, pool=SIGNED, source="key:a") as slot, pytest.raises(AuthenticationError, match=what):
+            asyncio.run(spool_body(_chunks(chunks), slot, cap=10, deadline_s=5, declared=declared))
+        assert slot.used <= 6  # nothing written past what was signed and reserved
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
 def test_a_body_past_its_cap_or_its_deadline_is_refused(tmp_path: Path) -> None:
     spool = BodySpool(SpoolLimits(tmp_path / "spool"))
-    with spool.admit(None, source="key:a") as slot, pytest.raises(PayloadTooLargeError):
+    with spool.admit(None, pool=SIGNED, source="key:a") as slot, pytest.raises(PayloadTooLargeError):
         asyncio.run(spool_body(_chunks([b"x" * 8, b"x" * 8]), slot, cap=10, deadline_s=5))
-    with spool.admit(None, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="longer than"):
+    with spool.admit(None, pool=SIGNED, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="longer than"):
         asyncio.run(spool_body(_chunks([b"x"] * 50, pause_s=0.05), slot, cap=100, deadline_s=0.3))
     assert list((tmp_path / "spool").iterdir()) == []
 
@@ -64,10 +116,10 @@ def test_a_trickle_is_cut_off_after_the_grace_not_at_the_deadline(tmp_path: Path
 
     spool = BodySpool(SpoolLimits(tmp_path / "spool", min_rate_bytes_s=100, grace_s=0.3))
     started = time.monotonic()
-    with spool.admit(None, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than 100 bytes/s"):
+    with spool.admit(None, pool=SIGNED, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than 100 bytes/s"):
         asyncio.run(spool_body(_chunks([b"x"] * 100, pause_s=0.1), slot, cap=1000, deadline_s=60))
     assert time.monotonic() - started < 30  # far short of the 60 s deadline, even on a loaded machine
-    with spool.admit(None, source="key:a") as slot:  # 1,000 bytes/s: ten times the minimum
+    with spool.admit(None, pool=SIGNED, source="key:a") as slot:  # 1,000 bytes/s: ten times the minimum
         body = asyncio.run(spool_body(_chunks([b"x" * 100] * 10, pause_s=0.1), slot, cap=2000, deadline_s=60))
     assert body.size == 1000
     assert list((tmp_path / "spool").iterdir()) == []
@@ -75,18 +127,20 @@ def test_a_trickle_is_cut_off_after_the_grace_not_at_the_deadline(tmp_path: Path
 
 def test_one_source_cannot_take_the_whole_pool_nor_starve_bearer_alerts(tmp_path: Path) -> None:
     spool = BodySpool(SpoolLimits(tmp_path / "spool", max_in_flight=4, max_in_flight_per_source=2))
-    with spool.admit(None, source="key:victim"), spool.admit(None, source="key:victim"):
+    with spool.admit(None, pool=SIGNED, source="key:victim"), spool.admit(None, pool=SIGNED, source="key:victim"):
         with pytest.raises(SpoolBusyError, match="this sender has 2 bodies"):
-            with spool.admit(None, source="key:victim"):
+            with spool.admit(None, pool=SIGNED, source="key:victim"):
                 pass
-        with spool.admit(None, source="key:other"), spool.admit(None, source="key:third"):
-            # The signed pool is full; an authenticated bearer delivery still gets a slot.
-            with pytest.raises(SpoolBusyError, match="receiving 4 bodies"):
-                with spool.admit(None, source="key:fourth"):
+        with spool.admit(None, pool=SIGNED, source="key:other"), spool.admit(None, pool=SIGNED, source="key:third"):
+            # The signed pool is full; a bearer delivery and a v1 body (its own key id) still get a slot.
+            with pytest.raises(SpoolBusyError, match="receiving 4 signed bodies"):
+                with spool.admit(None, pool=SIGNED, source="key:fourth"):
                     pass
-            with spool.admit(None, source="bearer:acme/lab", authenticated=True):
+            with spool.admit(None, pool=SpoolPool.BEARER, source="bearer:acme/lab"):
                 pass
-    with spool.admit(None, source="key:victim"):  # every slot was given back
+            with spool.admit(None, pool=SpoolPool.UNVERIFIED, source="key:victim"):
+                pass
+    with spool.admit(None, pool=SIGNED, source="key:victim"):  # every slot was given back
         pass
     assert list((tmp_path / "spool").iterdir()) == []
 
@@ -116,17 +170,24 @@ def test_a_body_that_sends_no_byte_is_cut_off_after_the_grace(tmp_path: Path) ->
 
     spool = BodySpool(SpoolLimits(tmp_path / "spool", grace_s=0.3))
     started = time.monotonic()
-    with spool.admit(None, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than"):
+    with spool.admit(None, pool=SIGNED, source="key:a") as slot, pytest.raises(RequestTimeoutError, match="slower than"):
         asyncio.run(spool_body(silent(), slot, cap=1000, deadline_s=60))
     assert time.monotonic() - started < 30  # far short of the 60 s deadline, even on a loaded machine
 
 
-def test_unverified_bodies_leave_a_share_of_the_disk_to_authenticated_ones(tmp_path: Path) -> None:
-    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=100, max_in_flight_per_source=8))
-    with spool.admit(40, source="key:a"), spool.admit(35, source="key:b"):
-        with pytest.raises(SpoolBusyError, match="spool is full for bodies not yet verified"):
-            with spool.admit(1, source="key:c"):
+def test_each_pool_has_its_bytes_so_unverified_bodies_starve_no_one(tmp_path: Path) -> None:
+    """Issue 30, §2: strangers' v1 bodies fill their allowance and nothing else."""
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=6400, max_in_flight_per_source=8))
+    # 400 for unverified bodies (200 per key id), 100 for bearer alerts, 5,900 for signed bodies.
+    with spool.admit(200, pool=SpoolPool.UNVERIFIED, source="key:a"), \
+            spool.admit(200, pool=SpoolPool.UNVERIFIED, source="key:b"):
+        with pytest.raises(SpoolBusyError, match="full for unverified bodies"):
+            with spool.admit(1, pool=SpoolPool.UNVERIFIED, source="key:c"):
                 pass
-        with spool.admit(25, source="bearer:acme/lab", authenticated=True):
-            pass
+        with spool.admit(50, pool=SpoolPool.BEARER, source="bearer:acme/lab"), \
+                spool.admit(50, pool=SpoolPool.BEARER, source="bearer:acme/c2"), \
+                spool.admit(1600, pool=SIGNED, source="key:a"):
+            with pytest.raises(SpoolBusyError, match="full for bearer bodies"):
+                with spool.admit(1, pool=SpoolPool.BEARER, source="bearer:globex/g1"):
+                    pass
     assert spool.reserved_bytes == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -286,3 +287,36 @@ def test_an_incident_opened_by_an_alert_alone_takes_its_manifest_from_the_regist
         lab.api.stop(signal.SIGTERM)
     assert {r: (e["host"], e["host_source"]) for r, e in manifest["ranks"].items()} == {
         str(r): (MANIFEST["ranks"][str(r)]["host"], "registered") for r in range(4)}
+
+
+def test_restarts_keep_only_what_an_open_incident_needs(lab: Lab) -> None:
+    """Issue 30, §3: six registrations of a job's every rank (new pids each restart) kept every
+    replaced identity, 5 x the ranks, for a week; now only those an incident opened while they ran."""
+    job, incident = new_ids()
+    ranks = 256
+    acme = client(lab, lab.key)
+
+    def restart(generation: int) -> None:
+        body = {"world_size": ranks, "ranks": {str(r): {"host": f"gpu-node-{r // 16 + 1:03d}", "pid": 1000 * generation + r}
+                                               for r in range(ranks)}}
+        response = acme.register(job, body)
+        assert response.status_code == 201, response.text
+
+    def history_rows() -> int:
+        db = sqlite3.connect(lab.api.state_dir / "ingest.sqlite3")
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM job_rank_history WHERE job_id = ?", (job,)).fetchone()[0])
+        finally:
+            db.close()
+
+    for generation in range(6):
+        restart(generation)
+    assert history_rows() == 0, "identities no incident can ask for were kept"
+    # The hang: rank 0 (of the generation running now, pids 5000 + r) uploads its dump.
+    ident = {"job_id": job, "incident_id": incident, "rank": 0, "world_size": ranks, "host": "gpu-node-001"}
+    assert acme.upload(ident, (FIXTURE / "rank_0.pkl").read_bytes(), "rank_0.pkl").status_code == 201
+    for generation in range(6, 9):
+        restart(generation)
+    assert history_rows() == ranks  # each rank's process at the incident, once
+    manifest = manifest_of(lab, job, incident, ranks)
+    assert [manifest["ranks"][str(r)].get("pid") for r in (1, 255)] == [5001, 5255]

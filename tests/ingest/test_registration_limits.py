@@ -18,6 +18,7 @@ from denpex.ingest.identity import parse_identity
 from denpex.ingest.incidents import IncidentBook, IncidentKey
 from denpex.ingest.manifest_writer import ManifestWriter, _Draft
 from denpex.ingest.registration import (
+    HISTORY_PER_RANK,
     MAX_GROUP_MEMBERS,
     MAX_PROCESS_GROUPS,
     MAX_RANKS_PER_REGISTRATION,
@@ -30,6 +31,14 @@ from denpex.ingest.registration import (
 )
 
 CALLER = Caller(tenant="acme", cluster="c1", key_id="dk_1")
+
+
+def _open_incident(tmp_path: Path, at: float, job: str) -> None:
+    """An incident of ``job`` opened at ``at`` (server time), as the incident book records one: what
+    keeps the identities a restart replaces."""
+    with Database(tmp_path).connect() as db:
+        db.execute("INSERT INTO incidents (tenant, cluster, incident_id, job_id, created_at) VALUES (?, ?, ?, ?, ?)",
+                   ("acme", "c1", f"inc-{at}", job, at))
 
 
 def _body(ranks: range, world_size: int = 1 << 20, host: str = "gpu-node-001") -> bytes:
@@ -66,6 +75,7 @@ def test_a_rank_restarted_many_times_lists_its_newest_moves_and_keeps_its_first_
     jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
     jobs.register(CALLER, "job-a", parse_registration(_body(range(1), world_size=4, host="gpu-node-001")))
     incident_opened = now[0] + 0.5
+    _open_incident(tmp_path, incident_opened, "job-a")
     for n in range(2, 40):
         now[0] += 1
         jobs.register(CALLER, "job-a", parse_registration(_body(range(1), world_size=4, host=f"gpu-node-{n:03d}")))
@@ -182,6 +192,7 @@ def test_a_restart_on_the_same_node_leaves_an_open_incident_its_dead_process(tmp
 
     jobs.register(CALLER, "job", parse_registration(rank1(4242, "0000:3b:00.0")))
     opened = now[0] + 1
+    _open_incident(tmp_path, opened, "job")
     now[0] += 10
     restarted = jobs.register(CALLER, "job", parse_registration(rank1(9999, "0000:86:00.0")))
     assert restarted.registered == 1 and restarted.moved == []  # the same host: no move
@@ -248,3 +259,33 @@ def test_a_rank_restarted_in_a_loop_keeps_a_bounded_number_of_moves(tmp_path: Pa
         assert db.execute("SELECT COUNT(*) FROM job_rank_moves").fetchone() == (2 * MOVES_SHOWN,)
     layout = jobs.layout("acme", "c1", "job")
     assert layout is not None and [len(m) for m in layout.moves.values()] == [MOVES_SHOWN, MOVES_SHOWN]
+
+
+def test_a_job_keeps_only_the_replaced_identities_an_incident_needs(tmp_path: Path) -> None:
+    """Issue 30, §3: restarts with no incident keep nothing; one incident keeps the process each rank
+    had when it opened, and no later one."""
+    now = [1_000_000.0]
+    jobs = JobRegistry(Database(tmp_path), clock=lambda: now[0])
+
+    def restart(pid: int) -> None:
+        now[0] += 1
+        jobs.register(CALLER, "job", parse_registration(json.dumps({"world_size": 64, "ranks": {
+            str(r): {"host": f"gpu-node-{r // 8:03d}", "pid": pid + r} for r in range(64)}}).encode()))
+
+    def rows() -> int:
+        with Database(tmp_path).connect(read_only=True) as db:
+            return int(db.execute("SELECT COUNT(*) FROM job_rank_history").fetchone()[0])
+
+    for generation in range(6):
+        restart(1000 * generation)
+    assert rows() == 0  # six generations, no incident: nothing any incident could ask for
+    _open_incident(tmp_path, now[0] + 0.5, "job")
+    for generation in range(6, 12):
+        restart(1000 * generation)
+    assert rows() == 64  # the processes the incident saw die, once
+    then = jobs.placement_at("acme", "c1", "job", now[0] - 5.5)
+    assert then is not None and [then.ranks[r].pid for r in (0, 63)] == [5000, 5063]
+    for generation in range(12, 32):  # an incident between every two restarts: each rank keeps its newest 16
+        _open_incident(tmp_path, now[0] + 0.5, "job")
+        restart(1000 * generation)
+    assert rows() == 64 * HISTORY_PER_RANK

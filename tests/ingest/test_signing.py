@@ -8,13 +8,18 @@ import pytest
 
 from denpex.ingest.errors import AuthenticationError
 from denpex.ingest.signing import (
+    DeclaredBody,
+    SignatureVersion,
     body_sha256,
     canonical_string,
+    canonical_string_v2,
+    check_body,
     check_signature,
     check_timestamp,
     parse_signed_headers,
     request_target,
     sign,
+    sign_v2,
     signed_headers,
 )
 
@@ -23,6 +28,8 @@ VECTOR_SECRET = b"denpex-test-secret"
 VECTOR_REQUEST = dict(method="POST", path="/v1/evidence", tenant="acme", cluster="c1",
                       timestamp=1764547200, nonce="n-0001", body=b"hello")
 VECTOR_SIGNATURE = "v1=b2eec23203945131bf3ac39351f1afcb0d66a1672812e7aeefa7569d608e54be"
+# The v2 vector (issue 30): the same request, its body declared as 5 bytes and their SHA-256.
+VECTOR_SIGNATURE_V2 = "v2=177252d4c3dab4f741eeb4bb26715e07a8fd468d4948bc7e55d66ea36d401176"
 
 
 def test_the_fixed_vector() -> None:
@@ -37,6 +44,64 @@ def test_the_vector_agrees_with_openssl() -> None:
     assert out.strip().endswith(VECTOR_SIGNATURE.removeprefix("v1="))
 
 
+def test_the_fixed_v2_vector_agrees_with_openssl() -> None:
+    assert sign_v2(VECTOR_SECRET, **VECTOR_REQUEST) == VECTOR_SIGNATURE_V2  # type: ignore[arg-type]
+    message = "v2\nPOST\n/v1/evidence\nacme\nc1\n1764547200\nn-0001\n5\n" + body_sha256(b"hello")
+    assert message == canonical_string_v2("POST", "/v1/evidence", "acme", "c1", 1764547200, "n-0001",
+                                          DeclaredBody(length=5, sha256=body_sha256(b"hello")))
+    out = subprocess.run(["openssl", "dgst", "-sha256", "-hmac", VECTOR_SECRET.decode()],
+                         input=message.encode(), capture_output=True, check=True).stdout.decode()
+    assert out.strip().endswith(VECTOR_SIGNATURE_V2.removeprefix("v2="))
+
+
+def test_a_v2_signature_is_checked_from_the_headers_alone() -> None:
+    """Issue 30, §2: the declared length and digest are signed, so the body is not needed to verify."""
+    headers = _signed(version=SignatureVersion.V2)
+    assert headers["X-Denpex-Content-Length"] == "5" and headers["X-Denpex-Signature"] == VECTOR_SIGNATURE_V2
+    parsed = parse_signed_headers(headers)
+    assert parsed.version is SignatureVersion.V2 and parsed.declared == DeclaredBody(length=5, sha256=body_sha256(b"hello"))
+    check_signature(VECTOR_SECRET, parsed, "POST", "/v1/evidence")
+    check_signature(VECTOR_SECRET, parsed, "POST", "/v1/evidence", b"hello")
+    declared_other = {"X-Denpex-Content-Length": "6", "X-Denpex-Content-SHA256": body_sha256(b"hello!")}
+    for changed in (headers | declared_other, headers | {"X-Denpex-Content-Length": "6"},
+                    headers | {"X-Denpex-Signature": "v1=" + VECTOR_SIGNATURE_V2[3:]}):
+        with pytest.raises(AuthenticationError, match="does not match"):
+            check_signature(VECTOR_SECRET, parse_signed_headers(changed), "POST", "/v1/evidence", b"hello")
+    with pytest.raises(AuthenticationError, match="does not match its signed"):
+        check_signature(VECTOR_SECRET, parsed, "POST", "/v1/evidence", b"hellO")
+
+
+@pytest.mark.parametrize("size, body, words", [(5, b"hellO", "other bytes"), (4, b"hell", "4 bytes arrived"),
+                                               (6, b"hello!", "6 bytes arrived")], ids=["bytes", "short", "long"])
+def test_a_v2_body_must_be_exactly_the_declared_one(size: int, body: bytes, words: str) -> None:
+    declared = DeclaredBody(length=5, sha256=body_sha256(b"hello"))
+    check_body(declared, size=5, sha256=body_sha256(b"hello"))
+    with pytest.raises(AuthenticationError, match=words):
+        check_body(declared, size=size, sha256=body_sha256(body))
+
+
+def test_v2_headers_are_all_named_when_missing_or_malformed() -> None:
+    headers = _signed(version=SignatureVersion.V2)
+    with pytest.raises(AuthenticationError, match="X-Denpex-Content-Length, X-Denpex-Content-SHA256"):
+        parse_signed_headers({k: v for k, v in headers.items() if not k.startswith("X-Denpex-Content")})
+    bad = headers | {"X-Denpex-Content-Length": "+5", "X-Denpex-Content-SHA256": "AB" * 32}
+    with pytest.raises(AuthenticationError) as caught:
+        parse_signed_headers(bad)
+    assert "X-Denpex-Content-Length" in str(caught.value) and "X-Denpex-Content-SHA256" in str(caught.value)
+    for length in ("05", "1e3", "-1", "1" * 16):
+        with pytest.raises(AuthenticationError, match="X-Denpex-Content-Length"):
+            parse_signed_headers(headers | {"X-Denpex-Content-Length": length})
+
+
+def test_v1_still_verifies_and_ignores_content_headers() -> None:
+    """A v1 client is unchanged: its signature covers the body, whatever else the headers hold."""
+    headers = _signed(version=SignatureVersion.V1)
+    assert headers["X-Denpex-Signature"] == VECTOR_SIGNATURE and "X-Denpex-Content-SHA256" not in headers
+    parsed = parse_signed_headers(headers | {"X-Denpex-Content-Length": "nonsense"})
+    assert parsed.version is SignatureVersion.V1 and parsed.declared is None
+    check_signature(VECTOR_SECRET, parsed, "POST", "/v1/evidence", b"hello")
+
+
 def test_canonical_string_layout() -> None:
     assert canonical_string("get", "/v1/incidents/i-1", "t", "c", 5, "n", "h") == "v1\nGET\n/v1/incidents/i-1\nt\nc\n5\nn\nh"
 
@@ -44,7 +109,7 @@ def test_canonical_string_layout() -> None:
 def _signed(**overrides: object) -> dict[str, str]:
     args: dict[str, object] = dict(secret=VECTOR_SECRET, key_id="dk_1", tenant="acme", cluster="c1",
                                    method="POST", path="/v1/evidence", body=b"hello", timestamp=1764547200,
-                                   nonce="n-0001")
+                                   nonce="n-0001", version=SignatureVersion.V1)
     args.update(overrides)
     return signed_headers(**args)  # type: ignore[arg-type]
 
@@ -69,7 +134,7 @@ def test_any_change_breaks_the_signature(method: str, path: str, body: bytes, se
 def test_missing_and_malformed_headers_are_all_named() -> None:
     with pytest.raises(AuthenticationError, match="X-Denpex-Nonce, X-Denpex-Signature"):
         parse_signed_headers({k: v for k, v in _signed().items() if k not in ("X-Denpex-Nonce", "X-Denpex-Signature")})
-    bad = _signed() | {"X-Denpex-Timestamp": "yesterday", "X-Denpex-Signature": "v2=abc", "X-Denpex-Tenant": "a\nb"}
+    bad = _signed() | {"X-Denpex-Timestamp": "yesterday", "X-Denpex-Signature": "v3=abc", "X-Denpex-Tenant": "a\nb"}
     with pytest.raises(AuthenticationError) as caught:
         parse_signed_headers(bad)
     for name in ("X-Denpex-Tenant", "X-Denpex-Timestamp", "X-Denpex-Signature"):

@@ -102,3 +102,61 @@ def test_a_node_agent_cannot_vouch_for_another_host(lab: Lab, tmp_path: Path, mo
     found = _plan(lab, incident, tmp_path, monkeypatch)
     assert found.report.candidates[0].hardware == []
     assert found.report.plan is not None and found.report.plan.recommend_isolation is False
+
+
+# Issue 30, §3 ----------------------------------------------------------------------------------------------
+
+def _xid_flood(part: int, size: int = 1 << 20) -> bytes:
+    """``size`` bytes of distinct Xid 79 lines, spread over the job's four hosts (about 9,000 lines a MiB)."""
+    lines, total, n = [], 0, 0
+    while total < size:
+        line = (f"2026-11-29T20:{n // 6000 % 60:02d}:{n // 100 % 60:02d}+0000 gpu-node-00{n % 4 + 1} kernel: NVRM: Xid "
+                f"(PCI:0000:3b:00): 79, pid={part}{n}, GPU has fallen off the bus.\n")
+        lines.append(line)
+        total += len(line)
+        n += 1
+    return "".join(lines).encode()
+
+
+def test_a_job_keys_repeated_telemetry_makes_a_note_per_kind_and_host(lab: Lab, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two parts of 1 MiB of Xid lines from a job's key (about 18,000 events on four hosts): one
+    note per kind and host, with its count, not one per event."""
+    job_client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    manifest = json.loads((FIXTURE / "manifest.json").read_text())
+    incident = "inc-" + uuid.uuid4().hex[:8]
+    for rank in range(4):
+        ident = {**manifest["ranks"][str(rank)], "job_id": "job-t", "incident_id": incident, "rank": rank,
+                 "world_size": 4, "process_groups": manifest["process_groups"]}
+        flood = [_xid_flood(0), _xid_flood(1)] if rank == 0 else []
+        response = job_client.upload(ident, (FIXTURE / f"rank_{rank}.pkl").read_bytes(), f"rank_{rank}.pkl", flood)
+        assert response.status_code == 201, response.text
+    lab.s3.manifest(f"{lab.prefix}/acme/c1/job-t/{incident}", 4)
+    notes = _plan(lab, incident, tmp_path, monkeypatch).report.notes
+    about_xid = [note for note in notes if note.startswith("xid")]
+    assert len(notes) <= 12 and len(about_xid) == 4, f"{len(notes)} notes, {len(about_xid)} of them about an Xid"
+    counted = sorted(int(note.split(": ")[1].split(" events")[0].replace(",", "")) for note in about_xid)
+    assert sum(counted) > 17_000 and counted[-1] - counted[0] <= 1, counted
+    assert all("never support isolation" in note for note in about_xid)
+
+
+def test_a_key_keeps_a_bounded_telemetry_per_incident(lab: Lab) -> None:
+    """A job's key adds at most 16 MiB of telemetry to an incident: past it the whole request is
+    refused (413) and nothing of it is stored; the dump alone is taken."""
+    job_client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    incident = "inc-" + uuid.uuid4().hex[:8]
+
+    def upload(rank: int, telemetry: list[bytes]) -> int:
+        ident = {"job_id": "job-t", "incident_id": incident, "rank": rank, "world_size": 4}
+        return job_client.upload(ident, (FIXTURE / f"rank_{rank}.pkl").read_bytes(), f"rank_{rank}.pkl",
+                                 telemetry).status_code
+
+    assert upload(0, [_xid_flood(p) for p in range(8)]) == 201
+    base = f"{lab.prefix}/acme/c1/job-t/{incident}/"
+    lab.s3.manifest(base.rstrip("/"), 1)  # written a moment after the upload: wait for it
+    before = lab.s3.keys(base)
+    over = job_client.upload({"job_id": "job-t", "incident_id": incident, "rank": 1, "world_size": 4},
+                             (FIXTURE / "rank_1.pkl").read_bytes(), "rank_1.pkl", [_xid_flood(p) for p in range(8, 17)])
+    assert over.status_code == 413 and "a key keeps at most" in over.json()["error"], over.text
+    assert [k for k in lab.s3.keys(base) if "rank_1" in k or k not in before] == []  # nothing of it stored
+    assert upload(1, []) == 201

@@ -114,3 +114,21 @@ def test_manifest_writer_coalesces_and_rebuilds_after_a_restart(tmp_path: Path) 
 def test_alert_id_is_one_per_incident() -> None:
     assert alert_id_for(IncidentKey("a", "c", "i")) == alert_id_for(IncidentKey("a", "c", "i"))
     assert alert_id_for(IncidentKey("a", "c", "i")) != alert_id_for(IncidentKey("b", "c", "i"))
+
+
+def test_a_state_directory_from_before_telemetry_sizes_gains_the_column(tmp_path: Path) -> None:
+    """Issue 30: the telemetry caps count bytes per key; an older database is given the column when opened."""
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "ingest.sqlite3")
+    old.execute("CREATE TABLE telemetry (tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, "
+                "sha256 TEXT NOT NULL, object_name TEXT NOT NULL, trusted INTEGER NOT NULL, host TEXT, key_id TEXT "
+                "NOT NULL, uploaded_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, incident_id, sha256, trusted))")
+    old.execute("INSERT INTO telemetry VALUES ('acme', 'c1', 'inc-1', 'ab', 'telemetry/untrusted/ab.log', 0, NULL, "
+                "'dk_1', 1.0)")
+    old.commit()
+    old.close()
+    book = IncidentBook(Database(tmp_path))
+    Database(tmp_path)  # opened again: nothing to add
+    [kept] = book.telemetry(IncidentKey("acme", "c1", "inc-1"))
+    assert (kept.key_id, kept.size) == ("dk_1", None)  # counted as no bytes by the caps

@@ -118,3 +118,24 @@ def test_a_registration_the_service_cannot_take_is_retried_by_the_delivery_threa
             lab.api.start()
     client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
     assert client.job_ranks(job).json()["ranks"]["0"]["host"] == "gpu-node-001"
+
+
+def test_a_dump_whose_telemetry_is_refused_is_sent_again_without_it(lab: Lab, tmp_path: Path) -> None:
+    """Issue 30, §3: once the job's key holds all the telemetry it may add to an incident (16 MiB),
+    a rank's upload with more is refused (413); the uploader sends the dump alone, never losing it."""
+    job = f"job-{uuid.uuid4().hex[:6]}"
+    uploader = _uploader(lab, tmp_path, lab.key.key_id, lab.key.secret, job)
+    record, request = _record(2)
+    incident = incident_id_for(request)
+    client = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+    full = [bytes([65 + i]) * (2 << 20) for i in range(8)]  # 16 MiB of the key's telemetry in this incident
+    held = client.upload({"job_id": job, "incident_id": incident, "rank": 0, "world_size": 4},
+                         (FIXTURE / "rank_0.pkl").read_bytes(), "rank_0.pkl", full)
+    assert held.status_code == 201, held.text
+    identity = {"job_id": job, "incident_id": incident, "rank": 2, "world_size": 4, "host": "gpu-node-003"}
+    uploader.spool.put(identity, FIXTURE / "rank_2.pkl", [b"one NVML snapshot too many\n"])
+    assert uploader.deliver_once() is True and uploader.delivered == 1
+    assert uploader.spool.rejected() == []
+    base = f"{lab.prefix}/acme/c1/{job}/{incident}"
+    assert lab.s3.read(f"{base}/rank_2.pkl") == (FIXTURE / "rank_2.pkl").read_bytes()
+    assert len([k for k in lab.s3.keys(f"{base}/telemetry/") if k.endswith(".log")]) == 8  # none of the refused
