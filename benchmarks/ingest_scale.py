@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="denpex-ingest-bench-"))
     dumps = work / "dumps"
     started = time.perf_counter()
-    made = generate_dump_set(dumps, world_size=args.uploads, scenario=Scenario.STALLED,
+    generate_dump_set(dumps, world_size=args.uploads, scenario=Scenario.STALLED,
                              template=load_template(args.template), ring_size=args.ring, workers=2, manifest=False)
     files = sorted((int(f.name.rsplit("_", 1)[1]), str(f)) for f in dumps.iterdir() if f.name.startswith("comm_lib"))
     sizes = [Path(f).stat().st_size for _, f in files]

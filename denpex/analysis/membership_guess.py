@@ -20,7 +20,7 @@ blockage proves.
 from __future__ import annotations
 
 from denpex.analysis.compare import Blockage, BlockageKind
-from denpex.analysis.models import Candidate, Membership, Verdict
+from denpex.analysis.models import Membership, Verdict
 from denpex.analysis.verdict import Decision
 
 __all__ = ["GUESSED_CONFIDENCE", "mark_guessed_members"]

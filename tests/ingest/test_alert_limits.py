@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest

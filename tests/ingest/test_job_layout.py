@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from denpex.ingest.client import IngestClient, encode_multipart
+from denpex.ingest.client import IngestClient
 from denpex.ingest.registry import IssuedKey
 from denpex.ingest.signing import signed_headers
 from denpex.investigate import investigate

@@ -18,7 +18,7 @@ from denpex.isolation.config import KubernetesSettings
 from denpex.isolation.errors import ApprovalError, HostKeyError
 from denpex.isolation.executor import RunMode
 from denpex.isolation.kubernetes import KubernetesAdapter
-from denpex.isolation.plan import Operation, utc_now
+from denpex.isolation.plan import Operation
 from denpex.isolation.ssh import Backoff
 from isolation.test_k8s_adapter import NODE, K8sRun, execute, make_plan
 from isolation.trust import signed

@@ -13,8 +13,8 @@ import pytest
 
 from denpex.isolation.audit import AuditKind, Outcome
 from denpex.isolation.errors import BusyError
-from denpex.isolation.executor import NodeDecision, RunMode
-from denpex.isolation.plan import Gate, Operation, utc_now
+from denpex.isolation.executor import NodeDecision
+from denpex.isolation.plan import Gate, Operation
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import CommandRunner, SshSettings
 from isolation.trust import signed

@@ -18,7 +18,7 @@ from denpex.evidence.manifest import parse_manifest_bytes
 from denpex.ingest.errors import InvalidRequestError
 from denpex.ingest.identity import parse_identity
 from denpex.markdown_text import chat_text, code_block, inline, visible
-from denpex.report import PlanAction, PlanView, TriageReport
+from denpex.report import PlanView, TriageReport
 from denpex.workflow.markdown import candidate_rows, decision_markdown, report_markdown
 from denpex.workflow.notify import approval_notice
 
