@@ -19,8 +19,9 @@ The cases, and where each one's truth comes from (the same truth the tests compa
   job whose truth names no culprit; the triage may name the other pair's ranks only as
   ``membership: inferred`` suspects, which count as named wrongly, and the notes say so),
   ``overlap_retire_race`` (family 5) and ``restart_withheld`` (family 6).
-- ``gloo_torch214/<name>``: real Gloo dumps from torch 2.14.1 (``tests/fixtures/gloo_torch214/``),
-  triaged in place; truth ``expected.json``.
+- ``gloo_torch29/<name>`` and ``gloo_torch214/<name>``: real Gloo dumps from torch 2.9.1 and
+  2.14.1 (``tests/fixtures/gloo_torch29/``, ``tests/fixtures/gloo_torch214/``), triaged in place
+  as ``tests/analysis/test_torch_versions.py`` does; truth ``expected.json``.
 - ``gloo_collected/<name>``: the folders HangDumper wrote (dumps plus ``collector/`` records, no
   manifest); they carry no truth file, so the truth is what ``check_collected`` in
   ``tests/gloo_real/test_gloo_cases.py`` asserts (``subgroup_unknown``: localized, rank 1
@@ -66,7 +67,8 @@ from denpex.analysis.models import Membership, TriageResult  # noqa: E402
 from denpex.analysis.triage import TriageOptions, triage_path  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
-FAMILIES = ("gloo", "gloo_bare", "gloo_cases", "gloo_collected", "gloo_torch214", "nccl", "moe")
+FAMILIES = ("gloo", "gloo_bare", "gloo_cases", "gloo_collected", "gloo_torch29", "gloo_torch214",
+            "nccl", "moe")
 
 # tests/gloo_real/test_gloo_cases.py::check_collected: the only truth these folders have.
 COLLECTED_TRUTH: dict[str, tuple[str, dict[int, str]]] = {
@@ -204,6 +206,10 @@ def cases(families: tuple[str, ...]) -> Iterator[Case]:
     if "gloo_cases" in families:
         for folder in sorted(p for p in (FIXTURES / "gloo_cases").iterdir() if p.is_dir()):
             yield Case(f"gloo_cases/{folder.name}", _gloo_case(folder.name))
+    if "gloo_torch29" in families:
+        # Issue 29: real Gloo dumps from torch 2.9.1 (the same schema and pg_config as 2.13).
+        for folder in sorted(p for p in (FIXTURES / "gloo_torch29").iterdir() if p.is_dir()):
+            yield Case(f"gloo_torch29/{folder.name}", _gloo_case(folder.name, "gloo_torch29"))
     if "gloo_torch214" in families:
         # Issue 29: real Gloo dumps from torch 2.14.1 (pg_config lists subgroup positions).
         for folder in sorted(p for p in (FIXTURES / "gloo_torch214").iterdir() if p.is_dir()):

@@ -55,8 +55,12 @@ def triage_outcome(folder: Path) -> tuple[str, dict[str, str]]:
     return result.verdict.value, {str(c.rank): c.kind.value for c in result.candidates}
 
 
-def check_dump_facts(folder: Path) -> None:
-    """The dumps say what the notes (shared/notes/flight-recorder.md) and the scenario promise."""
+def check_dump_facts(folder: Path, pg_config_ranks: str = "[]") -> None:
+    """The dumps say what the notes (shared/notes/flight-recorder.md) and the scenario promise.
+
+    ``pg_config_ranks``: what Gloo writes as the one ``pg_config`` entry's ``ranks``: ``"[]"`` on
+    torch 2.9 and 2.13, ``"[0, 1]"`` on 2.14 (the positions within the last pair subgroup a rank
+    built)."""
     expected = read_expected(folder)
     manifest = load_manifest(folder / "manifest.json")
     dumped = {int(r) for r in expected["dump_triggers"]}
@@ -67,7 +71,7 @@ def check_dump_facts(folder: Path) -> None:
         pickled = load_dump(folder / f"rank_{rank}.pkl")
         as_json = load_dump(folder / f"rank_{rank}.json")
         _check_encodings(pickled, as_json)
-        _check_gloo_quirks(pickled, manifest)
+        _check_gloo_quirks(pickled, manifest, pg_config_ranks)
         pg_ids[rank] = {e["process_group"][0]: e["pg_id"] for e in pickled["entries"]}
         _check_scenario_state(rank, pickled, expected, manifest)
     # pg_id is a per-process counter: the same local id names different groups on different ranks.
@@ -89,9 +93,10 @@ def _check_encodings(pickled: dict[str, Any], as_json: dict[str, Any]) -> None:
     assert all(isinstance(v, str) for s in as_json["pg_status"].values() for v in s.values())
 
 
-def _check_gloo_quirks(dump: dict[str, Any], manifest: JobManifest) -> None:
-    # pg_config is recorded before Python names the group: one '' key, '[]' for a subgroup.
-    assert dump["pg_config"] == {"": {"name": "", "desc": "", "ranks": "[]"}}
+def _check_gloo_quirks(dump: dict[str, Any], manifest: JobManifest, pg_config_ranks: str) -> None:
+    # pg_config is recorded before Python names the group: one '' key, '[]' for a subgroup (2.14:
+    # the positions within it).
+    assert dump["pg_config"] == {"": {"name": "", "desc": "", "ranks": pg_config_ranks}}
     assert all(s["last_started_collective"] == -1 for s in dump["pg_status"].values())
     seqs: dict[str, list[int]] = {}
     for e in dump["entries"]:
