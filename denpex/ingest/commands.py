@@ -204,8 +204,10 @@ def serve_api_command(
     service = IngestService(config)
     # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
     # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503.
+    # proxy_headers=False: a caller's address is the TCP peer's, never what its X-Forwarded-For says.
     uvicorn.run(create_app(service), host=host, port=port, log_level="info", access_log=False,
-                limit_concurrency=max_connections, h11_max_incomplete_event_size=16 * 1024)
+                limit_concurrency=max_connections, h11_max_incomplete_event_size=16 * 1024,
+                proxy_headers=False, forwarded_allow_ips="")
 
 
 def _auth_string(value: str | None) -> SecretStr | None:

@@ -268,3 +268,24 @@ def test_the_index_lists_the_runs_waiting(tmp_path: Path) -> None:
     assert f'href="/runs/{run_id}"' in _shown(listed) and "inc-page" in _shown(listed)
     assert rig.client().get("/public-key").text.strip() == __import__("denpex.isolation.ed25519_keys").isolation.\
         ed25519_keys.public_key_text(rig.key)
+
+
+@pytest.mark.parametrize("proxy", ["10.0.0.2/32", "127.0.0.1/32"])
+def test_the_served_page_takes_the_callers_address_from_the_connection_not_x_forwarded_for(
+        tmp_path: Path, proxy: str) -> None:
+    """Red team, issue 30: uvicorn's defaults let a loopback caller's X-Forwarded-For replace its
+    address, so `X-Forwarded-For: <the proxy>` from any local process passed for the proxy, and a
+    proxy on the same host was never believed. The real `serve-approvals` process, both ways."""
+    import httpx
+
+    from testkit.services.approval_page import approval_page
+
+    rig = Rig(tmp_path, SecondFactor.PROXY, proxies=(proxy,))
+    run_id, _ = rig.waiting_run()
+    with approval_page(rig.state, f"http://127.0.0.1:{free_port()}/api", log=tmp_path / "page.log",
+                       extra_args=["--trusted-proxy", proxy]) as page, httpx.Client(base_url=page.url) as client:
+        seen = client.get(f"/runs/{run_id}", headers={"X-Forwarded-For": "10.0.0.2, 10.0.0.2",
+                                                       "X-Forwarded-User": "alice"})
+    assert seen.status_code == 200, seen.text
+    # From loopback: the proxy only when loopback is the configured proxy, whatever the header says.
+    assert ("signed in through the authenticating proxy" in seen.text) == (proxy == "127.0.0.1/32")
