@@ -50,8 +50,7 @@ def serve_approvals_command(
 
     Example: PREFECT_API_URL=http://127.0.0.1:4200/api denpex serve-approvals --port 8090
     """
-    import uvicorn
-
+    from denpex.http_serving import serve
     from denpex.approval_page.app import PageConfig, create_page_app
     from denpex.approval_page.decide import ApprovalDesk
     from denpex.approval_page.resume import PrefectLink
@@ -76,9 +75,4 @@ def serve_approvals_command(
     config = PageConfig(desk=desk, prefect=PrefectLink(api, SecretStr(auth) if auth else None),
                         trusted_proxies=networks, identity_header=identity_header,
                         prefect_ui_url=prefect_ui_url or os.environ.get("PREFECT_UI_URL"))
-    # proxy_headers=False: uvicorn's default rewrites a loopback caller's address from its own
-    # X-Forwarded-For, so any local process could pass for the trusted proxy (and pick its lockout
-    # address). The page reads the proxy's headers itself, only from a trusted proxy's own address.
-    uvicorn.run(create_page_app(config), host=host, port=port, log_level="info", access_log=False,
-                limit_concurrency=256, h11_max_incomplete_event_size=16 * 1024,
-                proxy_headers=False, forwarded_allow_ips="")
+    serve(create_page_app(config), host=host, port=port, max_connections=256)

@@ -178,8 +178,7 @@ def serve_api_command(
     state_dir: StateDirOption = None,
 ) -> None:
     """Run the ingest service: signed evidence uploads, alerts, incident coverage."""
-    import uvicorn
-
+    from denpex.http_serving import serve
     from denpex.ingest.app import create_app
     from denpex.ingest.service import IngestService, ServiceConfig
 
@@ -203,11 +202,9 @@ def serve_api_command(
         raise _fail(str(exc)) from exc
     service = IngestService(config)
     # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
-    # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503.
-    # proxy_headers=False: a caller's address is the TCP peer's, never what its X-Forwarded-For says.
-    uvicorn.run(create_app(service), host=host, port=port, log_level="info", access_log=False,
-                limit_concurrency=max_connections, h11_max_incomplete_event_size=16 * 1024,
-                proxy_headers=False, forwarded_allow_ips="")
+    # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503,
+    # and a connection whose request head is late is closed (denpex.http_serving).
+    serve(create_app(service), host=host, port=port, max_connections=max_connections)
 
 
 def _auth_string(value: str | None) -> SecretStr | None:

@@ -289,3 +289,37 @@ def test_the_served_page_takes_the_callers_address_from_the_connection_not_x_for
     assert seen.status_code == 200, seen.text
     # From loopback: the proxy only when loopback is the configured proxy, whatever the header says.
     assert ("signed in through the authenticating proxy" in seen.text) == (proxy == "127.0.0.1/32")
+
+
+def test_the_served_page_closes_a_connection_whose_request_head_is_late(tmp_path: Path) -> None:
+    """Red team, issue 30: idle sockets held every one of uvicorn's connection slots, so the page
+    (and `serve-api`, which serves the same way: denpex.http_serving) answered everyone 503. Now
+    a connection that sends nothing, or dribbles its head, is closed; a prompt one is served."""
+    import select
+    import socket
+
+    import httpx
+
+    from denpex.http_serving import HEADER_DEADLINE_S
+    from testkit.services.approval_page import approval_page
+
+    with approval_page(tmp_path / "state", f"http://127.0.0.1:{free_port()}/api", log=tmp_path / "page.log") as page:
+        port = int(page.url.rsplit(":", 1)[1])
+        idle, dribbling = socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port))
+        dribbling.sendall(b"GET /healthz HTTP/1.1\r\n")
+        opened, closed = time.monotonic(), set()
+        # Wait for the server's close (EOF), a header byte a second on one; bounded for a loaded machine.
+        while len(closed) < 2 and time.monotonic() - opened < HEADER_DEADLINE_S + 100:
+            if dribbling not in closed:
+                try:
+                    dribbling.sendall(b"X")
+                except OSError:
+                    closed.add(dribbling)
+            ready, _, _ = select.select([s for s in (idle, dribbling) if s not in closed], [], [], 1.0)
+            closed.update(s for s in ready if s.recv(4096) == b"")
+        took = time.monotonic() - opened
+        assert closed == {idle, dribbling}, f"still open after {took:.0f} s"
+        assert took >= HEADER_DEADLINE_S - 1
+        assert httpx.get(f"{page.url}/healthz", timeout=30).status_code == 200
+        idle.close()
+        dribbling.close()
