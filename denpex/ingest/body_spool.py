@@ -18,12 +18,17 @@ one tenant's rate: docs/contracts.md keeps 429 for that):
 
 - **bodies in flight**: at most ``max_in_flight`` per pool, and ``max_in_flight_per_source`` per
   source (the key id, or a bearer token's tenant and cluster) in each pool; a forged v1 request
-  never takes a slot of the key's signed bodies.
+  never takes a slot of the key's signed bodies. In the signed pool, the **tenant** proven by the
+  signature has a bound of its own over all its keys (``max_in_flight_per_tenant``, a quarter of
+  the pool): a tenant that holds many keys (one per job, one per node agent) cannot take every
+  slot from the other tenants, however many of its keys send at once.
 - **bytes reserved** (``max_disk_bytes`` in all): a body reserves its declared length when it is
   admitted, and every byte written beyond (a chunked body, the dump part copied out of the body)
   must fit too. Each pool has its own bytes, and one source holds at most its share of a pool:
-  ``max_bytes_per_key`` of the signed pool, half of the others. The signed pool is what the other
-  two leave of the disk, so no pool can starve another.
+  ``max_bytes_per_key`` of the signed pool, half of the others, and one tenant's keys together hold
+  at most ``max_bytes_per_tenant`` of the signed pool (what one key may: more keys give a tenant
+  no more disk). The signed pool is what the other two leave of the disk, so no pool can starve
+  another.
 - **the time a body may take** (uvicorn has none): ``grace_s`` plus the declared size at
   ``min_rate_bytes_s``, and never more than ``max_body_s``; a body still arriving then is 408.
   The rate holds all along, not only at the end: past ``grace_s``, a body that has not kept
@@ -77,7 +82,8 @@ class SpoolPool(StrEnum):
 class SpoolLimits:
     """The spool's folder and its bounds (module docstring). A share left unset is a fraction of
     ``max_disk_bytes``: a sixteenth for unverified bodies, a sixty-fourth for bearer alerts and a
-    quarter per key of signed bodies (256 MiB, 64 MiB and 1 GiB of the default 4 GiB)."""
+    quarter per key of signed bodies (256 MiB, 64 MiB and 1 GiB of the default 4 GiB). A tenant's
+    keys together hold at most what one key may, and a quarter of the signed pool's slots."""
 
     directory: Path
     max_in_flight: int = 64
@@ -86,6 +92,8 @@ class SpoolLimits:
     max_unverified_bytes: int | None = None
     max_bearer_bytes: int | None = None
     max_bytes_per_key: int | None = None
+    max_in_flight_per_tenant: int | None = None
+    max_bytes_per_tenant: int | None = None
     min_rate_bytes_s: int = 256 * 1024
     grace_s: float = 30.0
     max_body_s: float = 900.0
@@ -120,6 +128,28 @@ class SpoolLimits:
             return min(per_key, self.pool_bytes(pool))
         return self.pool_bytes(pool) // 2
 
+    def tenant_in_flight(self) -> int:
+        """Signed bodies one tenant's keys may have arriving together: a quarter of the pool's
+        slots by default, never fewer than one key may hold.
+
+        >>> SpoolLimits(Path("/s")).tenant_in_flight()
+        16
+        """
+        if self.max_in_flight_per_tenant is not None:
+            return self.max_in_flight_per_tenant
+        return max(self.max_in_flight // 4, min(self.max_in_flight_per_source, self.max_in_flight))
+
+    def tenant_bytes(self) -> int:
+        """Bytes one tenant's keys may reserve together in the signed pool: by default what one
+        key may, so that a tenant gains no disk by holding more keys.
+
+        >>> SpoolLimits(Path("/s")).tenant_bytes() >> 20
+        1024
+        """
+        if self.max_bytes_per_tenant is not None:
+            return min(self.max_bytes_per_tenant, self.pool_bytes(SpoolPool.SIGNED))
+        return self.source_bytes(SpoolPool.SIGNED)
+
     def deadline_s(self, declared: int | None, cap: int) -> float:
         """Seconds a body of ``declared`` bytes (``cap`` when unknown) may take to arrive.
 
@@ -149,12 +179,13 @@ class SpooledFile:
 
 @dataclass
 class SpoolSlot:
-    """One request's share of the spool: its pool and source, its reservation and its files
-    (removed with the slot)."""
+    """One request's share of the spool: its pool, source and (in the signed pool) tenant, its
+    reservation and its files (removed with the slot)."""
 
     spool: BodySpool
     pool: SpoolPool
     source: str
+    tenant: str | None = None
     reserved: int = 0
     used: int = 0
     files: list[Path] = field(default_factory=list)
@@ -184,6 +215,9 @@ class BodySpool:
         self._in_flight_by_source: Counter[tuple[SpoolPool, str]] = Counter()
         self._bytes: Counter[SpoolPool] = Counter()
         self._bytes_by_source: Counter[tuple[SpoolPool, str]] = Counter()
+        # Signed bodies only: the tenant a verified signature proves (an unverified one proves none).
+        self._in_flight_by_tenant: Counter[str] = Counter()
+        self._bytes_by_tenant: Counter[str] = Counter()
         _remove_orphans(limits.directory)
 
     @property
@@ -196,12 +230,13 @@ class BodySpool:
         return self._bytes[pool]
 
     @contextlib.contextmanager
-    def admit(self, declared: int | None, *, pool: SpoolPool, source: str) -> Iterator[SpoolSlot]:
-        """A slot in ``pool`` for one body from ``source`` that declares ``declared`` bytes,
-        refused at once (503) when a bound is reached; freed on exit."""
-        slot = SpoolSlot(self, pool=pool, source=source)
+    def admit(self, declared: int | None, *, pool: SpoolPool, source: str,
+              tenant: str | None = None) -> Iterator[SpoolSlot]:
+        """A slot in ``pool`` for one body from ``source`` (of ``tenant``, for a signed body) that
+        declares ``declared`` bytes, refused at once (503) when a bound is reached; freed on exit."""
+        slot = SpoolSlot(self, pool=pool, source=source, tenant=_signed_tenant(pool, tenant))
         with self._lock:
-            self._take_place(pool, source)
+            self._take_place(slot.pool, slot.source, slot.tenant)
         try:
             if declared:
                 self.reserve(slot, declared)
@@ -211,55 +246,68 @@ class BodySpool:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
             with self._lock:
-                self._release(slot.pool, slot.source, slot.reserved)
+                self._release(slot.pool, slot.source, slot.tenant, slot.reserved)
 
-    def promote(self, slot: SpoolSlot, *, pool: SpoolPool, source: str) -> None:
-        """Move ``slot`` and its reservation to ``pool`` as ``source`` (a v1 body whose signature
-        verified leaves the unverified allowance), or refuse (503) when it does not fit there."""
+    def promote(self, slot: SpoolSlot, *, pool: SpoolPool, source: str, tenant: str | None = None) -> None:
+        """Move ``slot`` and its reservation to ``pool`` as ``source`` of ``tenant`` (a v1 body whose
+        signature verified leaves the unverified allowance), or refuse (503) when it does not fit there."""
+        tenant = _signed_tenant(pool, tenant)
         with self._lock:
-            self._take_place(pool, source)
+            self._take_place(pool, source, tenant)
             try:
-                self._check_bytes(pool, source, slot.reserved)
+                self._check_bytes(pool, source, tenant, slot.reserved)
             except SpoolBusyError:
-                self._release(pool, source, 0)
+                self._release(pool, source, tenant, 0)
                 raise
-            self._release(slot.pool, slot.source, slot.reserved)
-            self._add_bytes(pool, source, slot.reserved)
-            slot.pool, slot.source = pool, source
+            self._release(slot.pool, slot.source, slot.tenant, slot.reserved)
+            self._add_bytes(pool, source, tenant, slot.reserved)
+            slot.pool, slot.source, slot.tenant = pool, source, tenant
 
     def reserve(self, slot: SpoolSlot, nbytes: int) -> None:
         """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when its pool, its source's
         share of the pool, or the disk would pass its bound."""
         with self._lock:
-            self._check_bytes(slot.pool, slot.source, nbytes)
-            self._add_bytes(slot.pool, slot.source, nbytes)
+            self._check_bytes(slot.pool, slot.source, slot.tenant, nbytes)
+            self._add_bytes(slot.pool, slot.source, slot.tenant, nbytes)
             slot.reserved += nbytes
 
-    def _take_place(self, pool: SpoolPool, source: str) -> None:
+    def _take_place(self, pool: SpoolPool, source: str, tenant: str | None) -> None:
         held = self._in_flight_by_source[pool, source]
         if held >= self.limits.max_in_flight_per_source:
             raise SpoolBusyError(f"this sender has {held} bodies arriving, its bound; nothing was stored, "
                                  "retry later")
+        if tenant is not None and self._in_flight_by_tenant[tenant] >= self.limits.tenant_in_flight():
+            raise SpoolBusyError(f"this tenant's keys have {self._in_flight_by_tenant[tenant]} bodies arriving, "
+                                 "its bound; nothing was stored, retry later")
         if self._in_flight[pool] >= self.limits.max_in_flight:
             raise SpoolBusyError(f"the service is receiving {self._in_flight[pool]} {pool.value} bodies, its bound; "
                                  "nothing was stored, retry later")
         self._in_flight_by_source[pool, source] += 1
         self._in_flight[pool] += 1
+        if tenant is not None:
+            self._in_flight_by_tenant[tenant] += 1
 
-    def _release(self, pool: SpoolPool, source: str, nbytes: int) -> None:
+    def _release(self, pool: SpoolPool, source: str, tenant: str | None, nbytes: int) -> None:
         self._in_flight_by_source[pool, source] -= 1
         self._in_flight[pool] -= 1
-        self._add_bytes(pool, source, -nbytes)
+        self._add_bytes(pool, source, tenant, -nbytes)
         # Sources come and go (every key id a stranger names): forget those that hold nothing.
         for counter in (self._in_flight_by_source, self._bytes_by_source):
             if counter[pool, source] <= 0:
                 del counter[pool, source]
+        if tenant is not None:
+            self._in_flight_by_tenant[tenant] -= 1
+            if self._in_flight_by_tenant[tenant] <= 0:
+                del self._in_flight_by_tenant[tenant]
+                self._bytes_by_tenant.pop(tenant, None)
 
-    def _add_bytes(self, pool: SpoolPool, source: str, nbytes: int) -> None:
+    def _add_bytes(self, pool: SpoolPool, source: str, tenant: str | None, nbytes: int) -> None:
         self._bytes[pool] += nbytes
         self._bytes_by_source[pool, source] += nbytes
+        if tenant is not None:
+            self._bytes_by_tenant[tenant] += nbytes
 
-    def _check_bytes(self, pool: SpoolPool, source: str, nbytes: int) -> None:
+    def _check_bytes(self, pool: SpoolPool, source: str, tenant: str | None, nbytes: int) -> None:
         limits = self.limits
         total = self.reserved_bytes
         if total + nbytes > limits.max_disk_bytes:
@@ -274,6 +322,16 @@ class BodySpool:
             raise SpoolBusyError(f"this sender holds {mine:,} bytes of {pool.value} bodies and asks for {nbytes:,} "
                                  f"more, past its share of {share:,}; nothing was stored, retry later"
                                  f"{_V2_HINT if pool is SpoolPool.UNVERIFIED else ''}")
+        if tenant is not None:
+            ours, bound = self._bytes_by_tenant[tenant], limits.tenant_bytes()
+            if ours + nbytes > bound:
+                raise SpoolBusyError(f"this tenant's keys hold {ours:,} bytes of signed bodies and ask for {nbytes:,} "
+                                     f"more, past the tenant's share of {bound:,}; nothing was stored, retry later")
+
+
+def _signed_tenant(pool: SpoolPool, tenant: str | None) -> str | None:
+    """The tenant a body is counted against: only a verified signature proves one."""
+    return tenant if pool is SpoolPool.SIGNED else None
 
 
 _V2_HINT = " (or sign v2: its signature is checked before anything is reserved)"

@@ -163,6 +163,13 @@ def serve_api_command(
     max_spool_bytes_per_key: Annotated[int | None, typer.Option(
         "--max-spool-bytes-per-key", min=1, help="What one key's verified bodies may hold of the spool (default: a "
                                                  "quarter); past it, 503 with Retry-After.")] = None,
+    max_bodies_per_tenant: Annotated[int | None, typer.Option(
+        "--max-bodies-per-tenant", min=1, help="Verified bodies one tenant's keys may have arriving together "
+                                               "(default: a quarter of --max-bodies-in-flight); more are answered "
+                                               "503 with Retry-After.")] = None,
+    max_spool_bytes_per_tenant: Annotated[int | None, typer.Option(
+        "--max-spool-bytes-per-tenant", min=1, help="What one tenant's keys together may hold of the spool in "
+                                                    "verified bodies (default: what one key may); past it, 503.")] = None,
     body_min_rate: Annotated[int, typer.Option(
         "--body-min-rate", min=1, help="Bytes/s a body must keep (plus 30 s of grace) before it is cut off "
                                        "with 408 (default 256 KiB/s).")] = 256 * 1024,
@@ -194,6 +201,8 @@ def serve_api_command(
                            max_bodies_in_flight=max_bodies_in_flight, max_bodies_per_sender=max_bodies_per_sender,
                            max_spool_bytes=max_spool_bytes, max_unverified_bytes=max_unverified_bytes,
                            max_bearer_bytes=max_bearer_bytes, max_spool_bytes_per_key=max_spool_bytes_per_key,
+                           max_bodies_per_tenant=max_bodies_per_tenant,
+                           max_spool_bytes_per_tenant=max_spool_bytes_per_tenant,
                            body_min_rate_bytes_s=body_min_rate, max_body_s=max_body_seconds,
                            max_runs_per_window=max_runs_per_window, run_window_s=run_window_seconds)
     try:

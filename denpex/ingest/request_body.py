@@ -4,7 +4,7 @@ What the HTTP app does between checking the headers and parsing the body, for ea
 (the pools of :mod:`denpex.ingest.body_spool`)::
 
     v2 signature   headers -> HMAC over the declared length and SHA-256 (401 at once, nothing reserved)
-                   -> reserve the declared length in the signed pool, as the key
+                   -> reserve the declared length in the signed pool, as the key and its tenant
                    -> stream; the body must be exactly the declared one (401)
     v1 signature   headers -> a body within the v1 allowance (413 past its share: "sign v2")
                    -> reserve it in the unverified pool, as the key id it names
@@ -70,7 +70,8 @@ class SignedReceiver:
             _same_length(request, declared.length)
             caller = await self._verify(request, pending, None, now)
             _within(declared.length, cap)
-            with self.spool.admit(declared.length, pool=SpoolPool.SIGNED, source=_source(caller.key_id)) as slot:
+            with self.spool.admit(declared.length, pool=SpoolPool.SIGNED, source=_source(caller.key_id),
+                                  tenant=caller.tenant) as slot:
                 body = await self._stream(request, slot, cap, declared.length, signed=pending)
                 yield Received(caller=caller, body=body, slot=slot)
             return
@@ -89,7 +90,7 @@ class SignedReceiver:
             caller = await self._verify(request, pending, body.sha256, now)
             self._note_v1(caller.key_id)
             # Proven now: what the request holds leaves the allowance that strangers can fill.
-            self.spool.promote(slot, pool=SpoolPool.SIGNED, source=_source(caller.key_id))
+            self.spool.promote(slot, pool=SpoolPool.SIGNED, source=_source(caller.key_id), tenant=caller.tenant)
             yield Received(caller=caller, body=body, slot=slot)
 
     async def empty(self, request: Request, pending: PendingRequest, now: float) -> Caller:

@@ -68,6 +68,11 @@ class ServiceConfig(BaseModel):
     """Spool bytes for Alertmanager bodies behind a checked token (default: a sixty-fourth, 64 MiB)."""
     max_spool_bytes_per_key: int | None = None
     """Spool bytes one key may hold in verified bodies (default: a quarter of the spool, 1 GiB)."""
+    max_bodies_per_tenant: int | None = None
+    """Verified bodies one tenant's keys may have arriving together (default: a quarter of
+    ``max_bodies_in_flight``, 16)."""
+    max_spool_bytes_per_tenant: int | None = None
+    """Spool bytes one tenant's keys may hold together in verified bodies (default: what one key may)."""
     body_min_rate_bytes_s: int = 256 * 1024
     max_body_s: float = 900.0
 
@@ -78,6 +83,8 @@ class ServiceConfig(BaseModel):
                            max_in_flight_per_source=self.max_bodies_per_sender,
                            max_disk_bytes=self.max_spool_bytes, max_unverified_bytes=self.max_unverified_bytes,
                            max_bearer_bytes=self.max_bearer_bytes, max_bytes_per_key=self.max_spool_bytes_per_key,
+                           max_in_flight_per_tenant=self.max_bodies_per_tenant,
+                           max_bytes_per_tenant=self.max_spool_bytes_per_tenant,
                            min_rate_bytes_s=self.body_min_rate_bytes_s, max_body_s=self.max_body_s)
 
     @property

@@ -191,3 +191,47 @@ def test_each_pool_has_its_bytes_so_unverified_bodies_starve_no_one(tmp_path: Pa
                 with spool.admit(1, pool=SpoolPool.BEARER, source="bearer:globex/g1"):
                     pass
     assert spool.reserved_bytes == 0
+
+
+def test_a_tenant_gains_nothing_by_holding_more_keys(tmp_path: Path) -> None:
+    """Issue 30, the red team's A10: one tenant with eight keys held all 64 signed slots (eight per
+    key) and every other tenant got 503. Its keys together now hold a quarter of the slots and what
+    one key may of the disk; another tenant's keys are untouched."""
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_in_flight=8, max_in_flight_per_source=2,
+                                  max_disk_bytes=1000, max_bytes_per_key=300, max_unverified_bytes=0,
+                                  max_bearer_bytes=0))
+    assert (spool.limits.tenant_in_flight(), spool.limits.tenant_bytes()) == (2, 300)
+    with spool.admit(None, pool=SIGNED, source="key:g1", tenant="globex"), \
+            spool.admit(None, pool=SIGNED, source="key:g2", tenant="globex"):
+        with pytest.raises(SpoolBusyError, match="this tenant's keys have 2 bodies arriving") as busy:
+            with spool.admit(None, pool=SIGNED, source="key:g3", tenant="globex"):
+                pass
+        assert busy.value.status == 503 and busy.value.retry_after_s >= 1
+        with spool.admit(300, pool=SIGNED, source="key:a1", tenant="acme"):  # another tenant keeps its share
+            pass
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=1000, max_bytes_per_key=300,
+                                  max_unverified_bytes=0, max_bearer_bytes=0))
+    with spool.admit(200, pool=SIGNED, source="key:g1", tenant="globex"):
+        with pytest.raises(SpoolBusyError, match="past the tenant's share of 300"):
+            with spool.admit(101, pool=SIGNED, source="key:g2", tenant="globex"):
+                pass
+        with spool.admit(300, pool=SIGNED, source="key:a1", tenant="acme"):
+            assert spool.reserved_in(SIGNED) == 500
+    assert spool.reserved_bytes == 0 and list((tmp_path / "spool").iterdir()) == []
+
+
+def test_a_verified_v1_body_counts_against_its_tenant_only_once_verified(tmp_path: Path) -> None:
+    """An unverified body proves no tenant (a key id is no secret): a stranger naming globex's key
+    ids takes none of globex's tenant share; once verified, the body is globex's."""
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_disk_bytes=1600, max_in_flight=8,
+                                  max_in_flight_per_source=8, max_in_flight_per_tenant=1))
+    with spool.admit(10, pool=SpoolPool.UNVERIFIED, source="key:g1", tenant="globex") as forged, \
+            spool.admit(10, pool=SpoolPool.UNVERIFIED, source="key:g2", tenant="globex"):
+        assert forged.tenant is None
+        with spool.admit(None, pool=SIGNED, source="key:g3", tenant="globex"):  # the one slot of globex
+            with pytest.raises(SpoolBusyError, match="this tenant's keys have 1 bodies"):
+                spool.promote(forged, pool=SIGNED, source="key:g1", tenant="globex")
+            assert (forged.pool, spool.reserved_in(SpoolPool.UNVERIFIED)) == (SpoolPool.UNVERIFIED, 20)
+        spool.promote(forged, pool=SIGNED, source="key:g1", tenant="globex")
+        assert (forged.tenant, spool.reserved_in(SIGNED)) == ("globex", 10)
+    assert spool.reserved_bytes == 0

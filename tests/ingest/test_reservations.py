@@ -261,3 +261,41 @@ def test_a_v2_get_signs_an_empty_body(lab: Lab) -> None:
                              method="GET", path="/v1/jobs/job-1/ranks", body=b"x")
     refused = httpx.get(f"{lab.url}/v1/jobs/job-1/ranks", headers=headers)
     assert refused.status_code == 401 and "signs an empty body" in refused.json()["error"], refused.text
+
+
+def test_a_tenant_with_many_keys_does_not_block_another_tenant(lab: Lab) -> None:
+    """The red team's A10: a tenant that holds eight keys (its own secrets; one per job or node
+    agent is ordinary) kept eight verified bodies per key arriving, all 64 of the service's slots,
+    and every other tenant's signed upload got 503. Its keys together now hold a quarter of them."""
+    spool = lab.api.state_dir / "spool"
+    keys = [lab.registry.create_key("globex", "g1") for _ in range(8)]
+    declared = 64 * KiB  # 4 MiB in all: the slots run out long before the tenant's bytes would
+
+    def greedy(key: IssuedKey) -> HeldBody:
+        headers = signed_headers(secret=key.secret.encode(), key_id=key.key_id, tenant=key.tenant,
+                                 cluster=key.cluster, method="POST", path="/v1/evidence", body=b"-" * declared)
+        return HeldBody(lab.api.port, headers, declared)
+
+    attack = [greedy(key) for key in keys for _ in range(8)]
+    try:
+        with Trickle(attack):
+            for opened, body in enumerate(attack, start=1):
+                body.open()
+                _wait(lambda: sum(b.answered() for b in attack[:opened]) + _spooled_bodies(spool) >= opened,
+                      f"greedy body {opened} to be answered or admitted",
+                      lambda: [b.sock for b in attack[:opened] if b.sock is not None and b.status is None])
+            held = [b for b in attack if not b.answered()]
+            incident = "inc-" + uuid.uuid4().hex[:10]
+            acme = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
+            upload = acme.upload({"job_id": "job-1", "incident_id": incident, "rank": 0, "world_size": 4,
+                                  "host": "gpu-node-001"}, (FIXTURE / "rank_0.pkl").read_bytes(), "rank_0.pkl")
+            registration = acme.register("job-" + incident, {"world_size": 4, "ranks": {"0": {"host": "gpu-node-001"}}})
+            still_held = [b for b in held if not b.answered()]
+        statuses = sorted({b.status for b in attack if b not in held})
+        print(f"greedy tenant: {len(held)} of {len(attack)} bodies held, the rest answered {statuses}")
+        assert (upload.status_code, registration.status_code) == (201, 201), (upload.text, registration.text)
+        assert len(held) == 16 and still_held == held and statuses == [503], statuses
+    finally:
+        for body in attack:
+            body.close()
+    _wait(lambda: _spooled_bodies(spool) == 0, "the greedy tenant's spool files to go with their requests")
