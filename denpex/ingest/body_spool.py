@@ -18,17 +18,19 @@ one tenant's rate: docs/contracts.md keeps 429 for that):
 
 - **bodies in flight**: at most ``max_in_flight`` per pool, and ``max_in_flight_per_source`` per
   source (the key id, or a bearer token's tenant and cluster) in each pool; a forged v1 request
-  never takes a slot of the key's signed bodies. In the signed pool, the **tenant** proven by the
-  signature has a bound of its own over all its keys (``max_in_flight_per_tenant``, a quarter of
-  the pool): a tenant that holds many keys (one per job, one per node agent) cannot take every
-  slot from the other tenants, however many of its keys send at once.
+  never takes a slot of the key's signed bodies. The **tenant** that a verified signature or a
+  checked bearer token proves has a bound of its own in that pool, over all its keys or clusters
+  (``max_in_flight_per_tenant``, a quarter of the pool): a tenant that holds many keys (one per
+  job, one per node agent) cannot take every slot from the other tenants. A v1 body not yet
+  verified proves no tenant, so a stranger naming a tenant's key ids takes nothing of its share.
 - **bytes reserved** (``max_disk_bytes`` in all): a body reserves its declared length when it is
   admitted, and every byte written beyond (a chunked body, the dump part copied out of the body)
   must fit too. Each pool has its own bytes, and one source holds at most its share of a pool:
   ``max_bytes_per_key`` of the signed pool, half of the others, and one tenant's keys together hold
   at most ``max_bytes_per_tenant`` of the signed pool (what one key may: more keys give a tenant
-  no more disk). The signed pool is what the other two leave of the disk, so no pool can starve
-  another.
+  no more disk), its bearer tokens what one token may. The signed pool is what the other two
+  leave of the disk, so no pool can starve another. A body that alone needs more than its sender
+  may ever hold can never fit: 413 at once, not a 503 to retry for ever.
 - **the time a body may take** (uvicorn has none): ``grace_s`` plus the declared size at
   ``min_rate_bytes_s``, and never more than ``max_body_s``; a body still arriving then is 408.
   The rate holds all along, not only at the end: past ``grace_s``, a body that has not kept
@@ -99,6 +101,9 @@ class SpoolLimits:
     max_body_s: float = 900.0
 
     def __post_init__(self) -> None:
+        for name in ("max_in_flight", "max_in_flight_per_source", "max_in_flight_per_tenant", "max_bytes_per_tenant"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ValueError(f"the spool's {name} must be at least 1, not {value}")
         if self.pool_bytes(SpoolPool.SIGNED) <= 0:
             raise ValueError(f"the spool's {self.max_disk_bytes:,} bytes leave nothing for signed bodies once "
                              f"unverified ({self.pool_bytes(SpoolPool.UNVERIFIED):,}) and bearer "
@@ -129,26 +134,26 @@ class SpoolLimits:
         return self.pool_bytes(pool) // 2
 
     def tenant_in_flight(self) -> int:
-        """Signed bodies one tenant's keys may have arriving together: a quarter of the pool's
-        slots by default, never fewer than one key may hold.
+        """Bodies one tenant's keys (or bearer tokens) may have arriving together in a pool: a
+        quarter of the pool's slots by default, so that one tenant never holds them all.
 
         >>> SpoolLimits(Path("/s")).tenant_in_flight()
         16
         """
         if self.max_in_flight_per_tenant is not None:
             return self.max_in_flight_per_tenant
-        return max(self.max_in_flight // 4, min(self.max_in_flight_per_source, self.max_in_flight))
+        return max(1, self.max_in_flight // 4)
 
-    def tenant_bytes(self) -> int:
-        """Bytes one tenant's keys may reserve together in the signed pool: by default what one
-        key may, so that a tenant gains no disk by holding more keys.
+    def tenant_bytes(self, pool: SpoolPool = SpoolPool.SIGNED) -> int:
+        """Bytes one tenant's senders may reserve together in ``pool``: by default what one of
+        them may, so that a tenant gains no disk by holding more keys or clusters.
 
         >>> SpoolLimits(Path("/s")).tenant_bytes() >> 20
         1024
         """
-        if self.max_bytes_per_tenant is not None:
-            return min(self.max_bytes_per_tenant, self.pool_bytes(SpoolPool.SIGNED))
-        return self.source_bytes(SpoolPool.SIGNED)
+        if pool is SpoolPool.SIGNED and self.max_bytes_per_tenant is not None:
+            return min(self.max_bytes_per_tenant, self.pool_bytes(pool))
+        return self.source_bytes(pool)
 
     def deadline_s(self, declared: int | None, cap: int) -> float:
         """Seconds a body of ``declared`` bytes (``cap`` when unknown) may take to arrive.
@@ -179,7 +184,7 @@ class SpooledFile:
 
 @dataclass
 class SpoolSlot:
-    """One request's share of the spool: its pool, source and (in the signed pool) tenant, its
+    """One request's share of the spool: its pool, source and (once proven) tenant, its
     reservation and its files (removed with the slot)."""
 
     spool: BodySpool
@@ -215,9 +220,9 @@ class BodySpool:
         self._in_flight_by_source: Counter[tuple[SpoolPool, str]] = Counter()
         self._bytes: Counter[SpoolPool] = Counter()
         self._bytes_by_source: Counter[tuple[SpoolPool, str]] = Counter()
-        # Signed bodies only: the tenant a verified signature proves (an unverified one proves none).
-        self._in_flight_by_tenant: Counter[str] = Counter()
-        self._bytes_by_tenant: Counter[str] = Counter()
+        # Proven tenants only: a verified signature or a checked token (an unverified v1 body proves none).
+        self._in_flight_by_tenant: Counter[tuple[SpoolPool, str]] = Counter()
+        self._bytes_by_tenant: Counter[tuple[SpoolPool, str]] = Counter()
         _remove_orphans(limits.directory)
 
     @property
@@ -232,9 +237,9 @@ class BodySpool:
     @contextlib.contextmanager
     def admit(self, declared: int | None, *, pool: SpoolPool, source: str,
               tenant: str | None = None) -> Iterator[SpoolSlot]:
-        """A slot in ``pool`` for one body from ``source`` (of ``tenant``, for a signed body) that
+        """A slot in ``pool`` for one body from ``source`` (of ``tenant``, once proven) that
         declares ``declared`` bytes, refused at once (503) when a bound is reached; freed on exit."""
-        slot = SpoolSlot(self, pool=pool, source=source, tenant=_signed_tenant(pool, tenant))
+        slot = SpoolSlot(self, pool=pool, source=source, tenant=_proven_tenant(pool, tenant))
         with self._lock:
             self._take_place(slot.pool, slot.source, slot.tenant)
         try:
@@ -251,7 +256,7 @@ class BodySpool:
     def promote(self, slot: SpoolSlot, *, pool: SpoolPool, source: str, tenant: str | None = None) -> None:
         """Move ``slot`` and its reservation to ``pool`` as ``source`` of ``tenant`` (a v1 body whose
         signature verified leaves the unverified allowance), or refuse (503) when it does not fit there."""
-        tenant = _signed_tenant(pool, tenant)
+        tenant = _proven_tenant(pool, tenant)
         with self._lock:
             self._take_place(pool, source, tenant)
             try:
@@ -264,8 +269,10 @@ class BodySpool:
             slot.pool, slot.source, slot.tenant = pool, source, tenant
 
     def reserve(self, slot: SpoolSlot, nbytes: int) -> None:
-        """Add ``nbytes`` to ``slot``'s reservation, or refuse (503) when its pool, its source's
-        share of the pool, or the disk would pass its bound."""
+        """Add ``nbytes`` to ``slot``'s reservation, or refuse: 503 when its pool, its source's or
+        tenant's share of the pool, or the disk would pass its bound; 413 when the slot alone would
+        need more than its sender may ever hold."""
+        self._check_fits_at_all(slot, slot.reserved + nbytes)
         with self._lock:
             self._check_bytes(slot.pool, slot.source, slot.tenant, nbytes)
             self._add_bytes(slot.pool, slot.source, slot.tenant, nbytes)
@@ -276,16 +283,17 @@ class BodySpool:
         if held >= self.limits.max_in_flight_per_source:
             raise SpoolBusyError(f"this sender has {held} bodies arriving, its bound; nothing was stored, "
                                  "retry later")
-        if tenant is not None and self._in_flight_by_tenant[tenant] >= self.limits.tenant_in_flight():
-            raise SpoolBusyError(f"this tenant's keys have {self._in_flight_by_tenant[tenant]} bodies arriving, "
-                                 "its bound; nothing was stored, retry later")
+        ours = self._in_flight_by_tenant[pool, tenant] if tenant is not None else 0
+        if tenant is not None and ours >= self.limits.tenant_in_flight():
+            raise SpoolBusyError(f"this tenant's senders have {ours} {pool.value} bodies arriving, its bound; "
+                                 "nothing was stored, retry later")
         if self._in_flight[pool] >= self.limits.max_in_flight:
             raise SpoolBusyError(f"the service is receiving {self._in_flight[pool]} {pool.value} bodies, its bound; "
                                  "nothing was stored, retry later")
         self._in_flight_by_source[pool, source] += 1
         self._in_flight[pool] += 1
         if tenant is not None:
-            self._in_flight_by_tenant[tenant] += 1
+            self._in_flight_by_tenant[pool, tenant] += 1
 
     def _release(self, pool: SpoolPool, source: str, tenant: str | None, nbytes: int) -> None:
         self._in_flight_by_source[pool, source] -= 1
@@ -296,16 +304,16 @@ class BodySpool:
             if counter[pool, source] <= 0:
                 del counter[pool, source]
         if tenant is not None:
-            self._in_flight_by_tenant[tenant] -= 1
-            if self._in_flight_by_tenant[tenant] <= 0:
-                del self._in_flight_by_tenant[tenant]
-                self._bytes_by_tenant.pop(tenant, None)
+            self._in_flight_by_tenant[pool, tenant] -= 1
+            if self._in_flight_by_tenant[pool, tenant] <= 0:
+                del self._in_flight_by_tenant[pool, tenant]
+                self._bytes_by_tenant.pop((pool, tenant), None)
 
     def _add_bytes(self, pool: SpoolPool, source: str, tenant: str | None, nbytes: int) -> None:
         self._bytes[pool] += nbytes
         self._bytes_by_source[pool, source] += nbytes
         if tenant is not None:
-            self._bytes_by_tenant[tenant] += nbytes
+            self._bytes_by_tenant[pool, tenant] += nbytes
 
     def _check_bytes(self, pool: SpoolPool, source: str, tenant: str | None, nbytes: int) -> None:
         limits = self.limits
@@ -323,15 +331,27 @@ class BodySpool:
                                  f"more, past its share of {share:,}; nothing was stored, retry later"
                                  f"{_V2_HINT if pool is SpoolPool.UNVERIFIED else ''}")
         if tenant is not None:
-            ours, bound = self._bytes_by_tenant[tenant], limits.tenant_bytes()
+            ours, bound = self._bytes_by_tenant[pool, tenant], limits.tenant_bytes(pool)
             if ours + nbytes > bound:
-                raise SpoolBusyError(f"this tenant's keys hold {ours:,} bytes of signed bodies and ask for {nbytes:,} "
-                                     f"more, past the tenant's share of {bound:,}; nothing was stored, retry later")
+                raise SpoolBusyError(f"this tenant's senders hold {ours:,} bytes of {pool.value} bodies and ask for "
+                                     f"{nbytes:,} more, past the tenant's share of {bound:,}; nothing was stored, "
+                                     "retry later")
+
+    def _check_fits_at_all(self, slot: SpoolSlot, total: int) -> None:
+        """413 for a body that, alone in an empty spool, would pass a bound: a retry never fits."""
+        limits = self.limits
+        bound = min(limits.pool_bytes(slot.pool), limits.source_bytes(slot.pool))
+        if slot.tenant is not None:
+            bound = min(bound, limits.tenant_bytes(slot.pool))
+        if total > bound:
+            raise PayloadTooLargeError(f"this body needs {total:,} bytes of spool, more than its sender may ever hold "
+                                       f"({bound:,}, the service's --max-spool-bytes* options); nothing was stored")
 
 
-def _signed_tenant(pool: SpoolPool, tenant: str | None) -> str | None:
-    """The tenant a body is counted against: only a verified signature proves one."""
-    return tenant if pool is SpoolPool.SIGNED else None
+def _proven_tenant(pool: SpoolPool, tenant: str | None) -> str | None:
+    """The tenant a body is counted against: a verified signature or a checked token proves one,
+    an unverified v1 signature none (a key id is no secret)."""
+    return None if pool is SpoolPool.UNVERIFIED else tenant
 
 
 _V2_HINT = " (or sign v2: its signature is checked before anything is reserved)"

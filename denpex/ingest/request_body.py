@@ -9,7 +9,8 @@ What the HTTP app does between checking the headers and parsing the body, for ea
     v1 signature   headers -> a body within the v1 allowance (413 past its share: "sign v2")
                    -> reserve it in the unverified pool, as the key id it names
                    -> stream, then the HMAC over its hash (401) -> moved to the signed pool
-    bearer token   token checked from the headers (401/403) -> reserve in the bearer pool
+    bearer token   token checked from the headers (401/403) -> reserve in the bearer pool, as the
+                   token's cluster and tenant
 
 v1 goes away (docs/contracts.md): ``max_unverified_bytes`` 0 refuses it now. Until then each key
 that still signs v1 is logged once per process, so that an operator finds the clients to update.
@@ -106,7 +107,8 @@ class SignedReceiver:
         """The body of a request whose bearer token checked out, in the bearer pool."""
         length = _declared_length(request)
         _within(length, cap)
-        with self.spool.admit(length, pool=SpoolPool.BEARER, source=f"bearer:{tenant}/{cluster}") as slot:
+        with self.spool.admit(length, pool=SpoolPool.BEARER, source=f"bearer:{tenant}/{cluster}",
+                              tenant=tenant) as slot:
             yield await self._stream(request, slot, cap, length)
 
     async def _stream(self, request: Request, slot: SpoolSlot, cap: int, length: int | None, *,

@@ -59,10 +59,17 @@ def test_one_key_holds_at_most_its_share_of_the_signed_pool(tmp_path: Path) -> N
         with pytest.raises(SpoolBusyError, match="past its share of 300"):
             with spool.admit(101, pool=SIGNED, source="key:greedy"):
                 pass
-        with pytest.raises(SpoolBusyError, match="past its share of 300"):  # bytes written past the reservation too
-            slot.charge(301)
+        with spool.admit(50, pool=SIGNED, source="key:greedy"):
+            with pytest.raises(SpoolBusyError, match="past its share of 300"):  # bytes written past the reservation too
+                slot.charge(251)
         with spool.admit(300, pool=SIGNED, source="key:other"):
             assert spool.reserved_in(SIGNED) == 500
+    with spool.admit(200, pool=SIGNED, source="key:greedy") as slot:
+        with pytest.raises(PayloadTooLargeError, match="needs 301 bytes of spool, more than its sender may ever hold"):
+            slot.charge(301)  # no retry can ever fit: 413, not 503
+        with pytest.raises(PayloadTooLargeError, match="needs 301 bytes"):
+            with spool.admit(301, pool=SIGNED, source="key:other"):
+                pass
     assert spool.reserved_bytes == 0
 
 
@@ -203,7 +210,7 @@ def test_a_tenant_gains_nothing_by_holding_more_keys(tmp_path: Path) -> None:
     assert (spool.limits.tenant_in_flight(), spool.limits.tenant_bytes()) == (2, 300)
     with spool.admit(None, pool=SIGNED, source="key:g1", tenant="globex"), \
             spool.admit(None, pool=SIGNED, source="key:g2", tenant="globex"):
-        with pytest.raises(SpoolBusyError, match="this tenant's keys have 2 bodies arriving") as busy:
+        with pytest.raises(SpoolBusyError, match="this tenant's senders have 2 signed bodies arriving") as busy:
             with spool.admit(None, pool=SIGNED, source="key:g3", tenant="globex"):
                 pass
         assert busy.value.status == 503 and busy.value.retry_after_s >= 1
@@ -229,9 +236,34 @@ def test_a_verified_v1_body_counts_against_its_tenant_only_once_verified(tmp_pat
             spool.admit(10, pool=SpoolPool.UNVERIFIED, source="key:g2", tenant="globex"):
         assert forged.tenant is None
         with spool.admit(None, pool=SIGNED, source="key:g3", tenant="globex"):  # the one slot of globex
-            with pytest.raises(SpoolBusyError, match="this tenant's keys have 1 bodies"):
+            with pytest.raises(SpoolBusyError, match="this tenant's senders have 1 signed bodies"):
                 spool.promote(forged, pool=SIGNED, source="key:g1", tenant="globex")
             assert (forged.pool, spool.reserved_in(SpoolPool.UNVERIFIED)) == (SpoolPool.UNVERIFIED, 20)
         spool.promote(forged, pool=SIGNED, source="key:g1", tenant="globex")
         assert (forged.tenant, spool.reserved_in(SIGNED)) == ("globex", 10)
     assert spool.reserved_bytes == 0
+
+
+def test_a_tenant_gains_nothing_by_holding_more_bearer_tokens(tmp_path: Path) -> None:
+    """The same bound for Alertmanager bodies: a tenant's tokens for many clusters hold together what
+    one may (half the bearer pool) and a quarter of the slots; another tenant's alerts still get in."""
+    spool = BodySpool(SpoolLimits(tmp_path / "spool", max_in_flight=12, max_disk_bytes=6400))  # 100 for bearer bodies
+    with spool.admit(30, pool=SpoolPool.BEARER, source="bearer:globex/g1", tenant="globex"), \
+            spool.admit(20, pool=SpoolPool.BEARER, source="bearer:globex/g2", tenant="globex"):
+        with pytest.raises(SpoolBusyError, match="past the tenant's share of 50"):
+            with spool.admit(1, pool=SpoolPool.BEARER, source="bearer:globex/g3", tenant="globex"):
+                pass
+        with spool.admit(None, pool=SpoolPool.BEARER, source="bearer:globex/g3", tenant="globex"):
+            with pytest.raises(SpoolBusyError, match="this tenant's senders have 3 bearer bodies arriving"):
+                with spool.admit(None, pool=SpoolPool.BEARER, source="bearer:globex/g4", tenant="globex"):
+                    pass
+        with spool.admit(50, pool=SpoolPool.BEARER, source="bearer:acme/c1", tenant="acme"):
+            assert spool.reserved_in(SpoolPool.BEARER) == 100
+    assert spool.reserved_bytes == 0
+
+
+def test_a_bound_of_zero_is_refused_when_the_spool_is_set_up() -> None:
+    with pytest.raises(ValueError, match="max_in_flight_per_tenant must be at least 1, not 0"):
+        SpoolLimits(Path("/s"), max_in_flight_per_tenant=0)
+    with pytest.raises(ValueError, match="max_bytes_per_tenant must be at least 1"):
+        SpoolLimits(Path("/s"), max_bytes_per_tenant=-5)
