@@ -69,6 +69,9 @@ class Stopped(KeyboardInterrupt):
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The first stop signal, once received. The exit status follows it even when a library caught
+# ``Stopped`` in the middle of its own work and raised an error of its own instead.
+_received: list[int] = []
 
 
 def _stop_on_signals() -> None:
@@ -78,6 +81,7 @@ def _stop_on_signals() -> None:
     def stop(signum: int, _frame: object) -> None:
         for each in _STOP_SIGNALS:
             signal.signal(each, signal.SIG_IGN)
+        _received.append(signum)
         raise Stopped(signum)
 
     for each in _STOP_SIGNALS:
@@ -444,9 +448,24 @@ def _keep_up_until_stopped(report: Path, ui: str) -> bool:
         return True
 
 
-if __name__ == "__main__":
+def run(entry: Callable[[], int] = main) -> int:
+    """``entry``'s exit status, or 128 + the signal once a stop signal arrived: by then the
+    teardown has run (``Stopped`` unwinds through every ``finally``), whatever error carried the
+    signal out. A library may turn ``Stopped`` into its own error: pydantic's serializer did, when
+    SIGHUP came during ``import prefect_aws`` at start-up."""
     try:
-        sys.exit(main())
-    except Stopped as stopped:
-        print(f"\n[demo] stopped ({signal.Signals(stopped.signum).name}); everything was torn down", flush=True)
-        sys.exit(128 + stopped.signum)
+        status = entry()
+    except Exception as carried:
+        if not _received:
+            raise
+        print(f"\n[demo] the stop signal reached us inside {type(carried).__name__}", flush=True)
+    except Stopped:
+        pass
+    if _received:
+        print(f"\n[demo] stopped ({signal.Signals(_received[0]).name}); everything was torn down", flush=True)
+        return 128 + _received[0]
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -162,3 +162,34 @@ def test_after_the_run_everything_stays_up_until_ctrl_c(tmp_path: Path) -> None:
 def _listening_anywhere(ports: set[int]) -> set[int]:
     return {c.laddr.port for c in psutil.net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN and c.laddr.port in ports}
+
+
+_CARRIED = '''
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("demo", sys.argv[1])
+demo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(demo)
+demo._stop_on_signals()
+
+
+def start_up():
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)  # the handler raises Stopped at the next bytecode
+        signal.pause()
+    except BaseException as caught:  # as pydantic's serializer does, inside an import at start-up
+        raise RuntimeError(f"Error calling function `_ser_model`: {caught!r}") from None
+    return 0
+
+
+sys.exit(demo.run(start_up))
+'''
+
+
+def test_a_signal_that_a_library_turned_into_its_own_error_still_ends_the_demo_as_that_signal() -> None:
+    """CI, once: SIGHUP came while the demo imported prefect_aws, pydantic's serializer wrapped the
+    ``Stopped`` it raised in a PydanticSerializationError, and the demo tore everything down but
+    exited 1 instead of 128 + SIGHUP. The status follows the signal, whatever carried it out."""
+    done = subprocess.run([sys.executable, "-c", _CARRIED, str(ROOT / "scripts" / "demo.py")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGHUP, done.stdout + done.stderr
+    assert "inside RuntimeError" in done.stdout and "stopped (SIGHUP)" in done.stdout, done.stdout
