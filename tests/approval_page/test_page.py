@@ -291,6 +291,15 @@ def test_the_served_page_takes_the_callers_address_from_the_connection_not_x_for
     assert ("signed in through the authenticating proxy" in seen.text) == (proxy == "127.0.0.1/32")
 
 
+def _closed_by_peer(sock: Any) -> bool:
+    """A readable socket's end: EOF, or a reset (a byte sent after the server closed is answered
+    with RST, which can arrive before our read of the EOF: CI saw it once)."""
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_the_served_page_closes_a_connection_whose_request_head_is_late(tmp_path: Path) -> None:
     """Red team, issue 30: idle sockets held every one of uvicorn's connection slots, so the page
     (and `serve-api`, which serves the same way: denpex.http_serving) answered everyone 503. Now
@@ -316,7 +325,7 @@ def test_the_served_page_closes_a_connection_whose_request_head_is_late(tmp_path
                 except OSError:
                     closed.add(dribbling)
             ready, _, _ = select.select([s for s in (idle, dribbling) if s not in closed], [], [], 1.0)
-            closed.update(s for s in ready if s.recv(4096) == b"")
+            closed.update(s for s in ready if _closed_by_peer(s))
         took = time.monotonic() - opened
         assert closed == {idle, dribbling}, f"still open after {took:.0f} s"
         assert took >= HEADER_DEADLINE_S - 1
