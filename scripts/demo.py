@@ -449,22 +449,22 @@ def _keep_up_until_stopped(report: Path, ui: str) -> bool:
 
 
 def run(entry: Callable[[], int] = main) -> int:
-    """``entry``'s exit status, or 128 + the signal once a stop signal arrived: by then the
+    """``entry``'s exit status; when a stop signal ends it instead, 128 + the signal, once the
     teardown has run (``Stopped`` unwinds through every ``finally``), whatever error carried the
     signal out. A library may turn ``Stopped`` into its own error: pydantic's serializer did, when
-    SIGHUP came during ``import prefect_aws`` at start-up."""
+    SIGHUP came during ``import prefect_aws`` at start-up. A run that stops normally on a signal
+    (Ctrl-C after the run, interactive) returns its own status."""
     try:
-        status = entry()
+        return entry()
+    except Stopped as stopped:
+        signum = stopped.signum
     except Exception as carried:
         if not _received:
             raise
         print(f"\n[demo] the stop signal reached us inside {type(carried).__name__}", flush=True)
-    except Stopped:
-        pass
-    if _received:
-        print(f"\n[demo] stopped ({signal.Signals(_received[0]).name}); everything was torn down", flush=True)
-        return 128 + _received[0]
-    return status
+        signum = _received[0]
+    print(f"\n[demo] stopped ({signal.Signals(signum).name}); everything was torn down", flush=True)
+    return 128 + signum
 
 
 if __name__ == "__main__":
