@@ -150,6 +150,17 @@ def _wait(condition: Callable[[], bool], what: str, sockets: Callable[[], list[s
         select.select(sockets(), [], [], 0.05)
 
 
+def _open_one_by_one(bodies: list[HeldBody], spool: Path) -> list[HeldBody]:
+    """Open ``bodies`` one at a time, each answered or admitted (its spool file exists) before the
+    next, so that they fill what they can to the byte; the ones the service holds."""
+    for opened, body in enumerate(bodies, start=1):
+        body.open()
+        _wait(lambda: sum(b.answered() for b in bodies[:opened]) + _spooled_bodies(spool) >= opened,
+              f"body {opened} to be answered or admitted",
+              lambda: [b.sock for b in bodies[:opened] if b.sock is not None and b.status is None])
+    return [b for b in bodies if not b.answered()]
+
+
 def test_two_key_ids_without_a_secret_do_not_block_a_genuine_tenant(lab: Lab) -> None:
     spool = lab.api.state_dir / "spool"
     keys = [lab.foreign_key, lab.other_cluster_key]  # two key ids of others; no secret
@@ -163,14 +174,7 @@ def test_two_key_ids_without_a_secret_do_not_block_a_genuine_tenant(lab: Lab) ->
     attack += [_forged(lab, key, 8 * MiB, version="v2") for key in keys]
     try:
         with Trickle(attack):
-            # One at a time, each answered or admitted (its spool file exists) before the next, so that
-            # the bodies fill what they can to the byte.
-            for opened, body in enumerate(attack, start=1):
-                body.open()
-                _wait(lambda: sum(b.answered() for b in attack[:opened]) + _spooled_bodies(spool) >= opened,
-                      f"attacker body {opened} to be answered or admitted",
-                      lambda: [b.sock for b in attack[:opened] if b.sock is not None and b.status is None])
-            held = [b for b in attack if not b.answered()]
+            held = _open_one_by_one(attack, spool)
 
             incident = "inc-" + uuid.uuid4().hex[:10]
             acme = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
@@ -279,12 +283,7 @@ def test_a_tenant_with_many_keys_does_not_block_another_tenant(lab: Lab) -> None
     attack = [greedy(key) for key in keys for _ in range(8)]
     try:
         with Trickle(attack):
-            for opened, body in enumerate(attack, start=1):
-                body.open()
-                _wait(lambda: sum(b.answered() for b in attack[:opened]) + _spooled_bodies(spool) >= opened,
-                      f"greedy body {opened} to be answered or admitted",
-                      lambda: [b.sock for b in attack[:opened] if b.sock is not None and b.status is None])
-            held = [b for b in attack if not b.answered()]
+            held = _open_one_by_one(attack, spool)
             incident = "inc-" + uuid.uuid4().hex[:10]
             acme = IngestClient(lab.url, key_id=lab.key.key_id, secret=lab.key.secret, tenant="acme", cluster="c1")
             upload = acme.upload({"job_id": "job-1", "incident_id": incident, "rank": 0, "world_size": 4,
