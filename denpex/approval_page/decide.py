@@ -152,7 +152,7 @@ def _judge(desk: ApprovalDesk, run_id: str, answer: PageAnswer, *, identity: str
     problems = _problems(plan, pending, policy, answer, approver, identity)
     if problems:
         return PageVerdict(PageOutcome.REFUSED, "; ".join(problems) + "; nothing was recorded"), approver
-    proof, refusal = _second_factor(desk, policy, answer, approver, identity, now)
+    proof, refusal = _second_factor(desk, policy, answer, approver, identity, now, address)
     if refusal is not None:
         return refusal, approver
     nodes = tuple(sorted(set(answer.nodes))) if answer.decision == "approve" else tuple(a.node for a in plan.actions)
@@ -212,7 +212,7 @@ def _problems(plan: IsolationPlan, pending: PendingApproval, policy: IsolationPo
 
 
 def _second_factor(desk: ApprovalDesk, policy: IsolationPolicy, answer: PageAnswer, approver: str,
-                   identity: str | None, now: datetime) -> tuple[Literal["totp", "proxy"], PageVerdict | None]:
+                   identity: str | None, now: datetime, address: str) -> tuple[Literal["totp", "proxy"], PageVerdict | None]:
     """The proof (``totp`` or ``proxy``), or the verdict that refuses the answer. A code typed
     where the runbook takes the proxy's word is checked all the same: never silently ignored."""
     code = answer.code.strip()
@@ -225,7 +225,11 @@ def _second_factor(desk: ApprovalDesk, policy: IsolationPolicy, answer: PageAnsw
         return "totp", PageVerdict(PageOutcome.REFUSED, f"the runbook requires {approver}'s current TOTP code "
                                                         "(approval.second_factor: totp); type the 6 digits the "
                                                         "authenticator app shows")
-    check = desk.codes.check(approver, code, at=now.timestamp())
+    # The code's source: a stranger's wrong codes lock the approver out of new addresses, not of
+    # the ones their codes were accepted from, nor of the proxy's session that already proved them.
+    vouched = identity is not None and identity.strip() == approver
+    source = f"proxy identity {identity}" if vouched else address
+    check = desk.codes.check(approver, code, at=now.timestamp(), source=source, vouched=vouched)
     if check.accepted:
         return "totp", None
     outcome = {CodeVerdict.WRONG: PageOutcome.WRONG_CODE, CodeVerdict.LOCKED: PageOutcome.LOCKED}.get(

@@ -14,7 +14,13 @@ signature does. The rules:
 - a code proves only the approver it was enrolled for: another approver's code fails;
 - guessing is bounded: after ``MAX_WRONG_CODES`` wrong codes for one approver within
   ``LOCKOUT_S``, every code for that approver is refused until the window has passed (a lockout
-  is recorded in the same SQLite file; the operator sees it in the refusal's reason).
+  is recorded in the same SQLite file; the operator sees it in the refusal's reason);
+- a stranger's guesses do not lock the approver out of their own desk: where the caller says
+  where a code came from (``source``: the approval page's client address), the approver-wide
+  lockout holds only for sources the approver has not had a code accepted from in the last
+  ``KNOWN_SOURCE_S``. A known source has its own lockout, for that approver from that source.
+  Guessing stays bounded: an unknown source gets the same ``MAX_WRONG_CODES`` per window as
+  before, shared by every unknown source, and each known source as many again.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pathlib import Path
 
 import pyotp
 
-__all__ = ["CodeVerdict", "CodeCheck", "TotpStore", "TOTP_ISSUER", "MAX_WRONG_CODES", "LOCKOUT_S"]
+__all__ = ["CodeVerdict", "CodeCheck", "TotpStore", "TOTP_ISSUER", "MAX_WRONG_CODES", "LOCKOUT_S", "KNOWN_SOURCE_S"]
 
 TOTP_ISSUER = "Denpex"
 _STEP_S = 30
@@ -40,6 +46,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 _CODE = re.compile(r"\d{6}")
 MAX_WRONG_CODES = 5
 LOCKOUT_S = 15 * 60
+KNOWN_SOURCE_S = 30 * 24 * 3600
+"""How long a source an approver's code was accepted from stays exempt from the approver-wide lockout."""
 
 
 class CodeVerdict(StrEnum):
@@ -96,12 +104,16 @@ class TotpStore:
         """The code the approver's authenticator shows now (for the demo and tests)."""
         return pyotp.TOTP(self._secret(approver)).at(int(time.time() if at is None else at))
 
-    def check(self, approver: str, code: str, *, at: float | None = None, typed_at: float | None = None) -> CodeCheck:
+    def check(self, approver: str, code: str, *, at: float | None = None, typed_at: float | None = None,
+              source: str | None = None, vouched: bool = False) -> CodeCheck:
         """Accept ``code`` for ``approver`` once, within one step of drift; see the module docstring.
 
         ``at`` is now (default: the clock); ``typed_at``, when given, is the moment the code is
         matched at (when the answer carrying it arrived). Wrong codes are counted at ``at``, so a
-        receipt time never moves a guess out of the lockout window."""
+        receipt time never moves a guess out of the lockout window. ``source`` is where the code
+        came from (None: unknown, and every wrong code for the approver counts against it).
+        ``vouched``: something else already proved the person at ``source`` (an authenticating
+        proxy's identity), so it is treated as known from the first code."""
         if not self.enrolled(approver):
             return CodeCheck(CodeVerdict.NOT_ENROLLED, f"{approver!r} has no enrolled TOTP secret; the operator "
                                                        f"enrolls one with `denpex approver enroll {approver}`")
@@ -113,16 +125,14 @@ class TotpStore:
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")  # one decision at a time per state directory: no race to a lockout
             db.execute("DELETE FROM wrong WHERE at <= ?", (now - LOCKOUT_S,))
-            wrong = db.execute("SELECT COUNT(*) FROM wrong WHERE approver = ? AND at > ?",
-                               (approver, now - LOCKOUT_S)).fetchone()[0]
-            if wrong >= MAX_WRONG_CODES:
+            db.execute("DELETE FROM known WHERE at <= ?", (now - KNOWN_SOURCE_S,))
+            locked = _lockout(db, approver, source, now, vouched=vouched)
+            if locked is not None:
                 db.execute("COMMIT")
-                return CodeCheck(CodeVerdict.LOCKED, f"{wrong} wrong codes for {approver} in the last "
-                                                     f"{LOCKOUT_S // 60} minutes: {approver}'s codes are refused "
-                                                     "until that window has passed")
+                return CodeCheck(CodeVerdict.LOCKED, locked)
             step = _matching_step(totp, given, now if typed_at is None else typed_at)
             if step is None:
-                db.execute("INSERT INTO wrong (approver, at) VALUES (?, ?)", (approver, now))
+                db.execute("INSERT INTO wrong (approver, at, source) VALUES (?, ?, ?)", (approver, now, source))
                 db.execute("COMMIT")
                 return CodeCheck(CodeVerdict.WRONG, f"the code is not {approver}'s current code (wrong, expired, or "
                                                     "another approver's)")
@@ -132,6 +142,9 @@ class TotpStore:
                 return CodeCheck(CodeVerdict.REUSED, f"{approver}'s code was already used; wait for the next code")
             db.execute("INSERT INTO used (approver, step) VALUES (?, ?) ON CONFLICT(approver) DO UPDATE SET "
                        "step = excluded.step", (approver, step))
+            if source is not None:
+                db.execute("INSERT INTO known (approver, source, at) VALUES (?, ?, ?) ON CONFLICT(approver, source) "
+                           "DO UPDATE SET at = excluded.at", (approver, source, now))
             db.execute("COMMIT")
         return CodeCheck(CodeVerdict.ACCEPTED, f"{approver}'s current TOTP code")
 
@@ -152,7 +165,11 @@ class TotpStore:
         db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
         try:
             db.execute("CREATE TABLE IF NOT EXISTS used (approver TEXT PRIMARY KEY, step INTEGER NOT NULL)")
-            db.execute("CREATE TABLE IF NOT EXISTS wrong (approver TEXT NOT NULL, at REAL NOT NULL)")
+            db.execute("CREATE TABLE IF NOT EXISTS wrong (approver TEXT NOT NULL, at REAL NOT NULL, source TEXT)")
+            if "source" not in {row[1] for row in db.execute("PRAGMA table_info(wrong)")}:
+                db.execute("ALTER TABLE wrong ADD COLUMN source TEXT")  # a file from before sources were kept
+            db.execute("CREATE TABLE IF NOT EXISTS known (approver TEXT NOT NULL, source TEXT NOT NULL, "
+                       "at REAL NOT NULL, PRIMARY KEY (approver, source))")
             yield db
         except BaseException:
             if db.in_transaction:
@@ -160,6 +177,28 @@ class TotpStore:
             raise
         finally:
             db.close()
+
+
+def _lockout(db: sqlite3.Connection, approver: str, source: str | None, now: float, *, vouched: bool) -> str | None:
+    """Why ``approver``'s codes from ``source`` are refused now, or None when they may be tried."""
+    since = now - LOCKOUT_S
+    window = f"in the last {LOCKOUT_S // 60} minutes"
+    known = source is not None and (vouched or db.execute(
+        "SELECT 1 FROM known WHERE approver = ? AND source = ?", (approver, source)).fetchone() is not None)
+    if known:  # the approver's own desk: only wrong codes from it count
+        mine = db.execute("SELECT COUNT(*) FROM wrong WHERE approver = ? AND source = ? AND at > ?",
+                          (approver, source, since)).fetchone()[0]
+        if mine >= MAX_WRONG_CODES:
+            return (f"{mine} wrong codes for {approver} from {source} {window}: {approver}'s codes from there are "
+                    "refused until that window has passed")
+        return None
+    wrong = db.execute("SELECT COUNT(*) FROM wrong WHERE approver = ? AND at > ?", (approver, since)).fetchone()[0]
+    if wrong < MAX_WRONG_CODES:
+        return None
+    where = "" if source is None else (f" from an address {approver} has not approved from lately; a code from "
+                                       "one they have still counts")
+    return (f"{wrong} wrong codes for {approver} {window}: {approver}'s codes are refused{where} until that window "
+            "has passed")
 
 
 def _matching_step(totp: pyotp.TOTP, code: str, now: float) -> int | None:

@@ -45,7 +45,8 @@ HOSTILE = '<img src=x onerror="alert(1)">'
 class Rig:
     """A state directory with one run waiting, and the page over it."""
 
-    def __init__(self, tmp: Path, second_factor: SecondFactor = SecondFactor.TOTP, proxies: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, second_factor: SecondFactor = SecondFactor.TOTP, proxies: tuple[str, ...] = (),
+                 clock: Any = None) -> None:
         import ipaddress
 
         self.state = tmp / "state"
@@ -61,7 +62,8 @@ class Rig:
         self.desk = ApprovalDesk(state_dir=self.state, book=self.book, key=self.key)
         self.app = create_page_app(PageConfig(
             desk=self.desk, prefect=PrefectLink(f"http://127.0.0.1:{free_port()}/api", timeout_s=0.5),
-            trusted_proxies=tuple(ipaddress.ip_network(p) for p in proxies)))
+            trusted_proxies=tuple(ipaddress.ip_network(p) for p in proxies),
+            **({"clock": clock} if clock is not None else {})))
 
     def waiting_run(self, incident: str = "inc-page", *, expires_in: float = 600) -> tuple[str, IsolationPlan]:
         result = xid79_on([NODE])
@@ -232,6 +234,45 @@ def test_wrong_codes_lock_out_the_approver_and_the_address(tmp_path: Path) -> No
     assert blocked.status_code == 429 and "too many wrong codes from 10.9.9.9" in _shown(blocked)
     assert rig.book.decision(run_id) is None
     assert [a.outcome for a in rig.book.answers(run_id)].count("wrong_code") == MAX_WRONG_FROM_ADDRESS
+
+
+def test_a_strangers_wrong_codes_do_not_lock_the_approver_out_of_their_own_address(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    now = [time.time()]
+    rig = Rig(tmp_path, clock=lambda: datetime.fromtimestamp(now[0], UTC))
+    first, _ = rig.waiting_run("inc-first")
+    desk = rig.client("10.0.0.7")
+    assert _post(desk, first, approver="alice", code=rig.codes.current_code("alice", at=now[0])).status_code != 403
+    assert rig.book.decision(first) is not None
+    second, _ = rig.waiting_run("inc-second")
+    stranger = rig.client("10.6.6.6")
+    for _ in range(MAX_WRONG_CODES + 2):  # more than the approver's bound, within the address's own
+        now[0] += 1
+        assert _post(stranger, second, approver="alice", code="000000").status_code in (403, 429)
+    now[0] += 60  # alice's next code
+    code = rig.codes.current_code("alice", at=now[0])
+    elsewhere = _post(rig.client("10.0.0.8"), second, approver="alice", code=code)
+    assert elsewhere.status_code == 429 and "wrong codes for alice" in _shown(elsewhere)
+    answered = _post(desk, second, approver="alice", code=code)
+    record = rig.book.decision(second)
+    assert record is not None, (answered.status_code, re.findall(r"\d+ wrong codes[^<]*", _shown(answered)))
+    assert record.approver == "alice"
+
+
+def test_an_approver_the_proxy_signed_in_is_not_locked_out_by_a_strangers_codes(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, proxies=("10.0.0.2/32",))  # TOTP still required, behind the proxy
+    run_id, _ = rig.waiting_run()
+    stranger = rig.client("10.6.6.6")
+    for _ in range(MAX_WRONG_CODES):
+        _post(stranger, run_id, approver="alice", code="000000")
+    code = rig.codes.current_code("alice")
+    assert _post(stranger, run_id, approver="alice", code=code).status_code == 429
+    proxy = rig.client("10.0.0.2")  # alice's first answer ever, signed in at the proxy
+    proxy.headers.update({"X-Forwarded-User": "alice", "X-Forwarded-For": "10.0.0.9"})
+    answered = _post(proxy, run_id, approver="", code=code)
+    record = rig.book.decision(run_id)
+    assert record is not None and (record.approver, record.second_factor) == ("alice", "totp"), _shown(answered)
 
 
 def test_an_authenticating_proxys_identity_counts_only_from_its_address(tmp_path: Path) -> None:

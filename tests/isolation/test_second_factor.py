@@ -97,6 +97,46 @@ def test_guessing_locks_the_approver_out_for_the_window(tmp_path: Path) -> None:
     assert store.check("alice", store.current_code("alice", at=later), at=later).accepted
 
 
+def test_a_strangers_guesses_do_not_lock_the_approver_out_of_their_own_desk(tmp_path: Path) -> None:
+    store = TotpStore(tmp_path)
+    store.enroll("alice")
+    at = 1_800_000_000.0
+    assert store.check("alice", store.current_code("alice", at=at), at=at, source="10.0.0.7").accepted
+    for i in range(1, MAX_WRONG_CODES + 1):  # a stranger, from two addresses
+        guess = _wrong(store, "alice", at + i)
+        assert store.check("alice", guess, at=at + i, source=f"10.6.6.{i % 2}").verdict is CodeVerdict.WRONG
+    later = at + 60
+    code = store.current_code("alice", at=later)
+    # Every address alice has not approved from is locked, her right code included ...
+    for source in ("10.6.6.1", "10.0.0.8", None):
+        refused = store.check("alice", code, at=later, source=source)
+        assert refused.verdict is CodeVerdict.LOCKED and "5 wrong codes for alice" in refused.reason
+    # ... and her own desk is not: the stranger's guesses do not count there.
+    assert store.check("alice", code, at=later, source="10.0.0.7").accepted
+    # Her desk has its own bound: five wrong codes from it lock it too.
+    for i in range(MAX_WRONG_CODES):
+        store.check("alice", _wrong(store, "alice", later + 1 + i), at=later + 1 + i, source="10.0.0.7")
+    last = later + 30 + MAX_WRONG_CODES
+    locked = store.check("alice", store.current_code("alice", at=last), at=last, source="10.0.0.7")
+    assert locked.verdict is CodeVerdict.LOCKED and "from 10.0.0.7" in locked.reason
+
+
+def test_a_used_file_from_before_sources_were_kept_is_extended(tmp_path: Path) -> None:
+    import sqlite3
+
+    store = TotpStore(tmp_path)
+    store.enroll("alice")
+    at = 1_800_000_000.0
+    with sqlite3.connect(store.db_path) as db:  # the schema of the previous release, with a wrong code in it
+        db.execute("CREATE TABLE used (approver TEXT PRIMARY KEY, step INTEGER NOT NULL)")
+        db.execute("CREATE TABLE wrong (approver TEXT NOT NULL, at REAL NOT NULL)")
+        db.executemany("INSERT INTO wrong VALUES ('alice', ?)", [(at + i,) for i in range(MAX_WRONG_CODES)])
+    locked = store.check("alice", store.current_code("alice", at=at + 10), at=at + 10, source="10.0.0.7")
+    assert locked.verdict is CodeVerdict.LOCKED  # the old rows still count, for every source
+    later = at + LOCKOUT_S + MAX_WRONG_CODES
+    assert store.check("alice", store.current_code("alice", at=later), at=later, source="10.0.0.7").accepted
+
+
 def test_malformed_codes_are_not_counted_as_guesses(tmp_path: Path) -> None:
     store = TotpStore(tmp_path)
     store.enroll("alice")
