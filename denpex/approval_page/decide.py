@@ -228,7 +228,7 @@ def _second_factor(desk: ApprovalDesk, policy: IsolationPolicy, answer: PageAnsw
     # The code's source: a stranger's wrong codes lock the approver out of new addresses, not of
     # the ones their codes were accepted from, nor of the proxy's session that already proved them.
     vouched = identity is not None and identity.strip() == approver
-    source = f"proxy identity {identity}" if vouched else address
+    source = f"proxy identity {identity}" if vouched else f"address {address}"  # two namespaces, never one
     check = desk.codes.check(approver, code, at=now.timestamp(), source=source, vouched=vouched)
     if check.accepted:
         return "totp", None

@@ -167,7 +167,7 @@ class TotpStore:
             db.execute("CREATE TABLE IF NOT EXISTS used (approver TEXT PRIMARY KEY, step INTEGER NOT NULL)")
             db.execute("CREATE TABLE IF NOT EXISTS wrong (approver TEXT NOT NULL, at REAL NOT NULL, source TEXT)")
             if "source" not in {row[1] for row in db.execute("PRAGMA table_info(wrong)")}:
-                db.execute("ALTER TABLE wrong ADD COLUMN source TEXT")  # a file from before sources were kept
+                _add_source_column(db)
             db.execute("CREATE TABLE IF NOT EXISTS known (approver TEXT NOT NULL, source TEXT NOT NULL, "
                        "at REAL NOT NULL, PRIMARY KEY (approver, source))")
             yield db
@@ -177,6 +177,18 @@ class TotpStore:
             raise
         finally:
             db.close()
+
+
+def _add_source_column(db: sqlite3.Connection) -> None:
+    """Extend a file from before sources were kept; another worker may be doing the same."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if "source" not in {row[1] for row in db.execute("PRAGMA table_info(wrong)")}:
+            db.execute("ALTER TABLE wrong ADD COLUMN source TEXT")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 def _lockout(db: sqlite3.Connection, approver: str, source: str | None, now: float, *, vouched: bool) -> str | None:
@@ -195,10 +207,10 @@ def _lockout(db: sqlite3.Connection, approver: str, source: str | None, now: flo
     wrong = db.execute("SELECT COUNT(*) FROM wrong WHERE approver = ? AND at > ?", (approver, since)).fetchone()[0]
     if wrong < MAX_WRONG_CODES:
         return None
-    where = "" if source is None else (f" from an address {approver} has not approved from lately; a code from "
-                                       "one they have still counts")
-    return (f"{wrong} wrong codes for {approver} {window}: {approver}'s codes are refused{where} until that window "
-            "has passed")
+    refused = (f"{approver}'s codes are refused until that window has passed" if source is None else
+               f"{approver}'s codes are refused from here until that window has passed (from where {approver}'s "
+               "code was accepted before, only the wrong codes sent from there count)")
+    return f"{wrong} wrong codes for {approver} {window}: {refused}"
 
 
 def _matching_step(totp: pyotp.TOTP, code: str, now: float) -> int | None:

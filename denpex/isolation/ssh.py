@@ -36,6 +36,8 @@ from denpex.isolation.errors import (
 __all__ = ["SshSettings", "CommandResult", "CommandRunner", "SshRunner", "Backoff"]
 
 _POLL_S = 0.005
+_EOF_GRACE_S = 10.0
+"""How long the output may go on after the exit status before a lingering child is left to it."""
 
 
 class Backoff(BaseModel):
@@ -234,11 +236,14 @@ class SshRunner:
 
         sshd may send the exit status before the last of the output: it reaps the process
         while the pipe still holds data. Stopping at the exit status alone cut a 10 kB
-        ``scontrol show node`` to its first seven nodes under load, so the end of output
-        (the channel's EOF, or its close) is waited for too.
+        ``scontrol show node`` to its first seven nodes under load, so the end of output (the
+        channel's EOF) is waited for too, for at most ``_EOF_GRACE_S`` after the exit status: a
+        child the command left in the background may hold the pipe open for ever, and the
+        command itself has ended.
         """
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
+        exited_at: float | None = None
         while True:
             busy = False
             if channel.recv_ready():
@@ -247,21 +252,28 @@ class SshRunner:
             if channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
                 busy = True
-            if not busy and channel.exit_status_ready() and _output_ended(channel):
+            if busy:
+                if time.monotonic() > deadline:
+                    raise TransientRemoteError(f"{self.target}: command did not finish within {timeout:.0f} s")
+                continue
+            if channel.eof_received and channel.exit_status_ready():
                 break
-            if not busy and not transport.is_active():
+            if channel.closed or not transport.is_active():
+                # A close with no EOF before it: the connection went mid-output.
                 raise TransientRemoteError(f"connection to {self.target} dropped mid-command")
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if channel.exit_status_ready():
+                exited_at = exited_at or now
+                if now - exited_at > _EOF_GRACE_S:
+                    break
+            if now > deadline:
                 raise TransientRemoteError(f"{self.target}: command did not finish within {timeout:.0f} s")
-            if not busy:
-                time.sleep(_POLL_S)
+            time.sleep(_POLL_S)
+        while channel.recv_ready():  # what arrived between the last read and the EOF check
+            out += channel.recv(65536)
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(65536)
         return out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-
-
-def _output_ended(channel: paramiko.Channel) -> bool:
-    """True once the server has said no more output will come (EOF or close) and all of it was read."""
-    ended = channel.eof_received or channel.closed
-    return bool(ended) and not channel.recv_ready() and not channel.recv_stderr_ready()
 
 
 def _translate(exc: Exception, target: str) -> Exception:

@@ -168,7 +168,7 @@ class SlurmLab:
                           "ActiveFeatures="], check=False)
             if " Comment=" in line or " Extra=" in line:
                 self.run(["scontrol", "update", f"NodeName={node}", "Comment=", "Extra="], check=False)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             states = self.states()
             if not any(flag in s for s in states.values() for flag in ("DRAIN", "DOWN", "ALLOC", "MIXED")):
@@ -206,17 +206,28 @@ class SlurmLab:
 
     def submit_sleep(self, node: str, seconds: int = 600) -> str:
         """``sbatch`` a real ``sleep`` on ``node``; returns the job id once it is RUNNING."""
-        out = self.run(["sbatch", "--parsable", f"--nodelist={node}", "--ntasks=1",
-                        f"--output={self.root / 'jobs' / 'slurm-%j.out'}",
+        return self.submit_job([f"--nodelist={node}", "--ntasks=1"], seconds=seconds)
+
+    def submit_job(self, options: list[str], *, seconds: int = 600, output: Path | None = None,
+                   timeout_s: float = 120) -> str:
+        """``sbatch`` a real ``sleep`` with ``options`` (nodes, tasks); its id once it is RUNNING.
+
+        The bound is sized for a loaded machine: a job submitted while its nodes still finish an
+        earlier test's job waits for slurmctld's next scheduling pass. A job that never runs is
+        reported with Slurm's own reason for keeping it pending.
+        """
+        out = self.run(["sbatch", "--parsable", *options,
+                        f"--output={output or self.root / 'jobs' / 'slurm-%j.out'}",
                         f"--wrap=sleep {seconds}"]).stdout.strip()
         job_id = out.split(";")[0]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            state = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()
-            if state == "RUNNING":
-                return job_id
+        deadline = time.monotonic() + timeout_s
+        while (state := self.job_state(job_id)) != "RUNNING":
+            if time.monotonic() > deadline:
+                reason = self.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], check=False).stdout.strip()
+                raise LabError(f"job {job_id} ({' '.join(options)}) did not start running within "
+                               f"{timeout_s:.0f} s: {reason or state or 'not in squeue'}")
             time.sleep(0.1)
-        raise LabError(f"job {job_id} on {node} did not start running (state {state!r})")
+        return job_id
 
     def job_state(self, job_id: str) -> str:
         return self.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip()
@@ -271,6 +282,9 @@ class SlurmLab:
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_Core",
                 "ReturnToService=1",
+                # A job that had to wait for its nodes (still finishing an earlier test's job) is
+                # looked at again within seconds, not at the default 60 s pass.
+                "SchedulerParameters=sched_interval=2",
                 "SlurmdTimeout=60",
                 "SlurmdParameters=config_overrides",
                 "SlurmctldDebug=debug2",

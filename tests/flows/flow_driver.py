@@ -209,7 +209,7 @@ def resume(run_id: UUID, answer: dict[str, Any], *, state_dir: Path | None = Non
 
 def report_of(state_dir: Path, incident_id: str, run_id: UUID) -> dict[str, Any]:
     """The run's final report (``reports/<tenant>/<cluster>/<incident>-<run>.json``)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while True:
         found = list((state_dir / "reports").glob(f"*/*/{incident_id}-{run_id}.json"))
         if found or time.monotonic() > deadline:

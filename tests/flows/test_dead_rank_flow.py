@@ -166,13 +166,8 @@ def test_with_nothing_registered_the_layout_is_derived_from_slurms_job_record(
     """No collector registered: the ranks that dumped name their hosts, rank 1 never did. Slurm's
     record of the job (one the test submits to the lab: 4 tasks on gpu-node-[001-004]) places rank 1
     on gpu-node-002 by block distribution; the node agent's Xid there confirms it."""
-    submitted = lab.run(["sbatch", "--parsable", "--nodelist=gpu-node-[001-004]", "--nodes=4", "--ntasks=4",
-                         f"--output={tmp_path / 'slurm-%j.out'}", "--wrap=sleep 600"]).stdout.strip()
-    job = submitted.split(";")[0]
-    deadline = time.monotonic() + 20
-    while lab.job_state(job) != "RUNNING":
-        assert time.monotonic() < deadline, f"Slurm job {job} did not start"
-        time.sleep(0.2)
+    job = lab.submit_job(["--nodelist=gpu-node-[001-004]", "--nodes=4", "--ntasks=4"],
+                         output=tmp_path / "slurm-%j.out")
     fixture = ROOT / "tests" / "fixtures" / "gloo" / "sigkill"
     manifest = json.loads((fixture / "manifest.json").read_text())
     incident = f"inc-{uuid.uuid4().hex[:8]}"

@@ -36,14 +36,7 @@ SCENARIO = FIXTURES / "withheld_one"
 
 def hung_job_on(lab: SlurmLab, node: str) -> str:
     """A job that runs on ``node`` (the training job that hung there); its id once RUNNING."""
-    out = lab.run(["sbatch", "--parsable", "--ntasks=1", f"--nodelist={node}",
-                   f"--output={lab.root / 'jobs' / 'slurm-%j.out'}", "--wrap=sleep 600"]).stdout.strip()
-    job = out.split(";")[0]
-    deadline = time.monotonic() + 20
-    while lab.job_state(job) != "RUNNING":
-        assert time.monotonic() < deadline, f"job {job} never ran"
-        time.sleep(0.1)
-    return job
+    return lab.submit_sleep(node)
 
 
 def answer(run_id: UUID, rig: FlowRig, incident: str, **fields: Any) -> None:
@@ -80,7 +73,7 @@ def test_the_hung_job_note_leads_to_the_requeue_deployment(flow_rig: FlowRig, la
     assert wait_for(run.id, {"COMPLETED"}) == "COMPLETED"
     shown = parse_show_job(lab.run(["scontrol", "-o", "show", "job", job]).stdout)
     assert shown is not None and CULPRIT_NODE in shown.excluded and CULPRIT_NODE not in shown.active_on
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while lab.state_of(CULPRIT_NODE) != "IDLE+DRAIN" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert lab.state_of(CULPRIT_NODE) == "IDLE+DRAIN"  # drained now, no longer draining

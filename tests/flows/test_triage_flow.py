@@ -202,7 +202,7 @@ def _the_run_page_tells_the_story(run_id: Any, incident: str) -> None:
               "waiting for a decision on the approval page: http://127.0.0.1:",
               f"approval: approved by alice for {CULPRIT_NODE} (on the approval page, totp)",
               f"ran: {CULPRIT_NODE}: act, applied, now IDLE+DRAIN", "outcome: executed: approved by alice")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
         while True:  # the run's log handler sends in batches

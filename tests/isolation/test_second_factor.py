@@ -137,6 +137,22 @@ def test_a_used_file_from_before_sources_were_kept_is_extended(tmp_path: Path) -
     assert store.check("alice", store.current_code("alice", at=later), at=later, source="10.0.0.7").accepted
 
 
+def test_workers_extending_an_old_file_at_once_all_get_an_answer(tmp_path: Path) -> None:
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+
+    at = 1_800_000_000.0
+    for trial in range(10):
+        store = TotpStore(tmp_path / str(trial))
+        store.enroll("alice")
+        with sqlite3.connect(store.db_path) as db:
+            db.execute("CREATE TABLE wrong (approver TEXT NOT NULL, at REAL NOT NULL)")
+        guess = _wrong(store, "alice", at)
+        with ThreadPoolExecutor(4) as pool:  # an exception here would be a 500 on the page
+            verdicts = list(pool.map(lambda i: store.check("alice", guess, at=at, source=f"s{i}").verdict, range(4)))
+        assert verdicts == [CodeVerdict.WRONG] * 4
+
+
 def test_malformed_codes_are_not_counted_as_guesses(tmp_path: Path) -> None:
     store = TotpStore(tmp_path)
     store.enroll("alice")

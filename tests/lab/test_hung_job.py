@@ -29,7 +29,7 @@ def submit_anywhere(lab: SlurmLab) -> tuple[str, str]:
     out = lab.run(["sbatch", "--parsable", "--ntasks=1", f"--output={lab.root / 'jobs' / 'slurm-%j.out'}",
                    "--wrap=sleep 600"]).stdout.strip()
     job = out.split(";")[0]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a job may wait for slurmctld's next scheduling pass
     while time.monotonic() < deadline:
         state, _, node = lab.run(["squeue", "-h", "-j", job, "-o", "%T %N"]).stdout.strip().partition(" ")
         if state == "RUNNING":
@@ -58,7 +58,7 @@ def test_the_hung_job_is_requeued_with_the_drained_node_excluded(rig: Rig) -> No
                                f"scontrol release {job}")
     shown = parse_show_job(rig.lab.run(["scontrol", "-o", "show", "job", job]).stdout)
     assert shown is not None and node in shown.excluded and node not in shown.active_on and not shown.held
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while rig.lab.state_of(node) != "IDLE+DRAIN" and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rig.lab.state_of(node) == "IDLE+DRAIN" and drained(rig.lab, node)  # drained, not draining

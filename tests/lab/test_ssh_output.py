@@ -24,3 +24,17 @@ def test_a_large_output_arrives_whole_every_time(ssh_settings: SshSettings) -> N
     with SshRunner(ssh_settings) as runner:
         lengths = [len(runner.run(["seq", "1", "100000"]).stdout) for _ in range(5)]
     assert lengths == [len(expected)] * 5
+
+
+def test_a_child_left_holding_the_output_does_not_hold_the_command(ssh_settings: SshSettings) -> None:
+    """The command ended; a background child keeps its stdout open. The output so far and the exit
+    status come back a short grace after the status, not at the command timeout."""
+    import time
+
+    from denpex.isolation import ssh
+
+    with SshRunner(ssh_settings) as runner:
+        started = time.monotonic()
+        result = runner.run(["sh", "-c", "echo hi; sleep 60 & exit 0"])
+    assert (result.rc, result.stdout) == (0, "hi\n")
+    assert time.monotonic() - started < ssh_settings.command_timeout_s + ssh._EOF_GRACE_S
