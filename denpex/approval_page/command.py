@@ -45,6 +45,10 @@ def serve_approvals_command(
         "--prefect-ui-url", help="The Prefect UI, for a link to each run (default: $PREFECT_UI_URL).")] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="State directory (default: "
                                                                        "$DENPEX_STATE_DIR).")] = None,
+    max_connections_per_address: Annotated[int, typer.Option(
+        "--max-connections-per-address", min=1,
+        help="Connections one client address (an IPv6 /64) may hold at once, of the page's 256; more are "
+             "answered 503 (default 32).")] = 32,
 ) -> None:
     """Serve the approval page: each paused run's brief, and its one signed decision.
 
@@ -75,4 +79,5 @@ def serve_approvals_command(
     config = PageConfig(desk=desk, prefect=PrefectLink(api, SecretStr(auth) if auth else None),
                         trusted_proxies=networks, identity_header=identity_header,
                         prefect_ui_url=prefect_ui_url or os.environ.get("PREFECT_UI_URL"))
-    serve(create_page_app(config), host=host, port=port, max_connections=256)
+    serve(create_page_app(config), host=host, port=port, max_connections=256,
+          max_per_address=max_connections_per_address)

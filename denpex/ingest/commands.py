@@ -182,6 +182,10 @@ def serve_api_command(
         "--run-window-seconds", min=1, help="The window of --max-runs-per-window (default 3600).")] = 3600.0,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", min=1, help="Connections served at once; more are answered 503 (default 1024).")] = 1024,
+    max_connections_per_address: Annotated[int, typer.Option(
+        "--max-connections-per-address", min=1,
+        help="Connections one client address (an IPv6 /64) may hold at once; more are answered 503 "
+             "(default 256; behind a proxy or NAT every client shares its address).")] = 256,
     state_dir: StateDirOption = None,
 ) -> None:
     """Run the ingest service: signed evidence uploads, alerts, incident coverage."""
@@ -213,7 +217,8 @@ def serve_api_command(
     # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
     # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503,
     # and a connection whose request head is late is closed (denpex.http_serving).
-    serve(create_app(service), host=host, port=port, max_connections=max_connections)
+    serve(create_app(service), host=host, port=port, max_connections=max_connections,
+          max_per_address=max_connections_per_address)
 
 
 def _auth_string(value: str | None) -> SecretStr | None:

@@ -373,3 +373,47 @@ def test_the_served_page_closes_a_connection_whose_request_head_is_late(tmp_path
         assert httpx.get(f"{page.url}/healthz", timeout=30).status_code == 200
         idle.close()
         dribbling.close()
+
+
+def test_the_served_page_bounds_the_connections_one_address_holds(tmp_path: Path) -> None:
+    """Red team, issue 30 (A3): with the head deadline alone, one stranger could still open every
+    slot afresh each 20 s. One address now holds at most its share; the next connection from it is
+    answered 503 at once, while another address is served, and a slot freed is usable again."""
+    import socket
+
+    import httpx
+
+    from testkit.services.approval_page import approval_page
+
+    cap = 4
+    with approval_page(tmp_path / "state", f"http://127.0.0.1:{free_port()}/api", log=tmp_path / "page.log",
+                       extra_args=["--max-connections-per-address", str(cap)]) as page:
+        port = int(page.url.rsplit(":", 1)[1])
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(cap)]
+        refused = socket.create_connection(("127.0.0.1", port), timeout=30)
+        answer = b""
+        while chunk := refused.recv(4096):  # the server writes its answer and closes
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503") and b"4 connections from 127.0.0.1" in answer, answer
+        # Another address (all of 127/8 is loopback) is served while 127.0.0.1 is at its bound.
+        other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
+        assert other.get(f"{page.url}/healthz").status_code == 200
+        held.pop().close()
+        freed = httpx.get(f"{page.url}/healthz", timeout=30)  # the closed slot is counted out
+        assert freed.status_code == 200
+        for sock in held:
+            sock.close()
+        other.close()
+
+
+@pytest.mark.parametrize(("peer", "counted_as"), [
+    ("10.1.2.3", "10.1.2.3"),
+    ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),  # one host is usually given a whole /64
+    ("2001:db8:1:2:ffff::9", "2001:db8:1:2::/64"),
+    ("::ffff:10.1.2.3", "10.1.2.3"),  # an IPv4 client on a dual-stack socket
+    ("not-an-address", "not-an-address"),
+])
+def test_a_client_is_counted_by_its_address_or_its_ipv6_64(peer: str, counted_as: str) -> None:
+    from denpex.http_serving import address_key
+
+    assert address_key(peer) == counted_as
