@@ -113,6 +113,8 @@ def serve(app: Any, *, host: str, port: int, max_connections: int, max_per_addre
     """
     protocol = type("CappedHeadDeadlineProtocol", (HeadDeadlineProtocol,),
                     {"address_cap": max_per_address, "open_per_address": Counter()})
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=protocol,
+    # ws="none": neither service speaks WebSocket, and an upgrade hands the transport to another
+    # protocol whose close this one never sees (its address would stay counted for good).
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, http=protocol, ws="none",
                 limit_concurrency=max_connections, h11_max_incomplete_event_size=16 * 1024,
                 proxy_headers=False, forwarded_allow_ips="")

@@ -403,6 +403,14 @@ def test_the_served_page_bounds_the_connections_one_address_holds(tmp_path: Path
         assert freed.status_code == 200
         for sock in held:
             sock.close()
+        # WebSocket upgrades are not served: each is an ordinary request, and its close counted out
+        # (an upgrade once handed the connection to a protocol whose close was never counted).
+        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        for _ in range(cap + 1):
+            with httpx.Client(timeout=30) as fresh:
+                assert fresh.get(f"{page.url}/healthz", headers=upgrade).status_code == 200
+        assert httpx.get(f"{page.url}/healthz", timeout=30).status_code == 200
         other.close()
 
 
