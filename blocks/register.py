@@ -15,7 +15,7 @@ from blocks.evidence import DenpexEvidenceStore
 from blocks.runbook import DenpexRunbook
 from blocks.runbook import DEFAULT_RUNBOOK
 
-__all__ = ["register_block_types", "create_local_defaults", "main"]
+__all__ = ["register_block_types", "create_local_defaults", "main", "register"]
 
 
 def register_block_types() -> list[str]:
@@ -51,9 +51,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--evidence-folder", help="folder for the default evidence store block")
     parser.add_argument("--overwrite", action="store_true", help="replace existing default documents")
     args = parser.parse_args(argv)
+    register(runbook=args.runbook, evidence_folder=args.evidence_folder, overwrite=args.overwrite)
+
+
+def register(*, runbook: str = DEFAULT_RUNBOOK, evidence_folder: str | None = None, overwrite: bool = False) -> None:
+    """Register the block types and create the local defaults; say what was made."""
     types = register_block_types()
-    made = create_local_defaults(runbook=args.runbook, evidence_folder=args.evidence_folder,
-                                 overwrite=args.overwrite)
+    made = create_local_defaults(runbook=runbook, evidence_folder=evidence_folder, overwrite=overwrite)
     print(f"registered block types: {', '.join(types)}")
     print(f"created: {', '.join(made) or 'nothing (defaults exist; --overwrite replaces them)'}")
 

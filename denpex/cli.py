@@ -59,8 +59,26 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"denpex {_version()}")
+        raise typer.Exit()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("denpex")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                                help="Print the version and exit.")] = False,
+) -> None:
     """Denpex: distributed-training hang triage."""
 
 
@@ -80,7 +98,17 @@ def triage(
     telemetry: Annotated[list[Path] | None, typer.Option("--telemetry", metavar="FILE", help="Kernel log (journalctl -k -o short-iso) or collect-telemetry output; repeatable.")] = None,
     chart: Annotated[Path | None, typer.Option("--chart", metavar="PNG", help="Write the job overview PNG here, and one PNG per stuck group beside it (NAME.group-*.png).")] = None,
 ) -> None:
-    """Compare every rank's Flight Recorder dump and name the ranks behind the hang."""
+    """Compare every rank's Flight Recorder dump and name the ranks behind the hang.
+
+    Exit status: 0 triage ran, whatever the verdict; 2 unusable input (one line on stderr).
+
+    Example:
+
+    \b
+    denpex triage ./dumps --world-size 8 --telemetry kern.log --scheduler slurm --cluster gpu-prod --plan-out plan.json
+    """
+    if chart is not None:
+        _make_folder_for(chart)
     if scheduler is not None and plan_out is not None and not (cluster or "").strip():
         # Triage runs offline and cannot ask the cluster its name; a plan file is for execution,
         # which is bound to one cluster, so the operator names it rather than each approver later.
@@ -99,8 +127,11 @@ def triage(
         save_plan(found.plan, plan_out)
     if chart is not None and found.progress is not None:
         from denpex.charts.files import write_charts  # matplotlib loads only when a chart is asked for
-        for written in write_charts(found.report, found.progress, chart):
-            typer.echo(f"chart: {written}", err=True)
+        try:
+            for written in write_charts(found.report, found.progress, chart):
+                typer.echo(f"chart: {written}", err=True)
+        except OSError as exc:
+            raise fail(f"--chart {chart}: {exc.strerror or exc}") from exc
     if output is OutputFormat.JSON:
         typer.echo(found.report.model_dump_json(indent=2))
     else:
@@ -132,25 +163,68 @@ def _prefect_project() -> None:
         sys.path.insert(0, str(root))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def serve(ctx: typer.Context) -> None:
+def _make_folder_for(path: Path) -> None:
+    """Create the folder a written file goes in, or refuse with one line before any work."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"cannot create the folder {path.parent} for {path.name}: {exc.strerror or exc}") from exc
+
+
+SERVED = ("on-alert", "manual", "return-to-service", "requeue-hung-job", "nightly-replay")
+
+
+@app.command()
+def serve(
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", metavar="NAME", help=f"Serve only this deployment; repeatable. One of: {', '.join(SERVED)}.")] = None,
+    spawn_runs: Annotated[bool, typer.Option(
+        "--spawn-runs", help="Start each run in a fresh interpreter instead of forking it from a process "
+                             "that already imported the flows (seconds slower a run).")] = False,
+) -> None:
     """Serve the Prefect deployments locally (triage on the alert event, manual triage, return to
-    service, nightly replay); options: --only NAME."""
+    service, requeue of a hung job, nightly replay) until Ctrl-C. Run from the repository root,
+    with PREFECT_API_URL set. Ignores job variables: what the API sets cannot run commands here.
+
+    Example:
+
+    \b
+    PREFECT_API_URL=http://127.0.0.1:4200/api denpex serve --only on-alert --only manual
+    """
+    unknown = sorted(set(only or ()) - set(SERVED))
+    if unknown:
+        raise fail(f"--only {', '.join(unknown)}: no such deployment; the deployments are {', '.join(SERVED)}")
     _prefect_project()
-    from flows.serve import main as serve_main
+    from flows.serve import serve as serve_deployments
 
-    serve_main(list(ctx.args))
+    serve_deployments(set(only) if only else None, spawn_runs=spawn_runs)
 
 
-@app.command("register-blocks", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def register_blocks(ctx: typer.Context) -> None:
-    """Register Denpex's Prefect block types and the local defaults (--evidence-folder, --overwrite)."""
+@app.command("register-blocks")
+def register_blocks(
+    runbook: Annotated[str, typer.Option(
+        "--runbook", metavar="NAME", help="The shipped runbook the default runbook block names.")] = "hang-triage",
+    evidence_folder: Annotated[str | None, typer.Option(
+        "--evidence-folder", metavar="FOLDER", help="A folder for the default evidence store block.")] = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace the default blocks that exist.")] = False,
+) -> None:
+    """Register Denpex's Prefect block types and create the local default blocks. Run from the
+    repository root, with PREFECT_API_URL set.
+
+    Example:
+
+    \b
+    denpex register-blocks --evidence-folder ./incidents/demo --overwrite
+    """
     _prefect_project()
-    from blocks.register import main as register_main
+    from blocks.register import register
 
-    register_main(list(ctx.args))
+    register(runbook=runbook, evidence_folder=evidence_folder, overwrite=overwrite)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    app(args=argv, prog_name="denpex")
+    """Console-script entry point: usage errors are one ``denpex: error:`` line, as every other error."""
+    from denpex.cli_help import run_tidy
+
+    run_tidy(app, argv, prog_name="denpex", exit_unusable=EXIT_UNUSABLE)

@@ -31,7 +31,7 @@ from flows.requeue import REQUEUE_DEPLOYMENT, requeue_hung_job
 from flows.return_to_service import return_to_service
 from flows.triage import triage
 
-__all__ = ["ALERT_PARAMETERS", "ServedDeployment", "alert_trigger", "main", "serve_deployments", "served_deployments"]
+__all__ = ["ALERT_PARAMETERS", "ServedDeployment", "alert_trigger", "main", "serve", "serve_deployments", "served_deployments"]
 
 ALERT_PARAMETERS = ("tenant", "cluster", "job_id", "incident_id", "alert_time", "evidence", "world_size",
                     "reported_by_rank", "alert_id")
@@ -102,10 +102,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="start each run in a fresh interpreter (multiprocessing spawn) instead of "
                              "forking it from a process that already imported the flows (seconds slower)")
     args = parser.parse_args(argv)
-    if not args.spawn_runs:
+    serve(set(args.only) if args.only else None, spawn_runs=args.spawn_runs)
+
+
+def serve(only: set[str] | None, *, spawn_runs: bool = False) -> None:
+    """Serve the chosen deployments (None: all) until Ctrl-C or SIGTERM."""
+    if not spawn_runs:
         use_forked_flow_runs()
     try:
-        asyncio.run(serve_deployments(served_deployments(set(args.only) if args.only else None)))
+        asyncio.run(serve_deployments(served_deployments(only)))
     except (KeyboardInterrupt, TerminationSignal):
         pass  # stopped as prefect.serve() stops on Ctrl-C or SIGTERM
 

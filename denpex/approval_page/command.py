@@ -52,7 +52,10 @@ def serve_approvals_command(
 ) -> None:
     """Serve the approval page: each paused run's brief, and its one signed decision.
 
-    Example: PREFECT_API_URL=http://127.0.0.1:4200/api denpex serve-approvals --port 8090
+    Example:
+
+    \b
+    PREFECT_API_URL=http://127.0.0.1:4200/api denpex serve-approvals --port 8090
     """
     from denpex.http_serving import serve
     from denpex.approval_page.app import PageConfig, create_page_app

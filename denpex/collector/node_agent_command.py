@@ -49,7 +49,13 @@ def node_agent_command(
     since: Annotated[str | None, typer.Option("--since", help="With --journalctl: from this ISO time.")] = None,
     until: Annotated[str | None, typer.Option("--until", help="With --journalctl: up to this ISO time.")] = None,
 ) -> None:
-    """On a GPU node, with its host-bound key: send its kernel log for a job's incident (no dump needed)."""
+    """On a GPU node, with its host-bound key: send its kernel log for a job's incident (no dump needed).
+
+    Example:
+
+    \b
+    denpex node-agent --job 4211 --journalctl --since 2026-12-05T10:00:00Z
+    """
     env = dict(os.environ)
     if job:
         env["DENPEX_JOB_ID"] = job

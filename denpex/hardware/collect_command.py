@@ -25,7 +25,13 @@ def collect_telemetry_command(
     duration_s: Annotated[float, typer.Option("--duration-s", min=0, help="Seconds to listen for Xid events.")] = 30.0,
     host: Annotated[str | None, typer.Option("--host", help="Host name to record (default: this host's name).")] = None,
 ) -> None:
-    """On a GPU host: snapshot NVLink counters and remapped rows, listen for Xid events, snapshot again."""
+    """On a GPU host: snapshot NVLink counters and remapped rows, listen for Xid events, snapshot again.
+
+    Example:
+
+    \b
+    denpex collect-telemetry --out /var/tmp/telemetry.jsonl --duration-s 30
+    """
     name = host or socket.gethostname()
     try:
         nvml = load_pynvml()

@@ -53,7 +53,13 @@ def tenants_add(
     plan: Annotated[PlanTier, typer.Option("--plan", help="The tenant's plan; only data-center may use hang triage.")],
     state_dir: StateDirOption = None,
 ) -> None:
-    """Add a tenant (or change its plan)."""
+    """Add a tenant (or change its plan).
+
+    Example:
+
+    \b
+    denpex tenants add acme --plan team
+    """
     try:
         _registry(state_dir).add_tenant(tenant, plan)
     except RegistryError as exc:
@@ -67,7 +73,13 @@ def clusters_add(
     tenant: Annotated[str, typer.Option("--tenant")],
     state_dir: StateDirOption = None,
 ) -> None:
-    """Claim a cluster for a tenant (its first key or token does it too); a taken or colliding name is refused."""
+    """Claim a cluster for a tenant (its first key or token does it too); a taken or colliding name is refused.
+
+    Example:
+
+    \b
+    denpex clusters add gpu-prod --tenant acme
+    """
     try:
         record = _registry(state_dir).add_cluster(tenant, cluster)
     except RegistryError as exc:
@@ -77,7 +89,13 @@ def clusters_add(
 
 @clusters_app.command("list")
 def clusters_list(state_dir: StateDirOption = None) -> None:
-    """Every registered cluster and its owner, one JSON object a line (opening the registry migrates it)."""
+    """Every registered cluster and its owner, one JSON object a line (opening the registry migrates it).
+
+    Example:
+
+    \b
+    denpex clusters list
+    """
     for record in _registry(state_dir).clusters():
         typer.echo(record.model_dump_json(exclude_none=True))
 
@@ -90,7 +108,13 @@ def keys_create(
                                                             "key); only such telemetry can support a drain.")] = None,
     state_dir: StateDirOption = None,
 ) -> None:
-    """Create a signing key; prints {"key_id": ..., "secret": ...} once (the secret is not shown again)."""
+    """Create a signing key; prints {"key_id": ..., "secret": ...} once (the secret is not shown again).
+
+    Example:
+
+    \b
+    denpex keys create --tenant acme --cluster gpu-prod
+    """
     try:
         issued = _registry(state_dir).create_key(tenant, cluster, host)
     except RegistryError as exc:
@@ -100,7 +124,13 @@ def keys_create(
 
 @keys_app.command("revoke")
 def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")], state_dir: StateDirOption = None) -> None:
-    """Revoke a key (rotate: create the new key, deploy it, then revoke the old one)."""
+    """Revoke a key (rotate: create the new key, deploy it, then revoke the old one).
+
+    Example:
+
+    \b
+    denpex keys revoke dk_3f9a1c0b2d4e6f80
+    """
     try:
         _registry(state_dir).revoke_key(key_id)
     except RegistryError as exc:
@@ -114,7 +144,13 @@ def tokens_create(
     cluster: Annotated[str, typer.Option("--cluster")],
     state_dir: StateDirOption = None,
 ) -> None:
-    """Create an Alertmanager bearer token bound to one tenant and cluster; printed once."""
+    """Create an Alertmanager bearer token bound to one tenant and cluster; printed once.
+
+    Example:
+
+    \b
+    denpex tokens create --tenant acme --cluster gpu-prod
+    """
     try:
         issued = _registry(state_dir).create_token(tenant, cluster)
     except RegistryError as exc:
@@ -125,7 +161,13 @@ def tokens_create(
 @tokens_app.command("revoke")
 def tokens_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID")],
                   state_dir: StateDirOption = None) -> None:
-    """Revoke a bearer token by its id."""
+    """Revoke a bearer token by its id.
+
+    Example:
+
+    \b
+    denpex tokens revoke dt_81be07c4a9d2e513
+    """
     try:
         _registry(state_dir).revoke_token(token_id)
     except RegistryError as exc:
@@ -188,7 +230,13 @@ def serve_api_command(
              "(default 256; behind a proxy or NAT every client shares its address).")] = 256,
     state_dir: StateDirOption = None,
 ) -> None:
-    """Run the ingest service: signed evidence uploads, alerts, incident coverage."""
+    """Run the ingest service: signed evidence uploads, alerts, incident coverage.
+
+    Example:
+
+    \b
+    DENPEX_STATE_DIR=/var/lib/denpex denpex serve-api --port 8088 --store s3://denpex-evidence/
+    """
     from denpex.http_serving import serve
     from denpex.ingest.app import create_app
     from denpex.ingest.service import IngestService, ServiceConfig

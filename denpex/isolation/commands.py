@@ -62,7 +62,8 @@ EXIT_INCOMPLETE = 4
 
 audit_app = typer.Typer(no_args_is_help=True, help="Inspect the isolation audit log.")
 breaker_app = typer.Typer(no_args_is_help=True, help="Show or reset the blast-radius circuit breaker.")
-approver_app = typer.Typer(no_args_is_help=True, help="Approvers' signing keys.")
+approver_app = typer.Typer(no_args_is_help=True, help="Approvers' proofs: ed25519 signing keys (the CLI) and "
+                                                      "TOTP enrolment (the approval page).")
 
 ConfigOption = Annotated[
     Path | None,
@@ -93,11 +94,18 @@ def approve_command(
     node: Annotated[list[str] | None, typer.Option(
         "--node", help="Approve only this node of the plan; repeatable (default: every node).")] = None,
     operation: Annotated[Operation, typer.Option(
-        "--operation", help="What is approved: isolate (`isolate --execute`) or rollback "
-                            "(`isolate --execute --rollback`); one approval never covers both, and at "
-                            "the default path a rollback approval replaces the isolate one.")] = Operation.ISOLATE,
+        "--operation", help="What is approved: isolate (`isolate --execute`), rollback "
+                            "(`isolate --execute --rollback`) or requeue (`isolate --execute "
+                            "--requeue-hung-job`); one approval covers one operation, and at the default "
+                            "path a later approval replaces the earlier one.")] = Operation.ISOLATE,
 ) -> None:
-    """Approve one operation on one plan, by its content hash, signed with your key."""
+    """Approve one operation on one plan, by its content hash, signed with your key.
+
+    Example:
+
+    \b
+    denpex approve plan.json --approver alice --key ~/.denpex/alice.key --cluster gpu-prod --comment "Xid 79 on gpu-node-003"
+    """
     try:
         plan = load_plan(plan_path)
         approval = approve_plan(plan, approver, key=load_private_key(key), at=utc_now(), comment=comment,
@@ -119,6 +127,11 @@ def approver_keygen(
     """Make an ed25519 key pair: the private key to OUT, the public key's line on stdout.
 
     The operator adds that line under `approvers:` in the trusted approvers file.
+
+    Example:
+
+    \b
+    denpex approver keygen --out ~/.denpex/alice.key --name alice
     """
     key = generate_key()
     try:
@@ -133,10 +146,15 @@ def approver_enroll(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The approver, as the runbook lists them.")],
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Default: $DENPEX_STATE_DIR.")] = None,
 ) -> None:
-    """Enroll NAME's TOTP secret for approvals in the Prefect UI: prints the otpauth URI and a QR code.
+    """Enroll NAME's TOTP secret for approvals on the approval page: prints the otpauth URI and a QR code.
 
     The secret is stored in the state directory, readable by the service user only; scan the
     code with an authenticator app (any RFC 6238 one) on the approver's phone.
+
+    Example:
+
+    \b
+    denpex approver enroll alice
     """
     import segno
 
@@ -172,6 +190,11 @@ def isolate_command(
     Exit status: 0 every planned node is (a dry run: would be) in the wanted state; 1 an action
     failed its post-checks; 2 unusable input; 3 the cluster refused or could not be reached;
     4 a node was (would be) blocked by a gate, or the plan isolates no node.
+
+    Example:
+
+    \b
+    denpex isolate plan.json --execute --config settings.yaml
     """
     if rollback and requeue:
         raise _exit("--rollback and --requeue-hung-job are two operations; run them one at a time", EXIT_UNUSABLE)
@@ -214,7 +237,13 @@ def audit_verify(
         help="The log's HMAC key (the state directory's audit.key): each record's mac must verify, "
              "which catches a log re-chained by hand.")] = None,
 ) -> None:
-    """Check every record's hash and the chain; name each edited, removed or reordered line."""
+    """Check every record's hash and the chain; name each edited, removed or reordered line.
+
+    Example:
+
+    \b
+    denpex audit verify $DENPEX_STATE_DIR/audit.jsonl --key $DENPEX_STATE_DIR/audit.key
+    """
     try:
         secret = _read_audit_key(key) if key else None
         verification = verify_audit_log(path, reference=against, key=secret)
@@ -235,7 +264,13 @@ def audit_verify(
 
 @breaker_app.command("status")
 def breaker_status(config: ConfigOption = None) -> None:
-    """Show whether automated isolation is allowed."""
+    """Show whether automated isolation is allowed.
+
+    Example:
+
+    \b
+    denpex breaker status --config settings.yaml
+    """
     try:
         state = _operator(config).breaker().state()
     except IsolationError as exc:
@@ -248,7 +283,13 @@ def breaker_reset(
     by: Annotated[str, typer.Option("--by", help="The person resetting the breaker.")],
     config: ConfigOption = None,
 ) -> None:
-    """Close a tripped breaker after a person has looked at why it tripped."""
+    """Close a tripped breaker after a person has looked at why it tripped.
+
+    Example:
+
+    \b
+    denpex breaker reset --by alice --config settings.yaml
+    """
     try:
         state = _operator(config).breaker().reset(by=by, at=utc_now())
     except IsolationError as exc:
