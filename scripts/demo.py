@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     lab_size(incident)
     _say(f"incident {incident.folder}: dumps of ranks {', '.join(map(str, incident.dumps))} "
          f"({', '.join(p.name for p in incident.dumps.values())}); telemetry: "
-         f"{', '.join(p.name for p in incident.telemetry) or 'none'}; alert at {incident.alert_time.isoformat()}")
+         f"{', '.join(p.name for p in incident.telemetry) or 'none'}; alert at {incident.alert_time.isoformat()} "
+         f"({incident.alert_basis})")
     run_dir = Path(args.out).resolve() / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir.mkdir(parents=True)
     # The Prefect server the tests use (testkit.services.prefect): SQLite in run_dir/prefect-home,

@@ -39,14 +39,18 @@ class IncidentFolder:
     dumps: dict[int, Path]
     telemetry: list[Path]
     alert_time: datetime
+    alert_basis: str = ""
+    """Why the alert is dated so (printed beside the time)."""
 
 
 def check_incident(folder: Path) -> IncidentFolder:
     """Read the folder as triage would; one clear line (SystemExit) when it cannot be demonstrated.
 
-    The alert time is a few seconds after the evidence's newest time (the manifest's dump times,
-    else the dumps' own entries, as ``denpex triage`` judges staleness): an alert at the wall clock
-    would find every rank of an older folder stale.
+    The alert is dated as the watchdog would have raised it: with the manifest's dump times, a few
+    seconds after the newest; without them, when the first op in flight reached its timeout (the
+    earliest ``time_created + timeout_ms``), else a few seconds after the dumps' newest entry. An
+    alert at the wall clock would find every rank of an older folder stale, and one a few seconds
+    after dumps taken early in a hang would find the stuck op still young (no hang yet).
     """
     from denpex.analysis.triage import summarize_inventory, take_inventory, triage_outcomes
     from denpex.evidence.errors import EvidenceError
@@ -74,10 +78,25 @@ def check_incident(folder: Path) -> IncidentFolder:
     if inventory.manifest is None or not any(i.host for i in inventory.manifest.ranks.values()):
         raise unusable("manifest.json names no rank's host; the local Slurm drains the culprit's host")
     manifest = json.loads((folder / "manifest.json").read_text())
+    alert_time, basis = _alert_time(inventory.manifest, outcomes, evidence_time)
     return IncidentFolder(folder=folder, manifest=manifest,
                           dumps={r: folder / ref.name for r, ref in sorted(inventory.dumps.items())},
-                          telemetry=telemetry,
-                          alert_time=(evidence_time or datetime.now(UTC)) + timedelta(seconds=6))
+                          telemetry=telemetry, alert_time=alert_time, alert_basis=basis)
+
+
+def _alert_time(manifest: Any, outcomes: list[Any], evidence_time: datetime | None) -> tuple[datetime, str]:
+    """When the watchdog alerted, and on what ground (see ``check_incident``)."""
+    newest = evidence_time or datetime.now(UTC)
+    if manifest is not None and any(i.dumped_at for i in manifest.ranks.values()):
+        return newest + timedelta(seconds=6), "6 s after the newest dump time in the manifest"
+    deadlines = [op.time_created_ns + op.timeout_ms * 1_000_000
+                 for summary in outcomes for group in getattr(summary, "groups", {}).values()
+                 for op in group.pending if op.time_created_ns and op.timeout_ms]
+    if deadlines:
+        return (datetime.fromtimestamp(min(deadlines) / 1e9, UTC),
+                "when the first op in flight reached its timeout (time_created + timeout_ms; the manifest has "
+                "no dump times)")
+    return newest + timedelta(seconds=6), "6 s after the dumps' newest entry (no op in flight has a timeout)"
 
 
 def lab_size(incident: IncidentFolder) -> int:
