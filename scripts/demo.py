@@ -385,12 +385,15 @@ def main(argv: list[str] | None = None) -> int:
         _wait_for_trigger(api, served, run_dir / "serve.log", headers=prefect.headers)
         _through_the_service(services, incident, run_dir, store_uri, env, incident_id)
         run_id = _find_run(incident_id)
-        ui = f"{prefect.url}/runs/flow-run/{run_id}"
+        from testkit.services.prefect import run_url_through_login
+
+        ui = run_url_through_login(prefect.url, run_id)  # opens in a browser not logged in yet
         state = _wait_state(run_id, {"PAUSED", "COMPLETED"})
         _show_report(incident_id, run_dir)
         if state == "PAUSED":
             decide_at = f"{page}/runs/{run_id}"
-            _say(f"PAUSED for approval: {ui}")
+            _say(f"PAUSED for approval: the run lab/{incident_id} in the Prefect UI: {ui} (log in with the auth "
+                 "string above)")
             if args.approve:
                 from denpex.isolation.second_factor import TotpStore
                 from testkit.services.approval_page import decide

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     assert report["approval"]["approver"] == "demo-operator" and report["approval"]["second_factor"] == "totp"
     assert "enrolled demo-operator; add this to an authenticator app: otpauth://totp/" in out
     assert "the UI's login asks for the API's auth string: demo:" in out
+    # The run's address leads through the UI's login (tests/prefect_server opens it logged out).
+    assert re.search(r"PAUSED for approval: the run lab/demo-\S+ in the Prefect UI: http://127\.0\.0\.1:\d+"
+                     r"/v2/login\?redirectTo=%2Fruns%2Fflow-run%2F[0-9a-f-]{36} ", out), out[-3000:]
     [node] = report["execution"]["nodes"]
     assert node["node"] == "gpu-node-003" and "DRAIN" in node["state_after"]
     assert "[demo] slurm: gpu-node-003 State=IDLE+DRAIN" in out

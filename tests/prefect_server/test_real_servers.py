@@ -120,3 +120,60 @@ def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(sqlite_pr
                     if e["payload"]["incident_id"] == incident]
             time.sleep(0.5)
     assert seen == [incident]
+
+
+def test_the_run_url_the_demo_prints_opens_in_a_browser_not_logged_in(sqlite_prefect: PrefectServer,
+                                                                       tmp_path: Path) -> None:
+    """Issue 31 item 2: the demo printed the run's own address, which a browser not logged in to a
+    UI behind basic authentication shows as "Page not found" (with "Authentication failed"
+    toasts). It now prints the login page sent on to the run: a fresh browser logs in there with
+    the auth string and lands on the paused run. Screenshots go to the printed folder."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from testkit.services.prefect import run_url_through_login
+
+    chromium = Path("/usr/bin/chromium")
+    assert chromium.exists(), f"{chromium} is missing: scripts/install_system_deps.sh installs Debian's chromium"
+    server = sqlite_prefect
+    assert server.auth_string
+    name = f"lab/inc-{uuid.uuid4().hex[:8]}"
+    flow = _post(server, "/flows/", {"name": "triage"})
+    run_id = _post(server, "/flow_runs/", {"flow_id": flow["id"], "name": name,
+                                           "state": {"type": "PAUSED", "name": "Paused"}})["id"]
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    print(f"screenshots: {shots}")
+    expect.set_options(timeout=60_000)  # each wait is for an event; a loaded machine renders slowly
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), headless=True,
+                                             args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        try:
+            # What the demo printed before: the run's own address, in a browser not logged in.
+            bare = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            bare.goto(f"{server.url}/runs/flow-run/{run_id}")
+            expect(bare.locator("body")).to_contain_text("Page not found")
+            bare.screenshot(path=str(shots / "run-url-logged-out.png"))
+            # What it prints now.
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.goto(run_url_through_login(server.url, run_id))
+            page.screenshot(path=str(shots / "login.png"))
+            page.fill("input[type=password]", server.auth_string)
+            page.get_by_role("button", name="Login").click()
+            page.wait_for_url(f"**/runs/flow-run/{run_id}**")
+            expect(page.get_by_text(name).first).to_be_visible()
+            expect(page.get_by_text("Paused").first).to_be_visible()
+            page.screenshot(path=str(shots / "run-after-login.png"))
+        finally:
+            browser.close()
+
+
+def _post(server: PrefectServer, path: str, body: dict[str, object]) -> dict[str, object]:
+    """POST to the API; a SQLite server busy with another writer answers 503, which is retried."""
+    deadline = time.monotonic() + 120
+    while True:
+        response = httpx.post(f"{server.api_url}{path}", json=body, headers=server.headers, timeout=30)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            response.raise_for_status()
+            answer: dict[str, object] = response.json()
+            return answer
+        time.sleep(0.5)
