@@ -307,15 +307,25 @@ _INLINE_PNG = re.compile(r"!\[((?:\\.|[^\]\\])*)\]\(data:image/png;base64,([A-Za
 
 
 def _show_report(incident_id: str, run_dir: Path) -> None:
-    """The report artifact's markdown; its inline charts are written to PNG files and named by path
-    (the UI renders them; a terminal would print kilobytes of base64)."""
+    """The report artifact as text for a terminal: its inline charts written to PNG files and named
+    by path (the UI renders them; a terminal would print kilobytes of base64), and the markdown's
+    escapes and emphasis taken out (``all\\_reduce`` reads ``all_reduce``)."""
     from prefect import get_client
 
     with get_client(sync_client=True) as client:
         for artifact in client.read_artifacts(limit=50):
             if artifact.key == f"denpex-{incident_id}-report":
-                print(_charts_to_files(str(artifact.data), run_dir / "charts"), flush=True)
+                print(_terminal_text(_charts_to_files(str(artifact.data), run_dir / "charts")), flush=True)
                 return
+
+
+# CommonMark's backslash escapes (any ASCII punctuation) and the emphasis markers the report uses.
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+_EMPHASIS = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+
+
+def _terminal_text(markdown: str) -> str:
+    return _ESCAPED.sub(r"\1", _EMPHASIS.sub(r"\2", markdown))
 
 
 def _charts_to_files(markdown: str, folder: Path) -> str:

@@ -78,6 +78,9 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     assert "[demo] the service stored the ranks' Python stacks beside their dumps (collector: ranks 0, 1, 2, 3)" in out
     assert '"kind":"intent"' in out and '"kind":"result"' in out  # the audit log is shown
     assert "data:image/png;base64" not in out  # charts are named by path, not dumped as base64
+    # The report is printed as text, not as the artifact's markdown (issue 31: `all\_reduce`, `\(4 ranks\)`).
+    shown = out.split("[demo] audit log")[0]
+    assert "all_reduce" in shown and "\\_" not in shown and "\\(" not in shown and "**" not in shown
     # reports/<tenant>/<cluster>/<incident>-<run>.json in the run's state folder: the run's folder is four up.
     charts = sorted((Path(last.removeprefix("report: ")).parents[4] / "charts").glob("chart-*.png"))
     assert charts and all(c.read_bytes().startswith(b"\x89PNG") for c in charts)
