@@ -14,6 +14,7 @@ so the tree of commands is tidied once before it runs:
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
@@ -25,6 +26,11 @@ __all__ = ["tidy", "commands", "run_tidy"]
 
 # typer 0.29 vendors click; earlier versions use click itself.
 _click: Any = getattr(typer.core, "_click", None) or importlib.import_module("click")
+# click 8.2 and later; before it, no arguments printed the help without raising (an empty tuple
+# catches nothing).
+_NO_ARGS_IS_HELP: Any = getattr(_click.exceptions, "NoArgsIsHelpError", ())
+# A help text that already says the default: "(default 256 MiB)", "default: the newest time".
+_STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:|\bdefaults to\b", re.IGNORECASE)
 
 
 def tidy(command: Any) -> Any:
@@ -59,7 +65,7 @@ def _tidy_param(param: Any) -> None:
     if not is_option and hasattr(param, "display_type_rich"):
         # typer prints an argument's Python type beside its name whatever its metavar says.
         param.display_type_rich = lambda ctx: None
-    if is_option and "default" in (param.help or "").lower():
+    if is_option and _STATES_DEFAULT.search(param.help or ""):
         param.show_default = False  # the help says it in words already
 
 
@@ -76,7 +82,7 @@ def run_tidy(app: typer.Typer, argv: Sequence[str] | None, *, prog_name: str, ex
     try:
         status = command.main(args=list(argv) if argv is not None else None, prog_name=prog_name,
                               standalone_mode=False)
-    except _click.exceptions.NoArgsIsHelpError as exc:
+    except _NO_ARGS_IS_HELP as exc:
         exc.show()  # no arguments at all: the help page itself
         sys.exit(exc.exit_code)
     except _click.exceptions.UsageError as exc:
@@ -86,7 +92,7 @@ def run_tidy(app: typer.Typer, argv: Sequence[str] | None, *, prog_name: str, ex
     except _click.exceptions.ClickException as exc:
         typer.echo(f"{prog_name}: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except _click.exceptions.Abort:
+    except typer.Abort:  # end of input at a prompt
         typer.echo("Aborted.", err=True)
         sys.exit(1)
     sys.exit(status if isinstance(status, int) else 0)

@@ -325,7 +325,20 @@ _EMPHASIS = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 
 
 def _terminal_text(markdown: str) -> str:
-    return _ESCAPED.sub(r"\1", _EMPHASIS.sub(r"\2", markdown))
+    """Markdown as a terminal shows it; fenced blocks and code spans are already literal (a stack
+    frame's ``__next__`` or a Windows path's backslashes stay as they are)."""
+    lines, fenced = [], False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            lines.append(line)
+        elif fenced:
+            lines.append(line)
+        else:
+            spans = line.split("`")  # odd pieces are code spans
+            lines.append("`".join(p if i % 2 else _ESCAPED.sub(r"\1", _EMPHASIS.sub(r"\2", p))
+                                  for i, p in enumerate(spans)))
+    return "\n".join(lines)
 
 
 def _charts_to_files(markdown: str, folder: Path) -> str:

@@ -89,14 +89,29 @@ def _alert_time(manifest: Any, outcomes: list[Any], evidence_time: datetime | No
     newest = evidence_time or datetime.now(UTC)
     if manifest is not None and any(i.dumped_at for i in manifest.ranks.values()):
         return newest + timedelta(seconds=6), "6 s after the newest dump time in the manifest"
+    deadline = _first_deadline(outcomes, newest)
+    if deadline is not None:
+        return (deadline, "when the first op in flight reached its timeout (time_created + timeout_ms; the "
+                          "manifest has no dump times)")
+    return newest + timedelta(seconds=6), "6 s after the dumps' newest entry (no op in flight has a timeout)"
+
+
+# A dump is anyone's file: an op's time or timeout outside these bounds dates nothing.
+_MAX_TIMEOUT = timedelta(days=1)
+_MAX_BEFORE_EVIDENCE = timedelta(days=7)
+
+
+def _first_deadline(outcomes: list[Any], newest: datetime) -> datetime | None:
+    """The earliest ``time_created + timeout_ms`` among the ops in flight that is plausible: a
+    timeout of at most a day, created within a week before the newest evidence and not after it."""
+    newest_ns = int(newest.timestamp() * 1e9)
+    earliest_ns = newest_ns - int(_MAX_BEFORE_EVIDENCE.total_seconds() * 1e9)
     deadlines = [op.time_created_ns + op.timeout_ms * 1_000_000
                  for summary in outcomes for group in getattr(summary, "groups", {}).values()
-                 for op in group.pending if op.time_created_ns and op.timeout_ms]
-    if deadlines:
-        return (datetime.fromtimestamp(min(deadlines) / 1e9, UTC),
-                "when the first op in flight reached its timeout (time_created + timeout_ms; the manifest has "
-                "no dump times)")
-    return newest + timedelta(seconds=6), "6 s after the dumps' newest entry (no op in flight has a timeout)"
+                 for op in group.pending
+                 if op.time_created_ns and op.timeout_ms and earliest_ns <= op.time_created_ns <= newest_ns
+                 and op.timeout_ms <= _MAX_TIMEOUT.total_seconds() * 1000]
+    return datetime.fromtimestamp(min(deadlines) / 1e9, UTC) if deadlines else None
 
 
 def lab_size(incident: IncidentFolder) -> int:

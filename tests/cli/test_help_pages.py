@@ -93,3 +93,22 @@ def test_the_serve_commands_deployment_names_are_the_served_ones() -> None:
     from flows.serve import served_deployments
 
     assert set(SERVED) == {d.name for d in served_deployments()}
+
+
+def test_an_abort_or_a_bug_in_a_command_comes_out_as_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    from denpex.cli_help import run_tidy
+
+    tiny = typer.Typer()
+
+    @tiny.command()
+    def stop(bug: bool = False) -> None:
+        """Example: x stop"""
+        if bug:
+            raise RuntimeError("a bug")
+        raise typer.Abort()
+
+    with pytest.raises(SystemExit) as stopped:
+        run_tidy(tiny, ["--no-bug"], prog_name="x", exit_unusable=2)
+    assert stopped.value.code == 1 and capsys.readouterr().err == "Aborted.\n"
+    with pytest.raises(RuntimeError, match="a bug"):  # its own traceback, not one about the handler
+        run_tidy(tiny, ["--bug"], prog_name="x", exit_unusable=2)

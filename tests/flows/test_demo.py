@@ -85,3 +85,17 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     charts = sorted((Path(last.removeprefix("report: ")).parents[4] / "charts").glob("chart-*.png"))
     assert charts and all(c.read_bytes().startswith(b"\x89PNG") for c in charts)
     assert f"{charts[0]}]" in out
+
+
+def test_the_report_is_printed_as_text_and_code_stays_literal() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    markdown = ("**Verdict**: all\\_reduce \\(4 ranks\\), `a__b__c`\n```\n"
+                '  File "/job/__main__.py", line 3, in __next__\n  C:\\data\\x\n```\nafter **bold**')
+    assert demo._terminal_text(markdown) == (
+        "Verdict: all_reduce (4 ranks), `a__b__c`\n```\n"
+        '  File "/job/__main__.py", line 3, in __next__\n  C:\\data\\x\n```\nafter bold')

@@ -187,3 +187,25 @@ def test_an_unusable_folder_is_one_line_before_anything_starts(
     # The CPU of the demo and all it ran (a whole demo takes a minute; reading a folder, seconds):
     # the CPU, not the wall clock, which a loaded machine stretches.
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 20
+
+
+def test_an_implausible_op_time_or_timeout_dates_no_alert() -> None:
+    """A dump is anyone's file: an op created in 1970 or after the evidence, or a timeout of years,
+    is left out of the alert's date (it would date the alert decades off, or past what a datetime
+    holds); the plausible op still dates it."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from testkit.incident_folder import _first_deadline
+
+    newest = datetime(2026, 12, 3, 2, 8, 56, tzinfo=UTC)
+    ns = int(newest.timestamp() * 1e9)
+
+    def dumps(*ops: tuple[int, int]) -> list[Any]:
+        pending = [SimpleNamespace(time_created_ns=c, timeout_ms=t) for c, t in ops]
+        return [SimpleNamespace(groups={"0": SimpleNamespace(pending=pending)})]
+
+    hostile = [(1, 1_000), (ns - 5_000_000_000, 250_000_000_000_000), (ns + 10**15, 1_000)]
+    assert _first_deadline(dumps(*hostile), newest) is None
+    plausible = (ns - 60_000_000_000, 600_000)  # a minute before the newest entry, NCCL's 10 minutes
+    assert _first_deadline(dumps(*hostile, plausible), newest) == datetime(2026, 12, 3, 2, 17, 56, tzinfo=UTC)
