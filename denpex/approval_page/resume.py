@@ -18,8 +18,6 @@ from denpex.workflow.alert_event import api_headers
 
 __all__ = ["PrefectLink", "ResumeResult", "resume_run"]
 
-_RETRIES = 5
-
 
 @dataclass(frozen=True)
 class PrefectLink:
@@ -29,6 +27,9 @@ class PrefectLink:
     api_url: str
     auth: SecretStr | None = None
     timeout_s: float = 15.0
+    attempts: int = 5
+    """Tries of a resume the API did not take (unreachable, or 503 from a busy SQLite), with
+    backoff from 0.5 s to 4 s between them."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ def resume_run(link: PrefectLink, record: Approval) -> ResumeResult:
     url = f"{link.api_url.rstrip('/')}/flow_runs/{record.flow_run_id}/resume"
     headers = api_headers(link.auth.get_secret_value() if link.auth else None)
     body = {"run_input": {"record": record.model_dump_json()}}
-    for attempt in range(_RETRIES):
+    message = "no attempt was made"
+    for attempt in range(max(1, link.attempts)):
         try:
             response = httpx.post(url, json=body, headers=headers, timeout=link.timeout_s)
         except httpx.HTTPError as exc:
@@ -52,7 +54,8 @@ def resume_run(link: PrefectLink, record: Approval) -> ResumeResult:
             if response.status_code != 503:
                 return _result(response)
             message = "the Prefect API answered 503"
-        time.sleep(min(4.0, 0.5 * 2 ** attempt))
+        if attempt + 1 < link.attempts:
+            time.sleep(min(4.0, 0.5 * 2 ** attempt))
     return ResumeResult(False, message)
 
 

@@ -61,7 +61,8 @@ class Rig:
         self.book = ApprovalBook(self.state)
         self.desk = ApprovalDesk(state_dir=self.state, book=self.book, key=self.key)
         self.app = create_page_app(PageConfig(
-            desk=self.desk, prefect=PrefectLink(f"http://127.0.0.1:{free_port()}/api", timeout_s=0.5),
+            desk=self.desk, prefect=PrefectLink(f"http://127.0.0.1:{free_port()}/api", timeout_s=0.5,
+                                                 attempts=1),  # nothing listens: one try
             trusted_proxies=tuple(ipaddress.ip_network(p) for p in proxies),
             **({"clock": clock} if clock is not None else {})))
 
