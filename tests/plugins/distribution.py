@@ -44,6 +44,40 @@ SHARED_SESSION_FIXTURES: dict[str, str] = {
     "slurm_lab": "slurm-lab",
 }
 
+# A group whose tests together run far longer than a worker's share of the suite is split into
+# lanes: each lane is a group of its own, on a worker of its own, and starts the group's fixtures
+# again there. The harness group's flow tests ran 490 s one after another while the other three
+# workers were done at 400 s; two lanes of about 250 s each cost one more harness, flow rig and
+# Slurm lab (about 30 s of CPU). Modules listed here run in the group's second lane.
+SECOND_LANE: dict[str, frozenset[str]] = {
+    "prefect-harness": frozenset({
+        "tests/flows/test_triage_flow.py",
+        "tests/flows/test_demo_folders.py",
+        "tests/flows/test_forked_runs.py",
+        "tests/flows/test_incident_flow.py",
+        "tests/flows/test_k8s_dead_rank_flow.py",
+        "tests/flows/test_recovery.py",
+        "tests/flows/test_requeue_flow.py",
+    }),
+}
+_LANE_MARK = "#2"
+
+# Scopes that take minutes are sent first, longest first, each to a worker of its own, so that
+# the two thousand short tests fill the other workers around them; sent by test count (xdist's
+# order), a long group or a whole-demo test could start last and run on alone. By prefix.
+LONG_FIRST: tuple[str, ...] = (
+    "prefect-harness" + _LANE_MARK,
+    "prefect-harness",
+    "prefect-postgres",
+    "ingest-engine",
+    "slurm-lab",
+    "prefect-sqlite",
+    "tests/flows/test_demo.py::",
+    "tests/flows/test_demo_signals.py::",
+    "gloo-scenarios",
+    "gloo-cases",
+)
+
 _GROUPS_DIR = "denpex_groups_dir"
 _GROUPS_KEY = pytest.StashKey[Path]()
 _GROUP = pytest.StashKey[str]()
@@ -54,12 +88,21 @@ def group_of(item: pytest.Item) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     for fixture, group in SHARED_SESSION_FIXTURES.items():
         if fixture in names:
-            return group
+            module = item.nodeid.split("::", 1)[0]
+            return group + _LANE_MARK if module in SECOND_LANE.get(group, ()) else group
     if _uses_own_module_fixture(item):
         # A module fixture (a server started for one file) would start again on every worker
         # that runs one of the file's tests.
         return item.nodeid.split("::", 1)[0]
     return None
+
+
+def long_scopes_first(scopes: set[str]) -> list[str]:
+    """The scopes that ``LONG_FIRST`` names (by prefix), in its order; the others are left out."""
+    ordered: list[str] = []
+    for prefix in LONG_FIRST:
+        ordered += sorted(scope for scope in scopes if scope.startswith(prefix) and scope not in ordered)
+    return ordered
 
 
 def _uses_own_module_fixture(item: pytest.Item) -> bool:
@@ -114,9 +157,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SharedFixtureScheduling(LoadScopeScheduling):  # type: ignore[misc]
         """LoadScope with each test's scope its group, or the test itself when it has none.
-        Scopes are sent largest first (xdist's default ``--loadscope-reorder``)."""
+        Scopes named in ``LONG_FIRST`` are sent first, in its order; the rest largest first
+        (xdist's default ``--loadscope-reorder``)."""
 
         _groups: dict[str, str] | None = None
+
+        def schedule(self) -> None:
+            if self.collection is None and self.registered_collections:
+                # xdist fills its work queue in place (``workqueue[scope] = tests``), so scopes put
+                # there first keep their place; only scopes that were collected are put there.
+                collected = next(iter(self.registered_collections.values()))
+                for scope in long_scopes_first({self._split_scope(nodeid) for nodeid in collected}):
+                    self.workqueue[scope] = {}
+            super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:
@@ -153,7 +206,7 @@ def _finish_shared_fixtures(item: pytest.Item, group: str) -> None:
     info = item._fixtureinfo  # type: ignore[attr-defined]
     for name, owner in SHARED_SESSION_FIXTURES.items():
         defs = info.name2fixturedefs.get(name) if name in item.fixturenames else None  # type: ignore[attr-defined]
-        if owner == group and defs:
+        if owner == group.removesuffix(_LANE_MARK) and defs:
             defs[-1].finish(item._request)  # type: ignore[attr-defined]
 
 
