@@ -12,9 +12,11 @@ from pathlib import Path
 from prefect.blocks.core import Block
 from pydantic import Field
 
-__all__ = ["DenpexRunbook", "RUNBOOKS_DIR_ENV", "runbooks_dir", "runbook_path"]
+__all__ = ["DenpexRunbook", "RUNBOOKS_DIR_ENV", "FORM_RUNBOOKS_ENV", "runbooks_dir", "runbook_path",
+           "form_runbooks"]
 
 RUNBOOKS_DIR_ENV = "DENPEX_RUNBOOKS_DIR"
+FORM_RUNBOOKS_ENV = "DENPEX_PREFECT_FORM_RUNBOOKS"
 _REPO_RUNBOOKS = Path(__file__).resolve().parent.parent / "runbooks"
 DEFAULT_RUNBOOK = "hang-triage"
 
@@ -22,6 +24,12 @@ DEFAULT_RUNBOOK = "hang-triage"
 def runbooks_dir() -> Path:
     """``$DENPEX_RUNBOOKS_DIR`` (the operator's folder), else the repository's ``runbooks/``."""
     return Path(os.environ.get(RUNBOOKS_DIR_ENV) or _REPO_RUNBOOKS)
+
+
+def form_runbooks() -> frozenset[str]:
+    """The runbooks without a second factor that the operator allows on this worker
+    (``$DENPEX_PREFECT_FORM_RUNBOOKS``, names separated by spaces or commas)."""
+    return frozenset(os.environ.get(FORM_RUNBOOKS_ENV, "").replace(",", " ").split())
 
 
 def runbook_path(name: str) -> Path:

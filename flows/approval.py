@@ -27,18 +27,18 @@ from pydantic import ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
 from blocks.notify import DenpexApprovalWebhook
-from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, runbook_path
+from blocks.runbook import DEFAULT_RUNBOOK, DenpexRunbook, form_runbooks, runbook_path
 from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget, block_name_for
 from denpex.analysis.models import TriageResult
 from denpex.approval_page.brief import ApprovalBrief
 from denpex.charts import Chart, charts_section
 from denpex.isolation.config import IsolationSettings
 from denpex.evidence.store import open_store
-from denpex.isolation.errors import AuditChainError, StoreError
+from denpex.isolation.errors import AuditChainError, RunbookError, StoreError
 from denpex.isolation.operator import resolve_audit_store, state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler, SecondFactor
-from denpex.isolation.runbook import Runbook, load_runbook
+from denpex.isolation.runbook import Runbook, form_runbook_refusal, load_runbook
 from denpex.isolation.second_factor import TotpStore
 from denpex.report import TriageReport
 from denpex.state_dir import resolve_state_dir
@@ -123,8 +123,13 @@ def artifact_prefix(incident_id: str) -> str:
 def load_runbook_for_flow() -> tuple[Runbook, Path]:
     """The runbook the ``default`` DenpexRunbook block names (else hang-triage), from the operator's folder."""
     block = _load(DenpexRunbook, "default")
-    path = block.path() if block else runbook_path(DEFAULT_RUNBOOK)
-    return load_runbook(path), path
+    name = block.name if block else DEFAULT_RUNBOOK
+    path = runbook_path(name)
+    runbook = load_runbook(path)
+    refusal = form_runbook_refusal(name, runbook, form_runbooks())
+    if refusal:
+        raise RunbookError(refusal)
+    return runbook, path
 
 
 def find_target(cluster: str, runbook: Path, *, tenant: str | None) -> TargetLookup:

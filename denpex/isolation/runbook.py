@@ -8,6 +8,7 @@ instead of silently keeping the default. The flow executes a runbook; it does no
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import yaml
@@ -20,10 +21,11 @@ from denpex.isolation.policy import (
     IsolationPolicy,
     RemediationSteps,
     SafetyLimits,
+    SecondFactor,
 )
 from denpex.workflow.section import WorkflowSection
 
-__all__ = ["Runbook", "load_runbook"]
+__all__ = ["Runbook", "load_runbook", "form_runbook_refusal"]
 
 _MAX_BYTES = 256 * 1024
 
@@ -69,3 +71,20 @@ def load_runbook(path: Path) -> Runbook:
         return Runbook.model_validate(raw)
     except ValidationError as exc:
         raise RunbookError(f"{path}: invalid runbook: {validation_problems(exc)}") from exc
+
+
+def form_runbook_refusal(name: str, runbook: Runbook, allowed: Collection[str]) -> str | None:
+    """Why a run may not follow runbook ``name`` (None: it may).
+
+    ``approval.second_factor: none`` hands the decision to Prefect's form, that is to whoever can
+    write to the Prefect API, and the block that picks the runbook is one they can edit. So a
+    runbook that drops the second factor is followed only where the operator's own configuration
+    names it (``allowed``: the worker's ``DENPEX_PREFECT_FORM_RUNBOOKS``), never because the block
+    points at it."""
+    if runbook.approval.second_factor is not SecondFactor.NONE or name in allowed:
+        return None
+    return (f"runbook {name!r} keeps Prefect's form (approval.second_factor: none), and the operator has not "
+            f"allowed it on this worker: a runbook without a second factor is followed only when "
+            f"DENPEX_PREFECT_FORM_RUNBOOKS on the flow's workers names it, because the "
+            f"denpex-runbook/default block that chose it can be edited by anyone who writes to the Prefect API; "
+            f"nothing was done")

@@ -64,6 +64,8 @@ def write_runbooks(folder: Path) -> None:
     form = dict(body, name="hang-triage-form", approval=dict(body["approval"], second_factor="none",
                                                              channels=["cli-signed", "prefect-ui"]))
     (folder / "hang-triage-form.yaml").write_text(yaml.safe_dump(form))
+    # The same runbook under a name the rig's workers do not allow (DENPEX_PREFECT_FORM_RUNBOOKS).
+    (folder / "hang-triage-form-unlisted.yaml").write_text(yaml.safe_dump(dict(form, name="hang-triage-form-unlisted")))
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +129,7 @@ def flow_rig(prefect_api: str, s3_endpoint: str, slurm_lab: SlurmLab,
         env = {**os.environ, **AWS_ENV, "PREFECT_API_URL": prefect_api, "DENPEX_STATE_DIR": str(state),
                "DENPEX_RUNBOOKS_DIR": str(runbooks), "DENPEX_S3_ENDPOINT_URL": s3_endpoint,
                "DENPEX_EVIDENCE_ROOT": f"s3://evidence {INGEST_STORE} {work / 'ingest-store'}",
-               "DENPEX_APPROVAL_PAGE_URL": page.url,
+               "DENPEX_APPROVAL_PAGE_URL": page.url, "DENPEX_PREFECT_FORM_RUNBOOKS": "hang-triage-form",
                "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         log = work / "serve.log"
         with log.open("wb") as out:

@@ -147,6 +147,15 @@ def wait_for(run_id: UUID, wanted: set[str], *, timeout_s: float = 240) -> str:
     raise AssertionError(f"run {run_id} did not reach {wanted} within {timeout_s} s (last {seen})")
 
 
+def state_message(run_id: UUID) -> str:
+    """The message of the run's current state ("" when it has none)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run_id).state
+    return state.message or "" if state else ""
+
+
 def saved_plan(state_dir: Path, incident_id: str) -> IsolationPlan:
     """The incident's plan, wherever its tenant and cluster keyed it (``plans/<tenant>/<cluster>/``)."""
     [path] = (state_dir / "plans").glob(f"*/*/{incident_id}.json")

@@ -28,6 +28,7 @@ from flow_driver import (
     report_of,
     resume,
     saved_plan,
+    state_message,
     start_manual,
     wait_for,
     xid79_log,
@@ -95,14 +96,6 @@ def _triage(rig: FlowRig, incident: str, **answer: Any) -> dict[str, Any]:
     return report_of(rig.state_dir, incident, run_id)
 
 
-def _state_message(run_id: UUID) -> str:
-    from prefect import get_client
-
-    with get_client(sync_client=True) as client:
-        state = client.read_flow_run(run_id).state
-    return state.message or "" if state else ""
-
-
 def test_a_log_cut_back_before_a_rejection_stops_the_next_incidents_drain(
         flow_rig: FlowRig, lab: SlurmLab, cutter: Cutter) -> None:
     first, second = "inc-cut-rejected", "inc-cut-next"
@@ -141,7 +134,7 @@ def test_return_to_service_checks_the_log_against_its_copy(flow_rig: FlowRig, la
     wait_for(run.id, {"PAUSED"})
     _answer(run.id, flow_rig, incident, decision="approve", approver="alice", comment="board replaced")
     assert wait_for(run.id, {"COMPLETED", "FAILED"}) == "FAILED"
-    assert REFUSED in _state_message(run.id), _state_message(run.id)
+    assert REFUSED in state_message(run.id), state_message(run.id)
     assert drained_nodes(lab) == {CULPRIT_NODE}  # the rollback touched nothing
     kept, rollback_approved, refusal = [r for r in cutter.log.records() if r.incident_id == incident]
     assert kept == approved and (rollback_approved.action, rollback_approved.operation.value) == ("approved", "rollback")

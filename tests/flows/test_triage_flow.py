@@ -35,6 +35,7 @@ from flow_driver import (
     resume,
     saved_plan,
     start_manual,
+    state_message,
     wait_for,
     withheld_one_stacks,
     xid79_log,
@@ -256,6 +257,22 @@ def test_the_prefect_form_decides_where_the_runbook_says_second_factor_none(flow
     assert [r.kind for r in mine] == [AuditKind.DECISION, AuditKind.INTENT, AuditKind.RESULT]
     assert mine[0].action == "approved" and mine[0].message.endswith(": the only operator")
     assert drained_nodes(lab) == {CULPRIT_NODE}
+
+
+def test_a_runbook_without_a_second_factor_that_the_worker_does_not_allow_is_refused(
+        flow_rig: FlowRig, lab: SlurmLab) -> None:
+    """Issue 30 finding 6: the runbook block is editable through the Prefect API, so pointing it at
+    a ``second_factor: none`` runbook must not move incidents to Prefect's form. Only the names in
+    the worker's DENPEX_PREFECT_FORM_RUNBOOKS (the rig's: hang-triage-form) are followed."""
+    incident = "inc-form-unlisted"
+    with _runbook(lab, "hang-triage-form-unlisted"):
+        run_id = start_manual(alert(incident, _evidence(flow_rig, incident)))
+        assert wait_for(run_id, {"COMPLETED", "FAILED", "PAUSED"}) == "FAILED"
+    message = state_message(run_id)
+    assert "'hang-triage-form-unlisted' keeps Prefect's form" in message, message
+    assert "DENPEX_PREFECT_FORM_RUNBOOKS" in message and "nothing was done" in message, message
+    assert not [r for r in keyed_audit_log(flow_rig.state_dir).records() if r.incident_id == incident]
+    assert drained_nodes(lab) == set()
 
 
 def test_a_run_forced_to_running_without_an_answer_refuses_and_records_it(flow_rig: FlowRig, lab: SlurmLab) -> None:
