@@ -21,7 +21,7 @@ from denpex.analysis.models import StuckCollective, TriageResult
 from denpex.charts.progress import JobProgress, RankMark, RankState, rank_marks, role_in
 from denpex.charts.style import STATE_COLORS, STATE_LABELS, figure_of, png_bytes
 
-__all__ = ["GroupChart", "MAX_GROUP_CHARTS", "GROUP_CHART_SIZE", "chart_order", "group_charts", "group_figure",
+__all__ = ["GroupChart", "MAX_GROUP_CHARTS", "UNPLACED_LABEL", "GROUP_CHART_SIZE", "chart_order", "group_charts", "group_figure",
            "render_group_chart"]
 
 # Every stuck group gets a chart up to this many; the report names the rest.
@@ -119,8 +119,12 @@ def group_figure(chart: GroupChart) -> Figure:
         if index < _MAX_NAMED:
             kind = member.culprit_kind.value if member.culprit_kind else "culprit"
             right = x > len(chart.members) / 2
-            axes.annotate(f"rank {member.rank}\n{kind}", (x, y), xytext=(-8 if right else 8, -2),
-                          textcoords="offset points", ha="right" if right else "left", va="top",
+            # Below the point in the upper half, above it in the lower half: a label hung below a
+            # point at the foot (a member with nothing recorded) crossed the frame.
+            low_half = y < (low + high) / 2
+            axes.annotate(f"rank {member.rank}\n{kind}", (x, y), xytext=(-8 if right else 8, 4 if low_half else -2),
+                          textcoords="offset points", ha="right" if right else "left",
+                          va="bottom" if low_half else "top",
                           color=STATE_COLORS[member.state], fontweight="bold", fontsize=7, zorder=5)
     what = f"p2p #{stuck.collective_seq_id}" if stuck.is_p2p else f"#{stuck.collective_seq_id}"
     axes.axhline(stuck.collective_seq_id, color="#444444", linestyle="--", linewidth=0.8)
@@ -141,10 +145,15 @@ def group_figure(chart: GroupChart) -> Figure:
     handles = [Line2D([], [], linestyle="", marker="o", markersize=6, color=STATE_COLORS[s],
                       label=_GROUP_LABELS.get(s, STATE_LABELS[s]))
                for s in RankState if any(m.state is s for m in chart.members)]
+    if any(m.last_enqueued is None for m in chart.members):
+        # The × at the foot is drawn in its member's colour; the legend says what the mark means.
+        handles.append(Line2D([], [], linestyle="", marker="x", markersize=6, color="#444444",
+                              label=UNPLACED_LABEL))
     figure.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     return figure
 
 
+UNPLACED_LABEL = "nothing of this group recorded (at the foot)"
 # Labels for one group's op: "it" is the op the chart is about.
 _GROUP_LABELS = {
     RankState.WAITING: "waiting in it",

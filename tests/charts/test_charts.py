@@ -35,7 +35,7 @@ from denpex.charts import (
     render_overview,
     triage_charts,
 )
-from denpex.charts.group_chart import GROUP_CHART_SIZE, group_figure
+from denpex.charts.group_chart import GROUP_CHART_SIZE, UNPLACED_LABEL, group_figure
 from denpex.charts.overview_chart import OVERVIEW_SIZE, grid_shape, overview_figure
 from denpex.charts.style import STATE_COLORS
 from denpex.cli import app
@@ -292,3 +292,31 @@ def test_every_text_of_the_overview_lies_inside_the_figure(world: int) -> None:
     assert any("never entered" in t or "waiting" in t for t in texts)  # the legend is there
     for chart in group_charts(result, progress):
         assert text_outside(group_figure(chart)) == []
+
+
+def test_a_culprit_with_nothing_recorded_is_labelled_inside_the_frame_and_its_mark_is_in_the_legend() -> None:
+    """Issue 31: rank 1 of the sigkill run has no dump; its × sits at the foot of the chart. Its
+    label hung below the point and crossed the frame, and the legend had no entry for the ×."""
+    found = investigate(FIXTURES / "sigkill", keep_progress=True)
+    assert found.progress is not None
+    [chart] = group_charts(found.report, found.progress)
+    assert [m.rank for m in chart.members if m.last_enqueued is None] == [1]
+    figure = group_figure(chart)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    [axes] = figure.axes
+    frame = axes.get_window_extent(renderer)
+    labels = [t for t in axes.texts if t.get_text().startswith("rank ")]
+    assert [t.get_text() for t in labels] == ["rank 1\nstopped_reporting"]
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, box.bounds
+    [legend] = figure.legends
+    entries = dict(zip((t.get_text() for t in legend.get_texts()), legend.legend_handles, strict=True))
+    assert entries[UNPLACED_LABEL].get_marker() == "x"
+    # A chart where every member recorded the group has no such entry.
+    found = investigate(FIXTURES / "mismatch", keep_progress=True)
+    assert found.progress is not None
+    [legend] = group_figure(group_charts(found.report, found.progress)[0]).legends
+    assert UNPLACED_LABEL not in [t.get_text() for t in legend.get_texts()]
