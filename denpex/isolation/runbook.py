@@ -8,7 +8,7 @@ instead of silently keeping the default. The flow executes a runbook; it does no
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Set
 from pathlib import Path
 
 import yaml
@@ -73,7 +73,7 @@ def load_runbook(path: Path) -> Runbook:
         raise RunbookError(f"{path}: invalid runbook: {validation_problems(exc)}") from exc
 
 
-def form_runbook_refusal(name: str, runbook: Runbook, allowed: Collection[str]) -> str | None:
+def form_runbook_refusal(name: str, runbook: Runbook, allowed: Set[str]) -> str | None:
     """Why a run may not follow runbook ``name`` (None: it may).
 
     ``approval.second_factor: none`` hands the decision to Prefect's form, that is to whoever can
@@ -83,8 +83,10 @@ def form_runbook_refusal(name: str, runbook: Runbook, allowed: Collection[str]) 
     points at it."""
     if runbook.approval.second_factor is not SecondFactor.NONE or name in allowed:
         return None
+    listed = ", ".join(entry[:64] for entry in sorted(allowed)[:8]) or "none"
     return (f"runbook {name!r} keeps Prefect's form (approval.second_factor: none), and the operator has not "
-            f"allowed it on this worker: a runbook without a second factor is followed only when "
-            f"DENPEX_PREFECT_FORM_RUNBOOKS on the flow's workers names it, because the "
+            f"allowed it on this worker (it allows: {listed}): a runbook without a second factor is followed "
+            f"only when DENPEX_PREFECT_FORM_RUNBOOKS on the flow's workers names it (its file name without "
+            f".yaml), because the "
             f"denpex-runbook/default block that chose it can be edited by anyone who writes to the Prefect API; "
             f"nothing was done")

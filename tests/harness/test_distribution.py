@@ -39,3 +39,71 @@ def test_long_scopes_are_sent_first_in_the_listed_order() -> None:
         "tests/flows/test_demo.py::test_a", "tests/flows/test_demo_signals.py::test_b", "gloo-cases"]
     assert long_scopes_first({"tests/a.py::test_short"}) == []
     assert len(set(LONG_FIRST)) == len(LONG_FIRST)
+
+
+class _Config:
+    """What the scheduler reads of pytest's config on the controller."""
+
+    def __init__(self, groups_dir: Path, workers: int) -> None:
+        from plugins.distribution import _GROUPS_KEY
+
+        self.stash = {_GROUPS_KEY: groups_dir}
+        self.option = SimpleNamespace(loadscopereorder=True)
+        self._tx = [f"{workers}*popen"]
+        self.reports: list[object] = []
+        self.hook = SimpleNamespace(pytest_collectreport=lambda report: self.reports.append(report))
+
+    def getvalue(self, name: str) -> object:
+        return self._tx if name == "tx" else None
+
+
+class _Node:
+    """A worker as the scheduler drives it: it records the tests it is sent."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = SimpleNamespace(id=name)
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent += indexes
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def _scheduler(tmp_path: Path, groups: dict[str, str], collections: list[list[str]]) -> tuple[object, list[_Node]]:
+    import json
+
+    from plugins.distribution import pytest_xdist_make_scheduler
+
+    (tmp_path / "gw0.json").write_text(json.dumps(groups))
+    scheduler = pytest_xdist_make_scheduler(_Config(tmp_path, len(collections)), None)
+    nodes = [_Node(f"gw{i}") for i in range(len(collections))]
+    for node, collection in zip(nodes, collections, strict=True):
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    return scheduler, nodes
+
+
+def test_the_scheduler_sends_the_long_groups_first_each_to_a_worker_of_its_own(tmp_path: Path) -> None:
+    shorts = [f"tests/a.py::test_{i}" for i in range(40)]  # more tests than any group, listed first
+    lane_one = ["tests/flows/test_audit.py::test_a", "tests/flows/test_audit.py::test_b"]
+    lane_two = ["tests/flows/test_triage_flow.py::test_c"]
+    collection = shorts + lane_one + lane_two
+    groups = {**dict.fromkeys(lane_one, "prefect-harness"), **dict.fromkeys(lane_two, "prefect-harness#2")}
+    scheduler, (first, second) = _scheduler(tmp_path, groups, [collection, collection])
+    # Each worker's first work unit is a lane, the second lane's first; the short tests follow.
+    assert [collection[i] for i in first.sent[:1]] == lane_two
+    assert [collection[i] for i in second.sent[:2]] == lane_one
+    assert not scheduler.tests_finished
+
+
+def test_when_the_workers_collected_different_tests_the_run_stops_instead_of_waiting(tmp_path: Path) -> None:
+    groups = {"tests/flows/test_audit.py::test_a": "prefect-harness"}
+    scheduler, nodes = _scheduler(tmp_path, groups, [["tests/flows/test_audit.py::test_a", "tests/a.py::test_1"],
+                                                     ["tests/a.py::test_1"]])
+    # xdist reports the difference and sends nothing; no placeholder of ours is left queued.
+    assert [node.sent for node in nodes] == [[], []]
+    assert not scheduler.workqueue

@@ -67,11 +67,12 @@ def test_a_runbook_without_a_second_factor_is_followed_only_where_the_operator_n
     form = _with_second_factor(tmp_path, "none")
     refusal = form_runbook_refusal("form", form, allowed=frozenset())
     assert refusal is not None and "DENPEX_PREFECT_FORM_RUNBOOKS" in refusal and refusal.endswith("nothing was done")
-    assert form_runbook_refusal("form", form, allowed={"other"}) is not None
+    assert "(it allows: none)" in refusal
+    assert "(it allows: other)" in str(form_runbook_refusal("form", form, allowed={"other"}))
     assert form_runbook_refusal("form", form, allowed={"form"}) is None
     # A runbook with a second factor needs no allowance.
-    assert form_runbook_refusal("form", _with_second_factor(tmp_path, "totp"), allowed=()) is None
-    assert form_runbook_refusal("form", _with_second_factor(tmp_path, "proxy"), allowed=()) is None
+    assert form_runbook_refusal("form", _with_second_factor(tmp_path, "totp"), allowed=frozenset()) is None
+    assert form_runbook_refusal("form", _with_second_factor(tmp_path, "proxy"), allowed=frozenset()) is None
 
 
 def test_the_allowance_is_read_as_names_separated_by_spaces_or_commas(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -163,10 +163,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         _groups: dict[str, str] | None = None
 
         def schedule(self) -> None:
-            if self.collection is None and self.registered_collections:
+            collections = ({tuple(items) for items in self.registered_collections.values()}
+                           if self.collection is None else set())
+            if len(collections) == 1:
                 # xdist fills its work queue in place (``workqueue[scope] = tests``), so scopes put
-                # there first keep their place; only scopes that were collected are put there.
-                collected = next(iter(self.registered_collections.values()))
+                # there first keep their place; only scopes that were collected are put there, and
+                # only when xdist goes on to fill them (it stops when the workers' collections
+                # differ, and an empty scope left queued would keep the run waiting for ever).
+                [collected] = collections
                 for scope in long_scopes_first({self._split_scope(nodeid) for nodeid in collected}):
                     self.workqueue[scope] = {}
             super().schedule()
