@@ -232,7 +232,8 @@ def _start_slurm(services: Services, incident: IncidentFolder) -> Any:
     # Registered before it starts: a signal during start-up stops what already runs.
     services.also_stop(stop_lab)
     lab.start()
-    _say(f"slurm: slurmctld + {len(lab.nodes)} slurmd + sshd on 127.0.0.1:{lab.ssh_port} (ClusterName=lab)")
+    _say(f"slurm: slurmctld + {len(lab.nodes)} slurmd + sshd on 127.0.0.1:{lab.ssh_port} (ClusterName=lab, "
+         f"in {lab.root}, removed when the demo stops)")
     return lab
 
 

@@ -78,6 +78,8 @@ def _stop_and_check(proc: subprocess.Popen[bytes], log: Path, signum: signal.Sig
     is listened on. Returns the seconds it took."""
     started = _started(psutil.Process(proc.pid))
     ports = _listening(set(started))
+    labs = [Path(folder) for folder in re.findall(r"^\[demo\] slurm: .* in (\S+), removed when the demo stops\)$",
+                                                   log.read_text(), re.M)]
     names = " ".join(started.values())
     assert all(n in names for n in expected), names
     assert ports, started
@@ -91,6 +93,8 @@ def _stop_and_check(proc: subprocess.Popen[bytes], log: Path, signum: signal.Sig
     left = {p: n for p, n in started.items() if _alive(p)}
     assert not left, f"alive {took:.1f} s after {signum.name}: {left}"
     assert not _listening_anywhere(ports), f"ports still listened on: {_listening_anywhere(ports)}"
+    # The Slurm lab's folder (its configuration, keys, spool and logs under /tmp) goes with it.
+    assert [lab for lab in labs if lab.exists()] == [], labs
     # Each service stopped on its SIGTERM; none had to be killed (flows.serve used to hold on
     # for 20 s and more, cancelling its paused run).
     assert "did not stop within" not in log.read_text(), log.read_text()[-1500:]
@@ -147,6 +151,8 @@ def test_after_the_run_everything_stays_up_until_ctrl_c(tmp_path: Path) -> None:
         [report] = [line.removeprefix("report: ") for line in text.splitlines() if line.startswith("report: ")]
         assert json.loads(Path(report).read_text())["outcome"] == "executed"
         [ui] = re.findall(r"\[demo\] prefect server \(SQLite under \S+\): (http://127\.0\.0\.1:\d+) ", text)
+        [lab] = re.findall(r"^\[demo\] slurm: .* in (\S+), removed when the demo stops\)$", text, re.M)
+        assert Path(lab, "etc", "slurm.conf").exists()  # checked gone after Ctrl-C (_stop_and_check)
         time.sleep(3)
         assert proc.poll() is None  # still up after the run
         with urllib.request.urlopen(f"{ui}/api/health", timeout=10) as answer:  # noqa: S310 (loopback)
