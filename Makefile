@@ -41,8 +41,8 @@ TEST_WORKERS ?= 4
 # The tests run with bytecode caching on even where the machine's environment turns it off
 # (PYTHONDONTWRITEBYTECODE=1 on these machines): otherwise each of the suite's hundreds of Python
 # processes (workers, servers, flow runs, CLI calls) compiles the repository's modules from
-# source again, and every worker rewrites every test module's asserts again. pip already
-# compiled the venv's packages; this covers the checkout (its __pycache__ is git-ignored).
+# source again, and every worker rewrites every test module's asserts again. The setup compiled
+# the venv's packages; this covers the checkout (its __pycache__ is git-ignored).
 # mypy runs beside the tests (its output printed after theirs): on two cores its minute of one
 # core fits into the tests' waits. Either failing fails `make test`.
 test: setup system-deps

@@ -45,6 +45,3 @@ class DenpexRunbook(Block):
 
     name: str = Field(default=DEFAULT_RUNBOOK, pattern=r"^[a-z0-9][a-z0-9-]{1,62}$",
                       description="A runbook name in the operator's runbook folder (no path).")
-
-    def path(self) -> Path:
-        return runbook_path(self.name)

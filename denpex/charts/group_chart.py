@@ -21,8 +21,8 @@ from denpex.analysis.models import StuckCollective, TriageResult
 from denpex.charts.progress import JobProgress, RankMark, RankState, rank_marks, role_in
 from denpex.charts.style import STATE_COLORS, STATE_LABELS, figure_of, png_bytes
 
-__all__ = ["GroupChart", "MAX_GROUP_CHARTS", "UNPLACED_LABEL", "GROUP_CHART_SIZE", "chart_order", "group_charts", "group_figure",
-           "render_group_chart"]
+__all__ = ["GroupChart", "MAX_GROUP_CHARTS", "UNPLACED_LABEL", "GROUP_CHART_SIZE", "chart_order", "group_charts",
+           "group_figure", "render_group_chart"]
 
 # Every stuck group gets a chart up to this many; the report names the rest.
 MAX_GROUP_CHARTS = 6
