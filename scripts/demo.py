@@ -226,8 +226,10 @@ def _start_slurm(services: Services, incident: IncidentFolder) -> Any:
 
     lab = SlurmLab(Path(tempfile.mkdtemp(prefix="denpex-demo-lab-")), node_count=lab_size(incident))
     def stop_lab() -> None:
-        lab.stop()
-        shutil.rmtree(lab.root, ignore_errors=True)
+        try:
+            lab.stop()
+        finally:
+            shutil.rmtree(lab.root, ignore_errors=True)
 
     # Registered before it starts: a signal during start-up stops what already runs.
     services.also_stop(stop_lab)
