@@ -10,6 +10,10 @@ waiting forever; its dump is simply read again here. So is a read that raced a d
 (``memory_budget``): the cap is process-wide while a decode holds it, and the re-read runs
 outside it. ``EvidenceStore.read`` must therefore be safe to call from two threads at once
 (boto3 clients and plain file reads are).
+
+A store whose reads do not wait (``EvidenceStore.reads_wait`` false: a local folder) is read inline,
+each dump when its turn comes: on 128 real-size dumps from disk a reader thread per dump cost the
+batch about 4 ms of CPU per dump (about half the decode's own), and hid a read of well under one.
 """
 
 from __future__ import annotations
@@ -39,13 +43,15 @@ def read_ahead(work: Sequence[tuple[DumpRef, EvidenceStore]],
 
 
 class _Read:
-    """One dump read on its own thread."""
+    """One dump's read: on its own thread where the store's reads wait, else inline when taken."""
 
     def __init__(self, ref: DumpRef, source: EvidenceStore, max_bytes: int) -> None:
         self._ref, self._source, self._max_bytes = ref, source, max_bytes
         self._got: bytes | DumpError | MemoryError | None = None
-        self._thread = threading.Thread(target=self._run, name=f"denpex-read-{ref.rank}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if source.reads_wait:
+            self._thread = threading.Thread(target=self._run, name=f"denpex-read-{ref.rank}", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -54,7 +60,10 @@ class _Read:
             self._got = exc
 
     def take(self) -> bytes | DumpError:
-        self._thread.join()
+        if self._thread is None:
+            self._run()  # inline, now that its turn has come
+        else:
+            self._thread.join()
         got, self._got = self._got, None
         if got is None or isinstance(got, MemoryError):
             # Its thread died unreported (an unexpected error is raised again here) or the read

@@ -38,6 +38,9 @@ class EvidenceStore(Protocol):
     """Read and write named blobs under one root."""
 
     uri: str
+    # Whether a read waits long enough (on the network) that reading the next object on a thread
+    # while this one decodes pays off. ``denpex.evidence.read_ahead`` reads inline where it does not.
+    reads_wait: bool
 
     def list(self) -> list[StoredObject]: ...
 
@@ -74,6 +77,10 @@ def _plain_folder_name(name: str) -> str:
 class LocalStore:
     """A folder on disk. Only regular files directly in the folder are evidence."""
 
+    # A local read of a real dump takes well under a millisecond: a reader thread beside each
+    # decode cost the parse workers more CPU than it hid (benchmarks/triage_scale.py).
+    reads_wait = False
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.uri = str(root)
@@ -103,7 +110,11 @@ class LocalStore:
         path = self._path(name)
         try:
             with path.open("rb") as fh:
-                data = fh.read(max_bytes + 1)
+                # Sized by the file, not the cap: a read of cap + 1 bytes first allocates the cap.
+                size = os.fstat(fh.fileno()).st_size
+                data = fh.read(min(size, max_bytes) + 1)
+                if len(data) > size:  # it grew since: read on, up to the cap
+                    data += fh.read(max_bytes + 1 - len(data))
         except OSError as exc:
             raise DumpError(f"cannot read ({exc.strerror or exc})") from exc
         if len(data) > max_bytes:
@@ -153,6 +164,8 @@ class LocalStore:
 
 class S3Store:
     """An S3 prefix (moto in tests). boto3 retries throttling; errors become EvidenceErrors."""
+
+    reads_wait = True  # each read waits on the network and the store's server
 
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None,
                  endpoint_url: str | None = None) -> None:

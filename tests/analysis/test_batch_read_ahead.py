@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def test_outcomes_keep_the_batch_order_and_a_bad_dump_is_skipped_alone(tmp_path:
 class _ReadFailsOnceForMemory(LocalStore):
     """A read that lands while another dump's decode holds the process's memory cap."""
 
+    reads_wait = True  # read on a thread, as from S3
+
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.failed: set[str] = set()
@@ -58,6 +61,8 @@ class _ReaderThreadDies(LocalStore):
     """The first read of each dump ends its thread with nothing reported (as an error while the
     thread hands its result over would)."""
 
+    reads_wait = True
+
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.died: set[str] = set()
@@ -74,6 +79,39 @@ def test_a_reader_thread_that_dies_unreported_cannot_hang_the_batch() -> None:
     store = _ReaderThreadDies(GLOO)
     outcomes = summarize_batch(_refs(GLOO), store=store)
     assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
+
+
+class _ThreadRecordingStore(LocalStore):
+    def __init__(self, root: Path, reads_wait: bool) -> None:
+        super().__init__(root)
+        self.reads_wait = reads_wait
+        self.threads: set[str] = set()
+
+    def read(self, name: str, *, max_bytes: int) -> bytes:
+        self.threads.add(threading.current_thread().name)
+        return super().read(name, max_bytes=max_bytes)
+
+
+@pytest.mark.parametrize("reads_wait", [True, False], ids=["network", "local"])
+def test_only_a_store_whose_reads_wait_is_read_on_threads(reads_wait: bool) -> None:
+    store = _ThreadRecordingStore(GLOO, reads_wait)
+    outcomes = summarize_batch(_refs(GLOO), store=store)
+    assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
+    here = threading.current_thread().name
+    if reads_wait:
+        assert store.threads == {f"denpex-read-{r}" for r in range(4)}
+    else:
+        assert store.threads == {here}
+
+
+def test_a_local_read_is_capped_however_the_file_changed(tmp_path: Path) -> None:
+    from denpex.evidence.errors import DumpError
+
+    (tmp_path / "dump").write_bytes(b"x" * 100)
+    store = LocalStore(tmp_path)
+    assert store.read("dump", max_bytes=100) == b"x" * 100
+    with pytest.raises(DumpError, match="larger than the 99-byte cap"):
+        store.read("dump", max_bytes=99)
 
 
 def test_a_worker_frees_a_hostile_self_referencing_dump_after_its_batch(tmp_path: Path) -> None:
