@@ -37,17 +37,19 @@ def summarize_batch(refs: Sequence[DumpRef], max_bytes: int = DEFAULT_MAX_DUMP_B
     rank_lists: dict[str, RankRuns | None] = {}
     sources = [store_for(ref.store_uri, stores) for ref in refs]
     for ref, data in read_ahead(list(zip(refs, sources)), max_bytes):
+        decoded = None
         try:
             if isinstance(data, DumpError):
                 raise data
             decoded = decode_dump(data, source=ref.name)
             del data  # the raw bytes are not needed once decoded; keep peak memory down
             outcomes.append(summarize_dump(decoded, rank=ref.rank, rank_lists=rank_lists))
+        except DumpError as exc:
+            outcomes.append(SkippedFile(path=ref.name, rank=ref.rank, reason=str(exc)))
+        finally:
             # Freed now, not when the next decode rebinds the name: that decode then reuses this
             # tree's memory instead of growing the heap beside it (about 2 ms a dump, measured).
             del decoded
-        except DumpError as exc:
-            outcomes.append(SkippedFile(path=ref.name, rank=ref.rank, reason=str(exc)))
     return outcomes
 
 

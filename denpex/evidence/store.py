@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from functools import cached_property
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,9 +39,13 @@ class EvidenceStore(Protocol):
     """Read and write named blobs under one root."""
 
     uri: str
-    # Whether a read waits long enough (on the network) that reading the next object on a thread
-    # while this one decodes pays off. ``denpex.evidence.read_ahead`` reads inline where it does not.
-    reads_wait: bool
+
+    @property
+    def reads_wait(self) -> bool:
+        """Whether a read waits long enough (on the network) that reading the next object on a
+        thread while this one decodes pays off. ``denpex.evidence.read_ahead`` reads inline where
+        it does not."""
+        ...
 
     def list(self) -> list[StoredObject]: ...
 
@@ -77,13 +82,18 @@ def _plain_folder_name(name: str) -> str:
 class LocalStore:
     """A folder on disk. Only regular files directly in the folder are evidence."""
 
-    # A local read of a real dump takes well under a millisecond: a reader thread beside each
-    # decode cost the parse workers more CPU than it hid (benchmarks/triage_scale.py).
-    reads_wait = False
-
     def __init__(self, root: Path) -> None:
         self.root = root
         self.uri = str(root)
+
+    @cached_property
+    def reads_wait(self) -> bool:
+        """True on a network filesystem (NFS, Lustre, a FUSE mount...), where dumps often land.
+
+        On a local disk a read of a real dump takes well under a millisecond, and a reader thread
+        beside each decode cost the parse workers about 4 ms of CPU a dump (issue 29's scale runs).
+        """
+        return _on_network_filesystem(self.root)
 
     def list(self) -> list[StoredObject]:
         try:
@@ -113,8 +123,8 @@ class LocalStore:
                 # Sized by the file, not the cap: a read of cap + 1 bytes first allocates the cap.
                 size = os.fstat(fh.fileno()).st_size
                 data = fh.read(min(size, max_bytes) + 1)
-                if len(data) > size:  # it grew since: read on, up to the cap
-                    data += fh.read(max_bytes + 1 - len(data))
+                if len(data) > size:  # it grew since (or a special file): read on, up to the cap
+                    data += fh.read(max_bytes + 1 - len(data))  # rare: a copy is fine here
         except OSError as exc:
             raise DumpError(f"cannot read ({exc.strerror or exc})") from exc
         if len(data) > max_bytes:
@@ -160,6 +170,34 @@ class LocalStore:
         if name.startswith("/") or ".." in Path(name).parts:
             raise EvidenceSourceError(f"object name {name!r} escapes the store root")
         return self.root / name
+
+
+# Filesystem types whose reads wait on a server; any FUSE mount (s3fs, gcsfuse, juicefs) too.
+_NETWORK_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "ceph", "gpfs",
+                                  "beegfs", "glusterfs", "9p", "afs", "wekafs", "orangefs", "pvfs2"})
+
+
+_MOUNTS = Path("/proc/self/mounts")
+
+
+def _on_network_filesystem(path: Path) -> bool:
+    """Whether ``path`` lies on a network filesystem, by its mount in ``/proc/self/mounts``
+    (the longest mount point that contains it); False where that cannot be read."""
+    try:
+        target = os.path.realpath(path)
+        mounts = _MOUNTS.read_text()
+    except OSError:
+        return False
+    point_found, kind = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")  # the kernel escapes a space in a mount point
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(point_found):
+            point_found, kind = point, fields[2]
+    return kind in _NETWORK_FILESYSTEMS or kind.startswith("fuse.")
 
 
 class S3Store:

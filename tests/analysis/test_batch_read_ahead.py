@@ -1,4 +1,5 @@
-"""A batch reads the next dump while decoding this one, and keeps order and per-file errors."""
+"""A batch reads the next dump while decoding this one where the store's reads wait (inline from a
+local disk), and keeps order and per-file errors."""
 
 from __future__ import annotations
 
@@ -104,14 +105,55 @@ def test_only_a_store_whose_reads_wait_is_read_on_threads(reads_wait: bool) -> N
         assert store.threads == {here}
 
 
-def test_a_local_read_is_capped_however_the_file_changed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size_seen", [0, 10, 100, 500], ids=["special-file", "grew", "as-is", "shrank"])
+def test_a_local_read_is_capped_whatever_size_the_file_showed_when_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size_seen: int) -> None:
+    """The read is sized by the open file's size, and read on past it up to the cap: a file that
+    grew after it was opened, or a special file (size 0), is still read whole or refused."""
+    import os
+
+    from denpex.evidence import store as store_module
     from denpex.evidence.errors import DumpError
 
+    real_fstat = os.fstat
+
+    class _Seen:
+        def __init__(self, fd: int) -> None:
+            self._st = real_fstat(fd)
+            self.st_size = size_seen
+
+    monkeypatch.setattr(store_module.os, "fstat", _Seen)
     (tmp_path / "dump").write_bytes(b"x" * 100)
     store = LocalStore(tmp_path)
     assert store.read("dump", max_bytes=100) == b"x" * 100
+    assert store.read("dump", max_bytes=1000) == b"x" * 100
     with pytest.raises(DumpError, match="larger than the 99-byte cap"):
         store.read("dump", max_bytes=99)
+
+
+def test_an_inline_read_that_ran_out_of_memory_is_read_again() -> None:
+    class _FailsOnce(_ReadFailsOnceForMemory):
+        reads_wait = False
+
+    store = _FailsOnce(GLOO)
+    outcomes = summarize_batch(_refs(GLOO), store=store)
+    assert all(isinstance(o, RankSummary) for o in outcomes), outcomes
+    assert store.failed == {f"rank_{r}.pkl" for r in range(4)}
+
+
+def test_a_network_mount_is_read_ahead_and_a_local_disk_is_not(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from denpex.evidence import store as store_module
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda1 / ext4 rw 0 0\n"
+                      f"server:/export {tmp_path}/shared\\040dumps nfs4 rw 0 0\n"
+                      f"lustre@tcp:/fs {tmp_path}/lustre lustre rw 0 0\n")
+    monkeypatch.setattr(store_module, "_MOUNTS", mounts)
+    assert LocalStore(tmp_path / "shared dumps" / "inc-1").reads_wait is True
+    assert LocalStore(tmp_path / "lustre").reads_wait is True
+    assert LocalStore(tmp_path / "shared").reads_wait is False  # not the mount point's own folder
+    assert LocalStore(tmp_path / "local").reads_wait is False
 
 
 def test_a_worker_frees_a_hostile_self_referencing_dump_after_its_batch(tmp_path: Path) -> None:
