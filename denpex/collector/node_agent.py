@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 
 import httpx
 
-from denpex.collector.uploader import UploadTarget
+from denpex.collector.uploader import Backoff, UploadTarget
 from denpex.ingest.client import IngestClient
 
-__all__ = ["MAX_SEND_BYTES", "NodeAgentError", "read_kernel_log", "journalctl_argv", "send_telemetry"]
+__all__ = ["MAX_SEND_BYTES", "NodeAgentError", "SEND_ATTEMPTS", "read_kernel_log", "journalctl_argv", "send_telemetry"]
+
+# Tries of one send: the default backoff waits about 15 s in all between them, and a service that
+# asks for longer with Retry-After gets at most 30 s a wait.
+SEND_ATTEMPTS = 6
 
 MAX_SEND_BYTES = 32 * 1024 * 1024
 """The most kernel log one send carries: the newest lines are kept (the service's cap is 64 MiB)."""
@@ -74,12 +79,41 @@ def read_kernel_log(files: list[Path], *, journalctl: bool = False, since: datet
 
 
 def send_telemetry(target: UploadTarget, data: bytes, *, incident_id: str | None = None,
-                   timeout_s: float = 60.0) -> httpx.Response:
-    """``POST /v1/evidence`` with this host's telemetry and no dump (a host-bound key's upload)."""
+                   timeout_s: float = 60.0, attempts: int = SEND_ATTEMPTS,
+                   backoff: Backoff | None = None) -> httpx.Response:
+    """``POST /v1/evidence`` with this host's telemetry and no dump (a host-bound key's upload).
+
+    A busy service (429, a 5xx such as 503 when its connection or spool bounds are full) or no
+    answer is tried again, up to ``attempts`` times, after the service's ``Retry-After`` or the
+    collector's backoff, as the collector's uploader does: each try is signed afresh, so it is no
+    replay. Any other answer (a 4xx: refused) is returned at once."""
     client = IngestClient(target.url, key_id=target.key_id, secret=target.secret, tenant=target.tenant,
                           cluster=target.cluster, timeout_s=timeout_s)
     identity = {"job_id": target.job_id} | ({"incident_id": incident_id} if incident_id else {})
+    backoff = backoff or Backoff()
+    for attempt in range(max(1, attempts)):
+        last = attempt + 1 >= max(1, attempts)
+        try:
+            response = client.upload_telemetry(identity, [data])
+        except httpx.HTTPError as exc:
+            if last:
+                raise NodeAgentError(f"the ingest service at {target.url} cannot be reached "
+                                     f"({attempts} tries): {exc}") from exc
+            time.sleep(backoff.delay(attempt))
+            continue
+        if last or not _busy(response):
+            return response
+        time.sleep(_retry_after(response, backoff, attempt))
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _busy(response: httpx.Response) -> bool:
+    return response.status_code == 429 or response.status_code >= 500
+
+
+def _retry_after(response: httpx.Response, backoff: Backoff, attempt: int) -> float:
+    """The service's ``Retry-After`` in seconds, bounded by the backoff's longest delay."""
     try:
-        return client.upload_telemetry(identity, [data])
-    except httpx.HTTPError as exc:
-        raise NodeAgentError(f"the ingest service at {target.url} cannot be reached: {exc}") from exc
+        return min(backoff.max_s, max(0.0, float(response.headers.get("retry-after", ""))))
+    except ValueError:
+        return backoff.delay(attempt)
