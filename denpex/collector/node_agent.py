@@ -83,7 +83,7 @@ def send_telemetry(target: UploadTarget, data: bytes, *, incident_id: str | None
                    backoff: Backoff | None = None) -> httpx.Response:
     """``POST /v1/evidence`` with this host's telemetry and no dump (a host-bound key's upload).
 
-    A busy service (429, a 5xx such as 503 when its connection or spool bounds are full) or no
+    A busy service (408, 429, a 5xx such as 503 when its connection or spool bounds are full) or no
     answer is tried again, up to ``attempts`` times, after the service's ``Retry-After`` or the
     collector's backoff, as the collector's uploader does: each try is signed afresh, so it is no
     replay. Any other answer (a 4xx: refused) is returned at once."""
@@ -98,7 +98,7 @@ def send_telemetry(target: UploadTarget, data: bytes, *, incident_id: str | None
         except httpx.HTTPError as exc:
             if last:
                 raise NodeAgentError(f"the ingest service at {target.url} cannot be reached "
-                                     f"({attempts} tries): {exc}") from exc
+                                     f"({max(1, attempts)} tries): {exc}") from exc
             time.sleep(backoff.delay(attempt))
             continue
         if last or not _busy(response):
@@ -108,7 +108,8 @@ def send_telemetry(target: UploadTarget, data: bytes, *, incident_id: str | None
 
 
 def _busy(response: httpx.Response) -> bool:
-    return response.status_code == 429 or response.status_code >= 500
+    # 408: the body came too slowly (a busy link); the collector's uploader retries it too.
+    return response.status_code in (408, 429) or response.status_code >= 500
 
 
 def _retry_after(response: httpx.Response, backoff: Backoff, attempt: int) -> float:
