@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from denpex.collector.uploader import Backoff, UploadTarget
+from denpex.collector.uploader import Backoff, UploadTarget, service_busy
 from denpex.ingest.client import IngestClient
 
 __all__ = ["MAX_SEND_BYTES", "NodeAgentError", "SEND_ATTEMPTS", "read_kernel_log", "journalctl_argv", "send_telemetry"]
@@ -101,15 +101,10 @@ def send_telemetry(target: UploadTarget, data: bytes, *, incident_id: str | None
                                      f"({max(1, attempts)} tries): {exc}") from exc
             time.sleep(backoff.delay(attempt))
             continue
-        if last or not _busy(response):
+        if last or not service_busy(response.status_code):
             return response
         time.sleep(_retry_after(response, backoff, attempt))
     raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-def _busy(response: httpx.Response) -> bool:
-    # 408: the body came too slowly (a busy link); the collector's uploader retries it too.
-    return response.status_code in (408, 429) or response.status_code >= 500
 
 
 def _retry_after(response: httpx.Response, backoff: Backoff, attempt: int) -> float:

@@ -48,7 +48,7 @@ from denpex.evidence.stacks import MAX_BYTES as MAX_STACKS_BYTES
 from denpex.evidence.stacks import RankStacks, StackSource
 from denpex.ingest.client import IngestClient
 
-__all__ = ["UploadTarget", "Backoff", "EvidenceUploader", "incident_id_for", "torch_identity", "nvml_snapshot",
+__all__ = ["UploadTarget", "Backoff", "service_busy", "EvidenceUploader", "incident_id_for", "torch_identity", "nvml_snapshot",
            "registration_body", "stacks_parts"]
 
 _log = logging.getLogger(__name__)
@@ -96,6 +96,13 @@ class Backoff(BaseModel):
     def delay(self, attempt: int) -> float:
         base = min(self.max_s, self.first_s * 2 ** max(0, attempt))
         return base * (1 - self.jitter + 2 * self.jitter * random.random())
+
+
+def service_busy(status: int) -> bool:
+    """Whether an answer with ``status`` may pass if sent again later: the service is busy (429, a
+    5xx), or 408, the body arrived slower than it allows (a busy link; another try may be faster).
+    Any other refusal (401/403/409/413/422) cannot pass as sent."""
+    return status >= 500 or status in (408, 429)
 
 
 def incident_id_for(request: DumpRequest) -> str:
@@ -357,8 +364,7 @@ class EvidenceUploader:
             self.spool.done(entry)
             self.delivered += 1
             return True
-        # 408: the body arrived slower than the service allows (a busy link); another try may be faster.
-        if response.status_code >= 500 or response.status_code in (408, 429):
+        if service_busy(response.status_code):
             _log.warning("upload of %s: HTTP %d (%s); retrying later", entry.path.name, response.status_code,
                          response.text[:200])
             return False
