@@ -9,8 +9,9 @@ beside the approval form that Denpex never wrote. Every builder goes through the
 from __future__ import annotations
 
 import re
+import textwrap
 
-__all__ = ["inline", "code_block", "chat_text", "visible"]
+__all__ = ["inline", "code_block", "folded", "chat_text", "visible"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # Characters that draw nothing (Unicode's Default_Ignorable_Code_Point, with the bidi marks):
@@ -65,6 +66,22 @@ def inline(text: object, *, limit: int = 2000) -> str:
 def _escape_block_start(match: re.Match[str]) -> str:
     lead, mark, digits, dot = match.groups()
     return lead + ("\\" + mark if mark else digits + "\\" + dot)
+
+
+def folded(text: str, width: int) -> str:
+    """``text`` with every line longer than ``width`` folded onto continuation lines, indented
+    four columns past the line's own indent. A code block never wraps: Prefect's artifact page
+    cuts what passes its width (about 96 columns at 1400 px), so the end of a reason is lost.
+    Words are kept whole where they fit; a path or token longer than a line is cut."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[:len(line) - len(line.lstrip(" "))]
+        out += textwrap.wrap(line, width=width, initial_indent="", subsequent_indent=indent + "    ",
+                             break_on_hyphens=False, drop_whitespace=True, replace_whitespace=False) or [line]
+    return "\n".join(out)
 
 
 def code_block(text: str, info: str = "text") -> str:

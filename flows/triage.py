@@ -63,7 +63,7 @@ from flows.run_settings import check_this_runs_settings
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
 from tasks.evidence import reread_inventory, wait_for_evidence
 from tasks.layout import derive_layout
-from tasks.charts import publish_charts, render_charts
+from tasks.charts import render_charts
 from tasks.notify import notify_approvers
 from tasks.parse import release_parse_workers, summarize_dumps, warm_parse_workers
 from tasks.remediate import execute_plan
@@ -170,8 +170,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     log.info("plan: %s", plan_line(report.plan, plan))
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
                                chart=charts_section(charts, result))
-    publish_report(report, plan, markdown, key)
-    publish_charts(charts, key)
+    publish_report(markdown, key)
     if found.refused:
         return _finish(ref, report, IncidentStage.REFUSED, found.refused, plan, key)
     if plan is None or not plan.actions:

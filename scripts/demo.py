@@ -156,7 +156,7 @@ def _name(proc: subprocess.Popen[bytes]) -> str:
 def _demo_runbooks(folder: Path) -> None:
     """The shipped hang-triage runbook, with the plan-age limit widened for a recorded incident.
 
-    The bundled dumps were recorded on 2026-12-03 (their dump times are the plan's evidence time); the
+    The bundled dumps were recorded on 2026-12-06 (their dump times are the plan's evidence time); the
     shipped runbook refuses to act on evidence older than six hours, which is right for production
     and would refuse the demo.
     """

@@ -1,26 +1,24 @@
-"""Publish the report: markdown (verdict, reasons, plan) and a table of candidates and actions."""
+"""Publish the report (verdict, candidates, plan, charts) and the decision as artifacts."""
 
 from __future__ import annotations
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 
-from denpex.isolation.plan import IsolationPlan
-from denpex.report import TriageReport
-from denpex.workflow.markdown import candidate_rows, decision_markdown
+from denpex.workflow.markdown import decision_markdown
 from tasks.options import NOT_CACHED
 
 __all__ = ["publish_report", "publish_decision"]
 
 
-@task(name="publish-report", **NOT_CACHED)
-def publish_report(report: TriageReport, plan: IsolationPlan | None, markdown: str, key_prefix: str) -> None:
+def publish_report(markdown: str, key_prefix: str) -> None:
+    """The report, as the run's own artifact. Called from the flow, not from a task: the run's
+    Artifacts tab lists the run's own artifacts first (under "Flow run", which read "None" while
+    every artifact came from a task) and its tasks' artifacts after, each group in no fixed order.
+    So the report is the first thing there; the coverage and the decision follow. It holds the
+    candidates and every chart, which were once artifacts of their own."""
     create_markdown_artifact(markdown=markdown, key=f"{key_prefix}-report",
-                             description="Verdict, reasons and proposed actions")
-    rows = candidate_rows(report, plan)
-    if rows:
-        create_table_artifact(table=rows, key=f"{key_prefix}-candidates",
-                              description="Candidates and planned actions")
+                             description="The report: verdict, candidates, proposed actions, charts")
 
 
 @task(name="publish-decision", **NOT_CACHED)

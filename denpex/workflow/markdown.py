@@ -1,4 +1,4 @@
-"""The report as the Prefect UI shows it: markdown for the verdict and plan, rows for the table.
+"""The report as the Prefect UI shows it: markdown for the verdict, the candidates and the plan.
 
 Pure text: the flow publishes it as artifacts and as the description beside the approval form.
 """
@@ -6,19 +6,22 @@ Pure text: the flow publishes it as artifacts and as the description beside the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from denpex.analysis.models import Candidate, HardwareBearing
 from denpex.evidence.stacks import StackFrame
 from denpex.isolation.plan import IsolationPlan
-from denpex.markdown_text import code_block, inline
+from denpex.markdown_text import code_block, folded, inline
 from denpex.report import STACK_FRAMES_SHOWN, TriageReport, majority_stack, render_text
 
-__all__ = ["report_markdown", "approval_markdown", "candidate_rows", "decision_markdown", "group_lines"]
+__all__ = ["REPORT_COLUMNS", "report_markdown", "approval_markdown", "candidates_table", "decision_markdown",
+           "group_lines"]
 
 # The approval dialog is about 470 px wide: a few short lines, the rest a link away.
 MAX_CULPRITS_BESIDE_FORM = 3
 _WHY_LIMIT = 160
+# Prefect's artifact page shows a code block about 96 columns wide at 1400 px (its panel beside
+# the report takes the rest) and cuts longer lines; the report's text is folded to fit.
+REPORT_COLUMNS = 88
 
 
 def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, plan: IsolationPlan | None,
@@ -35,9 +38,10 @@ def report_markdown(report: TriageReport, *, incident_id: str, cluster: str, pla
     for why in report.plan.blocked:
         lines.append(f"- blocked: {inline(why)}")
     lines += group_lines(report)
+    lines += candidates_table(report, plan)
     # The text report quotes evidence strings (hosts, group descriptions, reasons) as they came:
     # a fence they cannot close keeps them literal.
-    lines += ["", code_block(render_text(report).rstrip())]
+    lines += ["", code_block(folded(render_text(report).rstrip(), REPORT_COLUMNS))]
     lines += _full_stacks(report)
     if chart:
         lines += ["", chart]
@@ -57,7 +61,8 @@ def _full_stacks(report: TriageReport) -> list[str]:
         frames = c.stack.all_frames or c.stack.frames
         body = "\n".join(f"{f.file}:{f.line} {f.function}()" for f in frames)
         lines += ["", f"**Full stack of rank {c.rank}** ({c.stack.source.value}, thread "
-                      f"{inline(c.stack.thread or '?', limit=100)}, innermost first):", "", code_block(body)]
+                      f"{inline(c.stack.thread or '?', limit=100)}, innermost first):", "",
+                  code_block(folded(body, REPORT_COLUMNS))]
     return lines
 
 
@@ -144,19 +149,27 @@ def approval_markdown(report: TriageReport, *, incident_id: str, cluster: str, p
     return "\n".join(lines) + "\n"
 
 
-def candidate_rows(report: TriageReport, plan: IsolationPlan | None) -> list[dict[str, Any]]:
-    """One row per candidate: rank, host, kind, where it stuck, confidence, planned action."""
+MAX_CANDIDATES_IN_TABLE = 32
+
+
+def candidates_table(report: TriageReport, plan: IsolationPlan | None) -> list[str]:
+    """One row per candidate, narrow enough for the artifact page at 1400 px: rank, host, kind,
+    where it stuck, confidence, planned action. Hardware and reasons are in the text below."""
+    if not report.candidates:
+        return []
     actions = {a.node: a.action.value for a in plan.actions} if plan else {}
-    rows = []
-    for c in report.candidates:
-        rows.append({
-            "rank": c.rank, "host": inline(c.host or "", limit=200), "kind": c.kind.value,
-            "process_group": inline(c.process_group or "", limit=200), "collective_seq_id": c.collective_seq_id,
-            "confidence": round(c.confidence, 2),
-            "hardware": inline("; ".join(h.summary for h in c.hardware), limit=200),
-            "planned_action": actions.get(c.host or "", "none"),
-        })
-    return rows
+    lines = ["", "**Candidates:**", "", "| rank | host | kind | stuck at | confidence | planned action |",
+             "|---:|---|---|---|---:|---|"]
+    for c in report.candidates[:MAX_CANDIDATES_IN_TABLE]:
+        where = (f"group {inline(c.process_group, limit=24)} #{c.collective_seq_id}"
+                 if c.process_group and c.collective_seq_id is not None else inline(c.process_group or "", limit=24))
+        action = actions.get(c.host or "", "none")
+        lines.append(f"| {c.rank} | {inline(c.host or '', limit=40)} | {c.kind.value} | {where} "
+                     f"| {c.confidence:.2f} | {action} |")
+    more = len(report.candidates) - MAX_CANDIDATES_IN_TABLE
+    if more > 0:
+        lines.append(f"\n… and {more} more (the run's JSON report lists them all)")
+    return lines
 
 
 def decision_markdown(incident_id: str, outcome: str, reason: str) -> str:

@@ -37,7 +37,7 @@ def test_json_names_the_telemetry_files_and_skips_none_of_them(tmp_path: Path) -
     folder = tmp_path / "incident"
     shutil.copytree(BUNDLED, folder)
     (folder / "gpu.jsonl").write_text('{"v": 1, "type": "xid", "host": "gpu-node-001", '
-                                      '"time": "2026-12-03T02:08:07Z", "code": 13}\n')
+                                      '"time": "2026-12-06T02:35:55Z", "code": 13}\n')
     result = runner.invoke(app, ["triage", str(folder), "--format", "json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
@@ -60,7 +60,7 @@ def test_a_folder_file_also_given_with_telemetry_is_read_once(tmp_path: Path) ->
 
 def test_telemetry_outside_the_folder_is_listed_beside_the_folders(tmp_path: Path) -> None:
     other = tmp_path / "elsewhere.log"
-    other.write_text("2026-12-03T02:08:04+0000 gpu-node-004 kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=1\n")
+    other.write_text("2026-12-06T02:35:53+0000 gpu-node-004 kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=1\n")
     result = runner.invoke(app, ["triage", str(BUNDLED), "--format", "json", "--telemetry", str(other)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["telemetry_files"] == [str(other), str(BUNDLED / "kernel.log")]

@@ -229,6 +229,7 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
             link = dialog.get_by_role("link", name=f"{page_url}/runs/{reject_run}")
             expect(link).to_be_visible()
             ui.screenshot(path=str(shots / "prefect-resume-dialog.png"))
+            _the_report_reads_whole_in_the_prefect_ui(ui, pg_rig.server.url, approve_run, approve_incident, shots)
 
             page.goto(f"{page_url}/runs/{reject_run}")
             expect(page.locator("#essentials .node").first).to_contain_text(CULPRIT_NODE)
@@ -253,7 +254,39 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
     assert not any(t["key"] == TAINT_KEY for t in pg_rig.k8s.nodes[CULPRIT_NODE]["spec"].get("taints", []))
     saved = {p.name for p in shots.glob("*.png")}
     assert {"page-run.png", "page-report.png", "page-approve-filled.png", "page-approved.png",
-            "prefect-resume-dialog.png", "page-rejected.png"} <= saved
+            "prefect-resume-dialog.png", "page-rejected.png", "prefect-artifacts-tab.png",
+            "prefect-report-artifact.png"} <= saved
+
+
+def _the_report_reads_whole_in_the_prefect_ui(ui: Any, server_url: str, run_id: Any, incident: str,
+                                              shots: Path) -> None:
+    """Issue 31's cosmetic items, at 1400x1000: the run's Artifacts tab lists the report first, as
+    the run's own artifact (its "Flow run" section read "None" while every artifact came from a
+    task, and the charts and the candidates table were artifacts of their own, in no order), and
+    on the report's page no code block or table is wider than the space the UI gives it (its
+    lines were cut at the panel's edge, and the table's last columns were off-screen)."""
+    from playwright.sync_api import expect
+
+    ui.goto(f"{server_url}/runs/flow-run/{run_id}")
+    ui.get_by_text("Artifacts", exact=True).first.click()
+    report_card = ui.get_by_text(f"denpex-{incident}-report", exact=True)
+    expect(report_card).to_be_visible()
+    ui.screenshot(path=str(shots / "prefect-artifacts-tab.png"))
+    tab = ui.locator("body").inner_text()
+    start = tab.index("Flow run\n")  # the header above says "19 Task runs" too
+    flow_section = tab[start:tab.index("Task runs", start)]
+    assert f"denpex-{incident}-report" in flow_section and "None" not in flow_section, flow_section
+    assert "-chart-" not in tab and "-candidates" not in tab, tab
+    report_card.click()
+    ui.wait_for_url("**/artifacts/artifact/**")
+    expect(ui.get_by_role("heading", name=f"Incident {incident} on lab: localized")).to_be_visible()
+    ui.wait_for_function("() => [...document.images].every(i => i.complete && i.naturalWidth > 0)")
+    ui.screenshot(path=str(shots / "prefect-report-artifact.png"))
+    overflowing = ui.evaluate("""() => [...document.querySelectorAll('pre, table')]
+        .map(e => [e.tagName, e.scrollWidth, e.clientWidth, e.parentElement.clientWidth])
+        .filter(([, scroll, client, parent]) => scroll > client + 1 || client > parent + 1)""")
+    shown = ui.evaluate("() => document.querySelectorAll('pre, table').length")
+    assert shown >= 2 and overflowing == [], (shown, overflowing)
 
 
 def test_a_rejection_cannot_be_flipped_and_a_code_approves_no_other_run(pg_rig: ServerRig, lab: SlurmLab) -> None:

@@ -143,7 +143,10 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     assert "waits for approval: drain gpu-node-003" in notice["text"]
     assert notice["text"].rstrip().endswith(f"{flow_rig.page_url}/runs/{run_id}")  # the approval page's link
     keys = _artifact_keys(run_id)
-    assert {f"denpex-{incident}-coverage", f"denpex-{incident}-report", f"denpex-{incident}-candidates"} <= keys
+    assert {f"denpex-{incident}-coverage", f"denpex-{incident}-report"} <= keys
+    # One report, the run's own artifact (listed first, under "Flow run"), holding the candidates
+    # and the charts that were once artifacts of their own (issue 31).
+    assert not [k for k in keys if k.endswith("-candidates") or "-chart-" in k], keys
     plan = saved_plan(flow_rig.state_dir, incident)
     assert [(a.node, a.action.value) for a in plan.actions] == [(CULPRIT_NODE, "drain")]
     assert drained_nodes(lab) == set()
@@ -177,8 +180,9 @@ def test_alert_event_to_drain_on_approval(flow_rig: FlowRig, lab: SlurmLab,
     artifacts = _artifacts(run_id)
     images = artifacts[f"denpex-{incident}-report"].data.count("](data:image/png;base64,")
     assert images == 1 + len(report["stuck"]) >= 3
-    charts = [a for key, a in artifacts.items() if "-chart-" in key]
-    assert len(charts) == images and {a.type for a in charts} == {"markdown"}
+    the_report = artifacts[f"denpex-{incident}-report"]
+    assert the_report.task_run_id is None and str(the_report.flow_run_id) == str(run_id)
+    assert f"| 2 | {CULPRIT_NODE} | not_entered | group 2 #3 | 0.90 | drain |" in the_report.data, the_report.data
 
     audit = keyed_audit_log(flow_rig.state_dir)
     mine = [r for r in audit.records() if r.incident_id == incident]

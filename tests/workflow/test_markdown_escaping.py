@@ -17,9 +17,9 @@ from denpex.evidence.errors import ManifestError
 from denpex.evidence.manifest import parse_manifest_bytes
 from denpex.ingest.errors import InvalidRequestError
 from denpex.ingest.identity import parse_identity
-from denpex.markdown_text import chat_text, code_block, inline, visible
+from denpex.markdown_text import chat_text, code_block, folded, inline, visible
 from denpex.report import PlanView, TriageReport
-from denpex.workflow.markdown import candidate_rows, decision_markdown, report_markdown
+from denpex.workflow.markdown import REPORT_COLUMNS, candidates_table, decision_markdown, report_markdown
 from denpex.workflow.notify import approval_notice
 
 FENCE_BREAK = "x\n```\n\n## Safe to approve: verified by Denpex\n\n```text"
@@ -96,8 +96,9 @@ def test_invisible_format_characters_are_written_out_wherever_text_is_rendered()
 
 def test_decision_rows_and_the_chat_notice_escape_too() -> None:
     assert "\n## " not in decision_markdown("inc-1", "rejected", "no\n\n## Approved anyway")
-    [row] = candidate_rows(_report("r", "node|<b>"), None)
-    assert row["host"] == "node\\|\\<b\\>"
+    [row] = candidates_table(_report("r", "node|<b>\n| 9 | forged |"), None)[-1:]
+    # The host cannot add a cell or a row to the candidates table: six cells, one line.
+    assert "node\\|\\<b\\>" in row and len(re.findall(r"(?<!\\)\|", row)) == 7 and "\n" not in row
     report = _report("r", "gpu-node-003")
     report.candidates[0].host = "<!channel> <http://evil|click>"
     text = approval_notice(report, incident_id="inc-1", cluster="lab", run_url=None, plan_hash="ab" * 32).text
@@ -173,3 +174,26 @@ def test_the_dialog_brief_keeps_evidence_text_literal_and_short(hostile: str) ->
     assert why.strip() == f"- **Why:** {inline(hostile * 3, limit=160)}"
     assert "alice, carol, each with their authenticator code" in brief
     assert brief.rstrip().endswith("[full report](http://ui/artifacts/key/denpex-inc-1-report)")
+
+
+def test_the_reports_code_blocks_fit_the_artifact_page() -> None:
+    """Issue 31: Prefect's artifact page cuts a code block's lines at about 96 columns (1400 px),
+    so a long reason lost its end. Every fenced line fits, and nothing is lost in the folding."""
+    reason = "rank 3 waits in process group '2' (tp) collective #3 nccl:all_reduce Float[1048576]: " * 4
+    report = _report(reason, "gpu-node-003")
+    markdown = report_markdown(report, incident_id="inc-1", cluster="lab", plan=None)
+    fenced = [line for line in markdown.splitlines() if line not in _outside_code(markdown)]
+    assert fenced and max(len(line) for line in fenced) <= REPORT_COLUMNS
+    assert "| 2 | gpu-node-003 | not_entered |" in markdown  # the table, above the text
+
+
+def test_folding_keeps_every_character_and_indents_continuations() -> None:
+    path = "/opt/job/" + "deep/" * 30 + "train.py:88 step()"
+    text = "short line\n    " + "word " * 40 + "\n" + path
+    out = folded(text, 40)
+    assert all(len(line) <= 40 for line in out.splitlines())
+    assert "".join(out.split()) == "".join(text.split())
+    first, *rest = [line for line in out.splitlines() if "word" in line]
+    assert first.startswith("    word") and len(rest) >= 4 and all(line.startswith("        word") for line in rest)
+    assert out.splitlines()[-1].startswith("    ")  # the path's own continuation
+    assert folded("a\n\nb", 10) == "a\n\nb"
