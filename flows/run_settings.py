@@ -14,7 +14,8 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 from prefect.workers.base import BaseJobConfiguration
 from prefect.workers.process import ProcessWorker
 
-from denpex.workflow.run_settings import check_run_settings
+from denpex.state_dir import resolve_state_dir
+from denpex.workflow.run_settings import check_approval_secrets, check_run_settings
 
 __all__ = ["check_this_runs_settings", "CODE_ROOT"]
 
@@ -23,7 +24,8 @@ CODE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def check_this_runs_settings() -> None:
-    """FlowParameterError when job variables or pull steps set what only the worker may."""
+    """FlowParameterError when job variables or pull steps set what only the worker may, or when a
+    work pool's worker started this run and it can read the approval page's secrets."""
     context = FlowRunContext.get()
     if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
         return  # a flow called in process: its environment is its caller's
@@ -35,6 +37,7 @@ async def _check(run: Any) -> None:
         deployment = await client.read_deployment(run.deployment_id)
         env, command = await _rendered(client, run, deployment)
     check_run_settings(env=env, command=command, pull_steps=deployment.pull_steps, code_root=CODE_ROOT)
+    check_approval_secrets(work_pool=run.work_pool_name or deployment.work_pool_name, state_dir=resolve_state_dir())
 
 
 async def _rendered(client: PrefectClient, run: Any, deployment: Any) -> tuple[dict[str, Any], str | None]:

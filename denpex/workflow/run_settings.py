@@ -13,6 +13,14 @@ working directory (a pull step can update ``os.environ`` before the flow starts)
 folder that holds the running ``flows`` package (a working directory elsewhere would load another
 folder's code, runbooks or ``prefect.yaml`` as this deployment's).
 
+A worker's run does more than read settings: the command that starts it comes from the same job
+configuration, and is replaced through the API before the flow can check anything. Whoever may
+write through the API thus runs commands as the worker's user. Such a worker must not be able to
+read the approval page's secrets (the approvers' TOTP secrets, the page's signing key), or those
+writers approve as anyone: a run that a work pool's worker started refuses to go on where it can
+(:func:`check_approval_secrets`). ``denpex serve`` runs its flows itself and ignores job
+variables and pull steps, so its runs may share a state directory with the page.
+
 This module is the rule, on plain data; ``flows/run_settings.py`` renders the job configuration
 the way Prefect's worker does and reads the deployment from the API. (``denpex serve`` ignores
 job variables; the check holds there too.)
@@ -21,13 +29,15 @@ job variables; the check holds there too.)
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from denpex.isolation.page_record import signing_key_path
+from denpex.isolation.second_factor import TotpStore
 from denpex.workflow.flow_parameters import FlowParameterError
 
-__all__ = ["ALLOWED_PULL_STEPS", "check_run_settings"]
+__all__ = ["ALLOWED_PULL_STEPS", "check_run_settings", "approval_secrets", "check_approval_secrets"]
 
 ALLOWED_PULL_STEPS = frozenset({"prefect.deployments.steps.set_working_directory"})
 """The only pull step a deployment may have (prefect.yaml's: run from the repository's folder)."""
@@ -72,3 +82,37 @@ def _working_directories(pull_steps: Sequence[Any], code_root: Path) -> list[str
                 problems.append(f"the deployment's set_working_directory names {str(directory)[:200]!r}, not the "
                                 f"folder that holds the running flows package ({root})")
     return problems
+
+
+def approval_secrets(state_dir: Path) -> list[Path]:
+    """Where the approval page keeps its secrets in ``state_dir``: each approver's TOTP secret and
+    the page's signing key (when it was given no secret file of its own)."""
+    totp = TotpStore(state_dir).folder
+    try:
+        secrets = sorted(p for p in totp.iterdir() if p.is_file())
+    except OSError:  # no folder, or one this user cannot list: nothing it could read there
+        secrets = []
+    return [*secrets, signing_key_path(state_dir)]
+
+
+def _readable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.R_OK)
+
+
+def check_approval_secrets(*, work_pool: str | None, state_dir: Path,
+                           readable: Callable[[Path], bool] = _readable) -> None:
+    """FlowParameterError when a work pool's worker started this run and this process can read
+    an approval secret in ``state_dir``: the job configuration that the Prefect API edits chose
+    the command that started it, so an API writer could have read the secrets and approved as
+    anyone. ``work_pool`` None is a run that ``denpex serve`` (or a test) started itself."""
+    if work_pool is None:
+        return
+    found = [str(p) for p in approval_secrets(state_dir) if readable(p)]
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise FlowParameterError(
+            f"this run was started by work pool {work_pool[:100]!r}'s worker, and it can read the approval "
+            f"page's secrets ({shown}): a worker runs the command its job configuration names, which "
+            "anyone who may write through the Prefect API can replace, so they could approve as any approver. "
+            "Run the flows with `denpex serve` (it ignores job variables), or as a user that cannot read "
+            "the approvers' TOTP secrets and the page's signing key; nothing was done")

@@ -129,3 +129,33 @@ def test_a_run_whose_job_variables_move_the_evidence_root_is_refused(worker: tup
     assert str(forged_root) not in message
     assert not list(state.glob("reports/**/inc-forged-*"))
     assert not list(state.glob("plans/**/inc-forged.json"))
+
+
+def test_a_worker_that_can_read_the_approval_pages_secrets_runs_nothing(worker: tuple[dict[str, str], Path],
+                                                                         tmp_path: Path) -> None:
+    """Issue 30, A4: a worker runs the command its job configuration names, and the Prefect API
+    edits that configuration; with the approvers' TOTP secrets readable by the worker's user, an
+    API writer read them through such a command and approved as alice. A run that a work pool's
+    worker started now refuses to go on where it can read them, before it reads any evidence."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+
+    from denpex.isolation.second_factor import TotpStore
+
+    env, state = worker
+    store = TotpStore(state)
+    store.enroll("alice")
+    try:
+        evidence = state.parent / "ingest-store" / evidence_prefix("inc-secrets", cluster="no-such-cluster")
+        shutil.copytree(FIXTURES / "withheld_one", evidence, ignore=shutil.ignore_patterns("*.json"))
+        event = alert("inc-secrets", str(evidence), cluster="no-such-cluster")
+        run = run_deployment("denpex-triage/manual", parameters=event.model_dump(mode="json"), timeout=0)
+        with pytest.raises(AssertionError, match="ended FAILED"):
+            wait_for(run.id, {"COMPLETED"}, timeout_s=420)
+        with get_client(sync_client=True) as client:
+            message = client.read_flow_run(run.id).state.message or ""
+        assert "work pool 'denpex'" in message and "can read the approval page's secrets" in message, message
+        assert str(store.folder / "alice") in message and "denpex serve" in message
+        assert not list(state.glob("reports/**/inc-secrets-*"))
+    finally:
+        shutil.rmtree(store.folder)

@@ -19,7 +19,9 @@ import pytest
 from prefect.workers.process import ProcessWorker
 
 from denpex.workflow.flow_parameters import FlowParameterError
-from denpex.workflow.run_settings import check_run_settings
+from denpex.isolation.page_record import load_or_create_signing_key, signing_key_path
+from denpex.isolation.second_factor import TotpStore
+from denpex.workflow.run_settings import check_approval_secrets, check_run_settings
 from flows.run_settings import _rendered
 
 DEFAULT_TEMPLATE = ProcessWorker.get_default_base_job_template()
@@ -132,3 +134,21 @@ def test_a_work_pools_template_variables_reach_the_rendered_env(prefect_harness:
     assert env == {"DENPEX_EVIDENCE_ROOT": "s3://forged"} and command is None
     with pytest.raises(FlowParameterError, match="DENPEX_EVIDENCE_ROOT"):
         check_run_settings(env=env, command=command, pull_steps=None, code_root=CODE_ROOT)
+
+
+def test_a_work_pool_run_that_can_read_an_approval_secret_is_refused(tmp_path: Path) -> None:
+    """Issue 30, A4: a worker's command is the job configuration's, which API writers edit; where
+    that worker can read the approvers' TOTP secrets or the page's signing key, they could
+    approve as anyone. A run of `denpex serve` (no work pool) shares the state directory safely."""
+    check_approval_secrets(work_pool="denpex", state_dir=tmp_path)  # nothing to read yet
+    TotpStore(tmp_path).enroll("alice")
+    check_approval_secrets(work_pool=None, state_dir=tmp_path)
+    with pytest.raises(FlowParameterError, match="work pool 'denpex'.*can read the approval page's secrets") as why:
+        check_approval_secrets(work_pool="denpex", state_dir=tmp_path)
+    assert str(tmp_path / "approvers" / "totp" / "alice") in str(why.value) and "denpex serve" in str(why.value)
+    # The same files kept from the worker's user (here: seen as unreadable) let it run.
+    check_approval_secrets(work_pool="denpex", state_dir=tmp_path, readable=lambda p: False)
+    (tmp_path / "approvers" / "totp" / "alice").unlink()
+    load_or_create_signing_key(signing_key_path(tmp_path), create=True)
+    with pytest.raises(FlowParameterError, match="signing.key"):
+        check_approval_secrets(work_pool="k8s-pool", state_dir=tmp_path)
