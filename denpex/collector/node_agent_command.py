@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from denpex.collector.node_agent import NodeAgentError, read_kernel_log, send_telemetry
-from denpex.collector.uploader import UploadTarget
+from denpex.collector.node_agent import SEND_ATTEMPTS, NodeAgentError, read_kernel_log, send_telemetry
+from denpex.collector.uploader import UploadTarget, service_busy
 
 __all__ = ["node_agent_command"]
 
@@ -76,4 +76,7 @@ def node_agent_command(
         raise _fail(str(exc)) from exc
     typer.echo(response.text)
     if response.status_code >= 300:
+        if service_busy(response.status_code):
+            raise _fail(f"the service was busy on every try (HTTP {response.status_code} to the last of "
+                        f"{SEND_ATTEMPTS}); send it again later", EXIT_REFUSED)
         raise _fail(f"the service refused the telemetry (HTTP {response.status_code})", EXIT_REFUSED)

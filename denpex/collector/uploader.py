@@ -101,8 +101,12 @@ class Backoff(BaseModel):
 def service_busy(status: int) -> bool:
     """Whether an answer with ``status`` may pass if sent again later: the service is busy (429, a
     5xx), or 408, the body arrived slower than it allows (a busy link; another try may be faster).
-    Any other refusal (401/403/409/413/422) cannot pass as sent."""
-    return status >= 500 or status in (408, 429)
+    Any other refusal (401/403/409/413/422) cannot pass as sent, nor can 501 or 505: a server that
+    does not implement the method or the HTTP version will not by the next try."""
+    return status in (408, 429) or (status >= 500 and status not in _NEVER_LATER)
+
+
+_NEVER_LATER = frozenset({501, 505})
 
 
 def incident_id_for(request: DumpRequest) -> str:

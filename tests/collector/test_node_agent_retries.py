@@ -11,6 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -85,3 +86,42 @@ def test_no_service_at_all_is_one_clear_error_after_the_tries() -> None:
         port = probe.getsockname()[1]  # bound, never listening: every connection is refused
         with pytest.raises(NodeAgentError, match=r"cannot be reached \(3 tries\)"):
             send_telemetry(_target(f"http://127.0.0.1:{port}"), b"x\n", attempts=3, backoff=_FAST)
+
+
+def test_the_waits_follow_retry_after_bounded_by_the_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delays themselves: the service's Retry-After (in seconds, at most the backoff's
+    longest; a negative one is 0), else the backoff's doubling delay; a Retry-After that is no
+    number counts as none."""
+    waits: list[float] = []
+    monkeypatch.setattr("denpex.collector.node_agent.time.sleep", waits.append)
+    backoff = Backoff(first_s=1.0, max_s=30.0, jitter=0.0)
+    answers = [(503, {"retry-after": "2"}), (429, {}), (503, {"retry-after": "999"}), (502, {"retry-after": "soon"}),
+               (503, {"retry-after": "-5"}), (201, {})]
+    with _service(answers) as (url, seen):
+        response = send_telemetry(_target(url), b"NVRM: Xid 79\n", backoff=backoff)
+    assert (response.status_code, len(seen)) == (201, 6)
+    assert waits == [2.0, 2.0, 30.0, 8.0, 0.0]
+
+
+@pytest.mark.parametrize("status", [501, 505])
+def test_an_answer_that_cannot_change_is_not_tried_again(status: int) -> None:
+    with _service([(status, {})]) as (url, seen):
+        response = send_telemetry(_target(url), b"NVRM: Xid 79\n", backoff=_FAST)
+    assert (response.status_code, len(seen)) == (status, 1)
+
+
+def test_the_command_says_busy_not_refused_when_every_try_was_busy(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from denpex.cli import app
+
+    monkeypatch.setattr("denpex.collector.node_agent.time.sleep", lambda s: None)
+    log = tmp_path / "kern.log"
+    log.write_text("2026-12-06T02:35:50+0000 gpu-node-003 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1\n")
+    with _service([(503, {"retry-after": "1"})]) as (url, seen):
+        env = {"DENPEX_INGEST_URL": url, "DENPEX_INGEST_KEY_ID": "k-node", "DENPEX_INGEST_SECRET": "s" * 32,
+               "DENPEX_TENANT": "acme", "DENPEX_CLUSTER": "c1", "DENPEX_JOB_ID": "4242"}
+        result = CliRunner().invoke(app, ["node-agent", "--file", str(log)], env=env)
+    assert result.exit_code == 1 and len(seen) == 6, result.output
+    assert "busy on every try (HTTP 503 to the last of 6)" in result.output and "refused" not in result.output
