@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import textwrap
 
-__all__ = ["inline", "code_block", "folded", "chat_text", "visible"]
+__all__ = ["inline", "code_block", "folded", "CONTINUED", "chat_text", "visible"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # Characters that draw nothing (Unicode's Default_Ignorable_Code_Point, with the bidi marks):
@@ -68,19 +68,26 @@ def _escape_block_start(match: re.Match[str]) -> str:
     return lead + ("\\" + mark if mark else digits + "\\" + dot)
 
 
+CONTINUED = "↪ "
+"""Starts each continuation line of a folded one: a line of the text never starts with it."""
+
+
 def folded(text: str, width: int) -> str:
-    """``text`` with every line longer than ``width`` folded onto continuation lines, indented
-    four columns past the line's own indent. A code block never wraps: Prefect's artifact page
-    cuts what passes its width (about 96 columns at 1400 px), so the end of a reason is lost.
-    Words are kept whole where they fit; a path or token longer than a line is cut."""
+    """``text`` with every line longer than ``width`` folded onto continuation lines, each marked
+    ``↪`` two columns past the line's own indent. A code block never wraps: Prefect's artifact
+    page cuts what passes its width (about 96 columns at 1400 px), so the end of a reason was lost.
+    Words are kept whole where they fit; a path or token longer than a line is cut. The indent
+    carried is at most a quarter of the width: a line of 500 spaces and a word (a frame's file
+    name comes from the job) would otherwise fold one character per line."""
     out: list[str] = []
     for line in text.split("\n"):
         if len(line) <= width:
             out.append(line)
             continue
-        indent = line[:len(line) - len(line.lstrip(" "))]
-        out += textwrap.wrap(line, width=width, initial_indent="", subsequent_indent=indent + "    ",
-                             break_on_hyphens=False, drop_whitespace=True, replace_whitespace=False) or [line]
+        body = line.lstrip(" ")
+        indent = " " * min(len(line) - len(body), width // 4)
+        out += textwrap.wrap(indent + body, width=width, subsequent_indent=indent + "  " + CONTINUED,
+                             break_on_hyphens=False, expand_tabs=False, replace_whitespace=False) or [line]
     return "\n".join(out)
 
 

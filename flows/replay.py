@@ -17,6 +17,7 @@ from denpex.isolation.drain_review import overdue_markdown
 from denpex.replay import ReplayReport, drift_markdown, load_catalog
 from denpex.replay.bounds import bounded_replay_files
 from denpex.state_dir import StateDirError, resolve_state_dir
+from flows.run_settings import check_this_runs_settings
 from tasks.replay import overdue_isolations_task, replay_incident_task
 from tasks.options import NOT_PERSISTED
 
@@ -47,6 +48,7 @@ def replay(catalog: str = DEFAULT_CATALOG, audit_log: str | None = None,
            review_age_hours: float = DEFAULT_REVIEW_AGE_HOURS) -> ReplayReport:
     """Replay every incident in ``catalog``; list drains in ``audit_log`` older than the review age.
     Both are bounded (``denpex.replay.bounds``): the bundled catalog or files under the state directory."""
+    check_this_runs_settings()  # its settings are its worker's, as for every flow
     catalog_file, audit_file = bounded_replay_files(catalog, audit_log, code_root=CODE_ROOT, state_dir=_state_dir())
     loaded = load_catalog(catalog_file)
     futures = [replay_incident_task.submit(incident, loaded) for incident in loaded.incidents]

@@ -5,6 +5,7 @@ variables and defaults included), and the deployment's pull steps."""
 
 # No `from __future__ import annotations`: see flows/triage.py.
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from prefect.workers.base import BaseJobConfiguration
 from prefect.workers.process import ProcessWorker
 
 from denpex.state_dir import resolve_state_dir
-from denpex.workflow.run_settings import check_approval_secrets, check_run_settings
+from denpex.workflow.run_settings import SERVED_MARKER, check_approval_secrets, check_run_settings
 
 __all__ = ["check_this_runs_settings", "CODE_ROOT"]
 
@@ -25,7 +26,7 @@ CODE_ROOT = Path(__file__).resolve().parent.parent
 
 def check_this_runs_settings() -> None:
     """FlowParameterError when job variables or pull steps set what only the worker may, or when a
-    work pool's worker started this run and it can read the approval page's secrets."""
+    process other than `denpex serve` started this run and it can reach the approval page's secrets."""
     context = FlowRunContext.get()
     if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
         return  # a flow called in process: its environment is its caller's
@@ -37,7 +38,8 @@ async def _check(run: Any) -> None:
         deployment = await client.read_deployment(run.deployment_id)
         env, command = await _rendered(client, run, deployment)
     check_run_settings(env=env, command=command, pull_steps=deployment.pull_steps, code_root=CODE_ROOT)
-    check_approval_secrets(work_pool=run.work_pool_name or deployment.work_pool_name, state_dir=resolve_state_dir())
+    check_approval_secrets(served=os.environ.get(SERVED_MARKER) == "1", work_pool=run.work_pool_name or
+                           deployment.work_pool_name, state_dir=resolve_state_dir(), environ=os.environ)
 
 
 async def _rendered(client: PrefectClient, run: Any, deployment: Any) -> tuple[dict[str, Any], str | None]:

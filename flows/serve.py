@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.runner import Runner
 
 from denpex.workflow.alert_event import ALERT_EVENT
+from denpex.workflow.run_settings import SERVED_MARKER
 from flows.forked_runs import use_forked_flow_runs
 from flows.replay import replay
 from flows.requeue import REQUEUE_DEPLOYMENT, requeue_hung_job
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(only: set[str] | None, *, spawn_runs: bool = False) -> None:
     """Serve the chosen deployments (None: all) until Ctrl-C or SIGTERM."""
+    # Its runs inherit this (forked or spawned): they were started here, by no job configuration.
+    os.environ[SERVED_MARKER] = "1"
     if not spawn_runs:
         use_forked_flow_runs()
     try:

@@ -34,7 +34,7 @@ def charts_section(charts: list[Chart], result: TriageResult, *, groups: int | N
     order = chart_order(result)
     left_out = order[len(shown):len(drawn)]
     if left_out:
-        where = f" are in {rest_at}" if rest_at else " are published as artifacts"
+        where = f" are in {rest_at}" if rest_at else " are in the report artifact"
         parts.append(f"{len(left_out)} more group chart{'s' if len(left_out) != 1 else ''} "
                      f"({_names(left_out)}){where}.")
     undrawn = order[len(drawn):]

@@ -16,10 +16,11 @@ folder's code, runbooks or ``prefect.yaml`` as this deployment's).
 A worker's run does more than read settings: the command that starts it comes from the same job
 configuration, and is replaced through the API before the flow can check anything. Whoever may
 write through the API thus runs commands as the worker's user. Such a worker must not be able to
-read the approval page's secrets (the approvers' TOTP secrets, the page's signing key), or those
-writers approve as anyone: a run that a work pool's worker started refuses to go on where it can
-(:func:`check_approval_secrets`). ``denpex serve`` runs its flows itself and ignores job
-variables and pull steps, so its runs may share a state directory with the page.
+read the approval page's secrets (the approvers' TOTP secrets, the page's signing key) or replace
+the public key the flow trusts, or those writers approve as anyone: a run that ``denpex serve``
+did not start refuses to go on where it can (:func:`check_approval_secrets`). ``denpex serve``
+runs its flows itself and ignores job variables and pull steps, so its runs may share a state
+directory with the page.
 
 This module is the rule, on plain data; ``flows/run_settings.py`` renders the job configuration
 the way Prefect's worker does and reads the deployment from the API. (``denpex serve`` ignores
@@ -33,11 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from denpex.isolation.page_record import signing_key_path
+from denpex.isolation.page_record import page_public_key_path, signing_key_path
 from denpex.isolation.second_factor import TotpStore
 from denpex.workflow.flow_parameters import FlowParameterError
 
-__all__ = ["ALLOWED_PULL_STEPS", "check_run_settings", "approval_secrets", "check_approval_secrets"]
+__all__ = ["ALLOWED_PULL_STEPS", "SERVED_MARKER", "check_run_settings", "approval_secrets", "approval_trust_anchors",
+           "check_approval_secrets"]
 
 ALLOWED_PULL_STEPS = frozenset({"prefect.deployments.steps.set_working_directory"})
 """The only pull step a deployment may have (prefect.yaml's: run from the repository's folder)."""
@@ -84,35 +86,59 @@ def _working_directories(pull_steps: Sequence[Any], code_root: Path) -> list[str
     return problems
 
 
+SERVED_MARKER = "DENPEX_SERVED_RUNS"
+"""Set by ``denpex serve`` in its own environment, which its runs inherit. A worker's run never
+has it: the job configuration that would set it is refused (:func:`check_run_settings`), and an
+API writer who sets it anyway has gained nothing, their command having run already."""
+
+
 def approval_secrets(state_dir: Path) -> list[Path]:
-    """Where the approval page keeps its secrets in ``state_dir``: each approver's TOTP secret and
-    the page's signing key (when it was given no secret file of its own)."""
+    """Where the approval page keeps its secrets in ``state_dir``: each approver's TOTP secret (or
+    their folder, when it can be entered but not listed) and the page's signing key (when it was
+    given no secret file of its own)."""
     totp = TotpStore(state_dir).folder
     try:
         secrets = sorted(p for p in totp.iterdir() if p.is_file())
-    except OSError:  # no folder, or one this user cannot list: nothing it could read there
-        secrets = []
+    except OSError:  # no folder, or one this user cannot list
+        secrets = [totp] if totp.is_dir() and os.access(totp, os.X_OK) else []
     return [*secrets, signing_key_path(state_dir)]
 
 
+def approval_trust_anchors(environ: Mapping[str, str], state_dir: Path) -> list[Path]:
+    """What the flow trusts a page decision by: the page's public key file and its folder. Whoever
+    can replace the file signs decisions of their own."""
+    key = page_public_key_path(environ, state_dir)
+    return [key, key.parent]
+
+
 def _readable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.R_OK)
+    return (path.is_file() and os.access(path, os.R_OK)) or (path.is_dir() and os.access(path, os.X_OK))
 
 
-def check_approval_secrets(*, work_pool: str | None, state_dir: Path,
-                           readable: Callable[[Path], bool] = _readable) -> None:
-    """FlowParameterError when a work pool's worker started this run and this process can read
-    an approval secret in ``state_dir``: the job configuration that the Prefect API edits chose
-    the command that started it, so an API writer could have read the secrets and approved as
-    anyone. ``work_pool`` None is a run that ``denpex serve`` (or a test) started itself."""
-    if work_pool is None:
+def _writable(path: Path) -> bool:
+    return path.exists() and os.access(path, os.W_OK)
+
+
+def check_approval_secrets(*, served: bool, work_pool: str | None, state_dir: Path,
+                           environ: Mapping[str, str], readable: Callable[[Path], bool] = _readable,
+                           writable: Callable[[Path], bool] = _writable) -> None:
+    """FlowParameterError when this run was not started by ``denpex serve`` (``served``) and its
+    process can read an approval secret in ``state_dir`` or replace the public key the flow trusts.
+    A worker starts a run with the command its job configuration names, which the Prefect API edits:
+    an API writer could have read the secrets, or planted a key, and approved as anyone.
+
+    A tripwire, not a barrier: that command has run before this check, and need not start the flow
+    at all. It makes a worker set up where page approvals cannot hold fail loudly, on its first run."""
+    if served:
         return
     found = [str(p) for p in approval_secrets(state_dir) if readable(p)]
+    found += [f"{p} (writable)" for p in approval_trust_anchors(environ, state_dir) if writable(p)]
     if found:
+        by = f"work pool {work_pool[:100]!r}'s worker" if work_pool else "a process other than `denpex serve`"
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise FlowParameterError(
-            f"this run was started by work pool {work_pool[:100]!r}'s worker, and it can read the approval "
-            f"page's secrets ({shown}): a worker runs the command its job configuration names, which "
-            "anyone who may write through the Prefect API can replace, so they could approve as any approver. "
-            "Run the flows with `denpex serve` (it ignores job variables), or as a user that cannot read "
-            "the approvers' TOTP secrets and the page's signing key; nothing was done")
+            f"this run was started by {by}, which can reach the approval page's secrets or its key ({shown}): "
+            "a worker runs the command its job configuration names, which anyone who may write through the "
+            "Prefect API can replace, so they could approve as any approver. Run the flows with `denpex serve` "
+            "(it ignores job variables), or as a user that can neither read the approvers' TOTP secrets and "
+            "the page's signing key nor write its public key; nothing was done")

@@ -14,8 +14,12 @@ stall reaches 0.75 x the 5 s timeout.
 
 ``OUT`` receives what the demo uploads: ``rank_<r>.pkl``, ``collector/rank_<r>.stacks.json``, a
 ``manifest.json`` placing rank r on ``gpu-node-00{r+1}`` (GPU ``0000:3b:00.0``, with each rank's
-pid and dump time) and a ``kernel.log`` whose Xid 79 names rank 2's pid a minute before the
-dumps. The dumps were recorded without a GPU: the kernel line is written, not observed.
+pid and dump time) and a ``kernel.log`` whose Xid 79 names rank 2's pid 54 s before the dumps.
+The dumps were recorded without a GPU: the kernel line is written, not observed.
+
+``OUT`` and the job root are replaced whole, so each must be missing, empty or an earlier
+recording's; ``--venv`` is created as a link when missing, and must otherwise be this
+environment. The rank's FIFO is removed once the job is stopped.
 """
 
 from __future__ import annotations
@@ -56,22 +60,39 @@ def host(rank: int) -> str:
 
 def record(out: Path, job_root: Path, venv: Path, cap: timedelta = timedelta(minutes=3)) -> None:
     """Run the job, wait until every rank has dumped, and write the incident folder ``out``."""
+    _refuse_unless_ours(out, ("manifest.json", "kernel.log", "collector"))
+    _refuse_unless_ours(job_root, ("train.py", "ckpt", "fr"))
     python = _job_python(venv)
     _prepare(job_root)
     port = _free_port()
-    procs = [_launch(rank, job_root, python, port) for rank in range(WORLD)]
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        procs += [_launch(rank, job_root, python, port) for rank in range(WORLD)]
         records = _wait_for_dumps(job_root / "fr", procs, cap)
     finally:
         for proc in procs:
             _kill(proc)
+        # Left behind, the FIFO would block whatever opens it next (a recursive grep).
+        (job_root / "ckpt" / f"shard_{STALLED_RANK}.pt").unlink(missing_ok=True)
     _assemble(out, job_root / "fr", records, {r: p.pid for r, p in enumerate(procs)})
+
+
+def _refuse_unless_ours(folder: Path, marks: tuple[str, ...]) -> None:
+    """``folder`` is replaced whole: only when it is missing, empty, or an earlier recording's."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise SystemExit(f"{folder} is not a folder this recorder made; give another path")
+    if folder.is_dir() and any(folder.iterdir()) and not all((folder / m).exists() for m in marks):
+        raise SystemExit(f"{folder} holds files this recorder did not write; give a new or empty folder")
 
 
 def _job_python(venv: Path) -> Path:
     """``venv``, a link to this interpreter's environment: the modules then load from under it."""
+    if venv.is_symlink() and not venv.exists():
+        raise SystemExit(f"{venv} is a dangling link; remove it or give --venv another path")
     if not venv.exists():
         venv.symlink_to(sys.prefix, target_is_directory=True)
+    elif venv.resolve() != Path(sys.prefix).resolve():
+        raise SystemExit(f"{venv} is another environment ({venv.resolve()}), not this one ({sys.prefix})")
     return venv / "bin" / "python"
 
 
@@ -90,10 +111,11 @@ def _launch(rank: int, job_root: Path, python: Path, port: int) -> subprocess.Po
            "PYTHONPATH": str(job_root / "deps"), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(WORLD), "NODE_NAME": host(rank),
            "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    log = open(job_root / f"rank_{rank}.log", "wb")  # noqa: SIM115 - the child holds it
-    return subprocess.Popen([str(python), str(job_root / "train.py"), "--checkpoint-dir", str(job_root / "ckpt"),
-                             "--dump-dir", str(job_root / "fr")], cwd=job_root, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+    with open(job_root / f"rank_{rank}.log", "wb") as log:  # the child keeps its own copy
+        return subprocess.Popen([str(python), str(job_root / "train.py"), "--checkpoint-dir",
+                                 str(job_root / "ckpt"), "--dump-dir", str(job_root / "fr")], cwd=job_root,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
 
 
 def _die_with_parent() -> None:

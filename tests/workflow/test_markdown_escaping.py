@@ -17,7 +17,7 @@ from denpex.evidence.errors import ManifestError
 from denpex.evidence.manifest import parse_manifest_bytes
 from denpex.ingest.errors import InvalidRequestError
 from denpex.ingest.identity import parse_identity
-from denpex.markdown_text import chat_text, code_block, folded, inline, visible
+from denpex.markdown_text import CONTINUED, chat_text, code_block, folded, inline, visible
 from denpex.report import PlanView, TriageReport
 from denpex.workflow.markdown import REPORT_COLUMNS, candidates_table, decision_markdown, report_markdown
 from denpex.workflow.notify import approval_notice
@@ -187,13 +187,24 @@ def test_the_reports_code_blocks_fit_the_artifact_page() -> None:
     assert "| 2 | gpu-node-003 | not_entered |" in markdown  # the table, above the text
 
 
-def test_folding_keeps_every_character_and_indents_continuations() -> None:
+def test_folding_keeps_every_character_and_marks_continuations() -> None:
     path = "/opt/job/" + "deep/" * 30 + "train.py:88 step()"
     text = "short line\n    " + "word " * 40 + "\n" + path
     out = folded(text, 40)
     assert all(len(line) <= 40 for line in out.splitlines())
-    assert "".join(out.split()) == "".join(text.split())
+    assert "".join(out.replace(CONTINUED, "").split()) == "".join(text.split())
     first, *rest = [line for line in out.splitlines() if "word" in line]
-    assert first.startswith("    word") and len(rest) >= 4 and all(line.startswith("        word") for line in rest)
-    assert out.splitlines()[-1].startswith("    ")  # the path's own continuation
+    assert first.startswith("    word") and len(rest) >= 4 and all(line.startswith("      ↪ word") for line in rest)
+    assert out.splitlines()[-1].startswith("  ↪ ")  # the path's own continuation
     assert folded("a\n\nb", 10) == "a\n\nb"
+    tabs = folded("\tx " * 30, 40)  # tabs kept as written (whitespace at a fold point is dropped)
+    assert tabs.count("\t") >= 28 and "    x" not in tabs
+
+
+def test_a_deep_indent_cannot_blow_the_folded_text_up() -> None:
+    """A frame's file comes from the job (up to 512 characters, leading spaces allowed): carried
+    whole onto every continuation, an indent near the width folded one character per line."""
+    hostile = " " * 500 + "x" * 500
+    out = folded(hostile, REPORT_COLUMNS)
+    assert len(out) < 2 * len(hostile) and all(len(line) <= REPORT_COLUMNS for line in out.splitlines())
+    assert out.replace(CONTINUED, "").replace(" ", "").replace("\n", "") == "x" * 500

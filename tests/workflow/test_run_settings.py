@@ -136,19 +136,51 @@ def test_a_work_pools_template_variables_reach_the_rendered_env(prefect_harness:
         check_run_settings(env=env, command=command, pull_steps=None, code_root=CODE_ROOT)
 
 
-def test_a_work_pool_run_that_can_read_an_approval_secret_is_refused(tmp_path: Path) -> None:
+def test_a_run_not_served_that_can_reach_an_approval_secret_is_refused(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 30, A4: a worker's command is the job configuration's, which API writers edit; where
-    that worker can read the approvers' TOTP secrets or the page's signing key, they could
-    approve as anyone. A run of `denpex serve` (no work pool) shares the state directory safely."""
-    check_approval_secrets(work_pool="denpex", state_dir=tmp_path)  # nothing to read yet
+    that worker can read the approvers' TOTP secrets or the page's signing key, or replace the
+    public key the flow trusts, they could approve as anyone. A run of `denpex serve` shares the
+    state directory safely; anything else is held to the check (a deployment once made by
+    `prefect deploy` keeps its pool's name when served again, so the pool cannot tell)."""
+    def check(served: bool = False, **seen: Any) -> None:
+        check_approval_secrets(served=served, work_pool="denpex", state_dir=tmp_path, environ={}, **seen)
+
+    check()  # nothing to reach yet
     TotpStore(tmp_path).enroll("alice")
-    check_approval_secrets(work_pool=None, state_dir=tmp_path)
-    with pytest.raises(FlowParameterError, match="work pool 'denpex'.*can read the approval page's secrets") as why:
-        check_approval_secrets(work_pool="denpex", state_dir=tmp_path)
+    check(served=True)
+    with pytest.raises(FlowParameterError, match="work pool 'denpex'.*approval page's secrets") as why:
+        check()
     assert str(tmp_path / "approvers" / "totp" / "alice") in str(why.value) and "denpex serve" in str(why.value)
     # The same files kept from the worker's user (here: seen as unreadable) let it run.
-    check_approval_secrets(work_pool="denpex", state_dir=tmp_path, readable=lambda p: False)
+    check(readable=lambda p: False)
+    # A TOTP folder that can be entered but not listed (mode 0711) may still hold a readable secret.
+    listing = Path.iterdir
+
+    def unlistable(path: Path) -> Any:
+        if path.name == "totp":
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "iterdir", unlistable)
+        with pytest.raises(FlowParameterError, match=r"approvers/totp[,)]"):
+            check()
     (tmp_path / "approvers" / "totp" / "alice").unlink()
     load_or_create_signing_key(signing_key_path(tmp_path), create=True)
     with pytest.raises(FlowParameterError, match="signing.key"):
-        check_approval_secrets(work_pool="k8s-pool", state_dir=tmp_path)
+        check()
+    signing_key_path(tmp_path).unlink()
+    # Without any secret here (the page's key in a secret file elsewhere, the proxy as the second
+    # factor), a public key the worker could replace is as good as the private one.
+    public = tmp_path / "approval-page" / "signing.pub"
+    public.write_text("ssh-ed25519 AAAA")
+    with pytest.raises(FlowParameterError, match=r"signing\.pub \(writable\)"):
+        check(readable=lambda p: False)
+    check(readable=lambda p: False, writable=lambda p: False)
+    elsewhere = tmp_path / "keys" / "page.pub"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("x")
+    with pytest.raises(FlowParameterError, match=r"keys/page\.pub \(writable\)"):
+        check_approval_secrets(served=False, work_pool=None, state_dir=tmp_path,
+                               environ={"DENPEX_APPROVAL_PAGE_KEY": str(elsewhere)}, readable=lambda p: False)
