@@ -27,10 +27,7 @@ _INVISIBLE = re.compile(
 _SHOWN_CODES = 3
 # Every ASCII punctuation character may be backslash-escaped in CommonMark; these are the ones
 # that open or close markup anywhere in a line (emphasis, code, links, images, HTML, tables).
-_MARKUP = re.compile(r"([\\`*_{}\[\]()<>|~&@])")
-# GitHub's markdown (and the UI's) also links bare "http://", "https://", "ftp://", "www." and
-# e-mail addresses (hence "@" above): an escape inside each keeps it text.
-_BARE_LINK = re.compile(r"(?i)(:)(//)|\b(www)(\.)")
+_MARKUP = re.compile(r"([\\`*_{}\[\]()<>|~&])")
 # These start a block only at the start of a line (list, heading, quote, setext or thematic
 # break, ordered list): escaped there, and left readable inside words (gpu-node-003, 10.0.0.1).
 _BLOCK_START = re.compile(r"^(\s*)(?:([-+#=])|(\d+)([.]))")
@@ -58,17 +55,12 @@ def inline(text: object, *, limit: int = 2000) -> str:
     """``text`` as one line of literal markdown: control characters become spaces, overlong text
     is cut (with an ellipsis) so one field cannot bury the rest, invisible characters are written
     out (``visible``; after the cut, so a run of them cannot push the rest out), and markup is
-    escaped, bare links included (``https:\\/\\/``, ``www\\.``, ``a\\@b``)."""
+    escaped."""
     flat = _CONTROL.sub(" ", str(text))
     if len(flat) > limit:
         flat = flat[:limit] + "…"
-    escaped = _BARE_LINK.sub(_unlinked, _MARKUP.sub(r"\\\1", visible(flat)))
+    escaped = _MARKUP.sub(r"\\\1", visible(flat))
     return _BLOCK_START.sub(_escape_block_start, escaped, count=1)
-
-
-def _unlinked(match: re.Match[str]) -> str:
-    colon, slashes, www, dot = match.groups()
-    return f"{colon}\\/\\/" if colon else f"{www}\\{dot}"
 
 
 def _escape_block_start(match: re.Match[str]) -> str:
