@@ -1,4 +1,5 @@
-"""SSH credentials for the Slurm controller or login node. The key is a secret."""
+"""SSH credentials for the Slurm controller or login node. The key is a secret: keep it in the
+workers' ``DENPEX_CLUSTER_SECRETS`` folder rather than here (``denpex.isolation.cluster_secrets``)."""
 
 from __future__ import annotations
 
@@ -12,23 +13,30 @@ __all__ = ["DenpexSshCredentials"]
 
 
 class DenpexSshCredentials(Block):
-    """A user, a private key (SecretStr: redacted in logs and the UI) and the pinned host keys."""
+    """A user, the pinned host keys and, where the workers keep no credentials folder, a private
+    key (SecretStr: redacted in logs and the UI, but given to any Prefect API client that asks)."""
 
     _block_type_slug = "denpex-ssh-credentials"
     _block_type_name = "Denpex SSH Credentials"
 
     username: str = "denpex"
-    private_key: SecretStr = Field(description="OpenSSH private key text")
+    private_key: SecretStr | None = Field(default=None, description=(
+        "OpenSSH private key text; leave empty where the workers keep it in DENPEX_CLUSTER_SECRETS "
+        "(Prefect gives a block's secrets to any API client)"))
     passphrase: SecretStr | None = None
     known_hosts: str = Field(description="known_hosts lines pinning the host key(s); unknown keys are refused")
 
-    def write_files(self, folder: Path, stem: str) -> tuple[Path, Path]:
-        """Write the key (mode 0600) and known_hosts for paramiko; return both paths."""
+    def write_files(self, folder: Path, stem: str, *, key: Path | None = None) -> tuple[Path, Path]:
+        """Write known_hosts and, unless ``key`` is the worker's own file, the key (mode 0600);
+        return both paths."""
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = folder / f"{stem}.key"
         known = folder / f"{stem}.known_hosts"
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        known.write_text(self.known_hosts.rstrip("\n") + "\n")
+        if key is not None:
+            return key, known
+        assert self.private_key is not None, "the caller checked that the block carries the key"
+        written = folder / f"{stem}.key"
+        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(self.private_key.get_secret_value().rstrip("\n") + "\n")
-        known.write_text(self.known_hosts.rstrip("\n") + "\n")
-        return key, known
+        return written, known

@@ -34,7 +34,7 @@ from denpex.approval_page.brief import ApprovalBrief
 from denpex.charts import Chart, charts_section
 from denpex.isolation.config import IsolationSettings
 from denpex.evidence.store import open_store
-from denpex.isolation.errors import AuditChainError, RunbookError, StoreError
+from denpex.isolation.errors import AuditChainError, ConfigError, RunbookError, StoreError
 from denpex.isolation.operator import resolve_audit_store, state_audit_log
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.policy import IsolationPolicy, Scheduler, SecondFactor
@@ -152,9 +152,14 @@ def find_target(cluster: str, runbook: Path, *, tenant: str | None) -> TargetLoo
     decision = judge_target(read_ownership(state_dir(), cluster), tenant=tenant, block_cluster=block.cluster_name)
     if not decision.allowed:
         return TargetLookup(None, refused=decision.reason)
-    # Settings are made (key files written) only for a target that may be used.
-    return TargetLookup(Target(scheduler, block.settings(state_dir(), runbook), block.cluster_name, decision.tenant),
-                        note=decision.reason)
+    # Settings are made (key files written) only for a target that may be used. A credential in
+    # the block where the worker keeps its own, or none anywhere, refuses the target: the triage
+    # still reports, and nothing connects.
+    try:
+        settings = block.settings(state_dir(), runbook, os.environ)
+    except ConfigError as exc:
+        return TargetLookup(None, refused=str(exc))
+    return TargetLookup(Target(scheduler, settings, block.cluster_name, decision.tenant), note=decision.reason)
 
 
 def webhook_url() -> str | None:

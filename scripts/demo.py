@@ -239,14 +239,20 @@ def _start_slurm(services: Services, incident: IncidentFolder) -> Any:
     return lab
 
 
-def _register_blocks(lab: Any) -> None:
+def _register_blocks(lab: Any, secrets: Path) -> None:
+    """The runbook and the lab's target block. The lab's SSH key goes to the workers' credentials
+    folder (``secrets``, named by DENPEX_CLUSTER_SECRETS), not into the block: Prefect gives a
+    block's secrets to any API client that asks."""
     from blocks import DenpexRunbook, DenpexSlurmTarget, DenpexSshCredentials
     from blocks.register import register_block_types
 
     register_block_types()
     DenpexRunbook(name="hang-triage").save("default", overwrite=True)
-    creds = DenpexSshCredentials(username="root", private_key=lab.client_key.read_text(),
-                                 known_hosts=lab.known_hosts.read_text())
+    secrets.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(secrets / "lab.ssh-key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as key:
+        key.write(lab.client_key.read_bytes())
+    creds = DenpexSshCredentials(username="root", known_hosts=lab.known_hosts.read_text())
     DenpexSlurmTarget(cluster_name="lab", host="127.0.0.1", port=lab.ssh_port, credentials=creds).save(
         "lab", overwrite=True)
 
@@ -404,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         env[EVIDENCE_ROOT_ENV] = store_uri  # the flow triages only an incident's folder in this store
         os.environ.update(env)  # this process talks to the same API and store from here on
         lab = _start_slurm(services, incident)
-        _register_blocks(lab)
+        from denpex.isolation.cluster_secrets import SECRETS_ENV
+        env[SECRETS_ENV] = str(run_dir / "cluster-secrets")  # the workers' own, never a block's
+        _register_blocks(lab, Path(env[SECRETS_ENV]))
         page = _start_approval_page(services, run_dir, env)
         served = services.spawn([sys.executable, "-m", "flows.serve"], env, run_dir / "serve.log")
         incident_id = f"demo-{run_dir.name.lower()}"

@@ -145,6 +145,35 @@ def test_tenant_b_cannot_drain_tenant_a_cluster_through_a_target(state: Path, a_
     assert not list((state / "plans").glob(f"**/{incident}.json"))  # nothing was put up for approval
 
 
+def test_a_target_block_carrying_its_token_is_refused_where_the_worker_keeps_its_own(
+        state: Path, a_cluster_api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30, the red team: Prefect gave the target block's credential to a client holding the
+    API's auth string, which then acted on the cluster without Denpex. Where the worker keeps
+    credentials of its own (DENPEX_CLUSTER_SECRETS), a block still carrying one is refused before
+    anything connects; the run still triages and says why."""
+    from blocks.targets import block_name_for
+    from denpex.ingest.database import Database
+    from denpex.ingest.incidents import IncidentBook, IncidentKey
+
+    _two_tenants(state)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    token = secrets / f"{block_name_for(A_CLUSTER)}.kube-token"
+    token.write_text("the-workers-own")
+    token.chmod(0o600)
+    monkeypatch.setenv("DENPEX_CLUSTER_SECRETS", str(secrets))
+    incident = f"xt-{uuid.uuid4().hex[:8]}"
+    IncidentBook(Database(state)).claim_run(IncidentKey("a", A_CLUSTER, incident), "gloo-withheld_one", world_size=4,
+                                            alert_time=ALERT_TIME.isoformat(), reported_by_rank=0)
+    result = _run_as_attacker(state, tenant="a", cluster=A_CLUSTER, job_id="gloo-withheld_one", incident_id=incident,
+                              alert_time=ALERT_TIME, evidence=_evidence(tmp_path, "a", incident), world_size=4,
+                              reported_by_rank=0, alert_id=f"am-{incident}")
+    assert result["verdict"] == "localized" and result["outcome"] == "refused", result["reason"]
+    assert "carries its API token, which Prefect gives to any API client" in result["reason"]
+    assert not a_cluster_api.requests, a_cluster_api.requests  # nothing connected
+    assert not list((state / "plans").glob(f"**/{incident}.json"))
+
+
 def test_a_run_cannot_triage_another_tenants_uploads_as_its_own_incident(state: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Tenant b's upload (its own cluster, its own job) shown to tenant a's approver as a's incident:

@@ -1,0 +1,66 @@
+"""Where a cluster's credential (the SSH key to its Slurm controller, the Kubernetes token) is
+kept: a folder in the worker's own environment, never a Prefect block.
+
+Prefect's API gives a block's secret fields to any client that asks (``include_secrets``), so a
+key kept in a target block is every API user's: a red team read the lab's SSH key that way and
+drained a node without Denpex. With ``DENPEX_CLUSTER_SECRETS`` set on the workers, the block says
+where the cluster is and the folder holds its credential, one file per cluster::
+
+    $DENPEX_CLUSTER_SECRETS/<cluster-slug>.ssh-key      OpenSSH private key (mode 0600)
+    $DENPEX_CLUSTER_SECRETS/<cluster-slug>.kube-token   bearer token (mode 0600)
+
+and a block that still carries a credential is refused there, before anything connects. Without
+the variable, a block's own credential is used as before.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from denpex.isolation.errors import ConfigError
+
+__all__ = ["SECRETS_ENV", "SecretKind", "cluster_secrets_dir", "worker_secret_file", "refuse_block_secret"]
+
+SECRETS_ENV = "DENPEX_CLUSTER_SECRETS"
+SecretKind = Literal["ssh-key", "kube-token"]
+
+
+def cluster_secrets_dir(environ: Mapping[str, str]) -> Path | None:
+    """The worker's credentials folder (absolute), or None when the variable is not set."""
+    named = environ.get(SECRETS_ENV, "").strip()
+    if not named:
+        return None
+    folder = Path(named)
+    if not folder.is_absolute():
+        raise ConfigError(f"{SECRETS_ENV}={named!r} must be an absolute folder")
+    return folder
+
+
+def worker_secret_file(folder: Path, cluster_slug: str, kind: SecretKind) -> Path:
+    """The cluster's credential file in ``folder``: present, a regular file, readable by its owner only."""
+    path = folder / f"{cluster_slug}.{kind}"
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"{path}: no {kind} for cluster {cluster_slug!r} in {SECRETS_ENV} "
+                          f"({exc.strerror or exc})") from exc
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{path}: not a regular file")
+    if mode & 0o077:
+        raise ConfigError(f"{path}: the {kind} is accessible to group or others (mode {oct(mode & 0o777)}); "
+                          "chmod 600 it")
+    return path
+
+
+def refuse_block_secret(folder: Path | None, *, carried: bool, what: str, cluster: str) -> None:
+    """ConfigError when the block carries ``what`` although the worker keeps credentials in
+    ``folder``, or carries none and the worker keeps none."""
+    if folder is not None and carried:
+        raise ConfigError(f"the target block of cluster {cluster!r} carries its {what}, which Prefect gives to any "
+                          f"API client that asks; remove it from the block: this worker reads it from {folder}")
+    if folder is None and not carried:
+        raise ConfigError(f"the target block of cluster {cluster!r} carries no {what}, and this worker sets no "
+                          f"{SECRETS_ENV} folder to read it from")

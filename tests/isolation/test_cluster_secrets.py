@@ -1,0 +1,95 @@
+"""Issue 30, the red team's critical finding: Prefect's API gave the lab target block's SSH key
+to a client with the API's basic-auth string (``include_secrets``), and that key drained a node
+with no approval and no Denpex record. With ``DENPEX_CLUSTER_SECRETS`` on the workers, the key
+(or a Kubernetes token) is the worker's own file, and a block still carrying one is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from blocks.ssh import DenpexSshCredentials
+from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget
+from denpex.isolation.cluster_secrets import SECRETS_ENV, cluster_secrets_dir
+from denpex.isolation.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOK = ROOT / "runbooks" / "hang-triage.yaml"
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+def _secret(folder: Path, name: str, body: str, mode: int = 0o600) -> Path:
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / name
+    path.write_text(body)
+    os.chmod(path, mode)
+    return path
+
+
+def _slurm(private_key: str | None) -> DenpexSlurmTarget:
+    creds = DenpexSshCredentials(username="root", known_hosts="[127.0.0.1]:2222 ssh-ed25519 AAAA",
+                                 private_key=SecretStr(private_key) if private_key else None)
+    return DenpexSlurmTarget(cluster_name="Lab East", host="127.0.0.1", port=2222, credentials=creds)
+
+
+def test_the_worker_keeps_the_ssh_key_and_the_block_only_says_where(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    own = _secret(secrets, "lab-east.ssh-key", KEY)
+    settings = _slurm(None).settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+    assert settings.ssh is not None and settings.ssh.key_path == own
+    assert settings.ssh.known_hosts.read_text().startswith("[127.0.0.1]:2222")
+    assert not (tmp_path / "state" / "keys" / "slurm-lab-east.key").exists()  # no copy from a block
+
+
+def test_a_block_carrying_a_key_is_refused_where_the_worker_keeps_its_own(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    _secret(secrets, "lab-east.ssh-key", KEY)
+    with pytest.raises(ConfigError, match="carries its SSH private key, which Prefect gives to any API client"):
+        _slurm(KEY).settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+    assert not (tmp_path / "state" / "keys").exists()
+
+
+def test_without_the_folder_the_blocks_key_is_used_as_before(tmp_path: Path) -> None:
+    settings = _slurm(KEY).settings(tmp_path / "state", RUNBOOK, {})
+    assert settings.ssh is not None and settings.ssh.key_path.read_text() == KEY
+    assert settings.ssh.key_path.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(ConfigError, match=f"carries no SSH private key, and this worker sets no {SECRETS_ENV}"):
+        _slurm(None).settings(tmp_path / "state", RUNBOOK, {})
+
+
+@pytest.mark.parametrize("problem, match", [
+    ("missing", "no ssh-key for cluster 'lab-east'"),
+    ("shared", r"accessible to group or others \(mode 0o640\)"),
+    ("folder", "not a regular file"),
+])
+def test_the_workers_key_file_must_be_there_and_its_owners_alone(tmp_path: Path, problem: str, match: str) -> None:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    if problem == "shared":
+        _secret(secrets, "lab-east.ssh-key", KEY, mode=0o640)
+    elif problem == "folder":
+        (secrets / "lab-east.ssh-key").mkdir()
+    with pytest.raises(ConfigError, match=match):
+        _slurm(None).settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+
+
+def test_the_kubernetes_token_follows_the_same_rule(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    _secret(secrets, "k8s-east.kube-token", "tok-from-the-worker\n")
+    block = DenpexKubernetesTarget(cluster_name="k8s-east", host="https://10.0.0.1:6443")
+    settings = block.settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+    assert settings.kubernetes is not None and settings.kubernetes.token is not None
+    assert settings.kubernetes.token.get_secret_value() == "tok-from-the-worker"
+    carrying = DenpexKubernetesTarget(cluster_name="k8s-east", host="https://10.0.0.1:6443", token=SecretStr("t"))
+    with pytest.raises(ConfigError, match="carries its API token"):
+        carrying.settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+    assert carrying.settings(tmp_path / "state", RUNBOOK, {}).kubernetes is not None
+
+
+def test_the_folder_must_be_absolute() -> None:
+    assert cluster_secrets_dir({}) is None and cluster_secrets_dir({SECRETS_ENV: " "}) is None
+    with pytest.raises(ConfigError, match="must be an absolute folder"):
+        cluster_secrets_dir({SECRETS_ENV: "secrets"})
