@@ -33,6 +33,8 @@ class DenpexSshCredentials(Block):
         known = folder / f"{stem}.known_hosts"
         known.write_text(self.known_hosts.rstrip("\n") + "\n")
         if key is not None:
+            # A copy an earlier run wrote from the block goes: that key was in Prefect (rotate it).
+            (folder / f"{stem}.key").unlink(missing_ok=True)
             return key, known
         assert self.private_key is not None, "the caller checked that the block carries the key"
         written = folder / f"{stem}.key"

@@ -18,6 +18,7 @@ from pydantic import Field, SecretStr
 from blocks.ssh import DenpexSshCredentials
 from denpex.isolation.cluster_secrets import cluster_secrets_dir, refuse_block_secret, worker_secret_file
 from denpex.isolation.config import IsolationSettings, KubernetesSettings
+from denpex.isolation.errors import ConfigError
 from denpex.isolation.ssh import SshSettings
 from denpex.tenancy import cluster_slug
 
@@ -59,9 +60,9 @@ class DenpexSlurmTarget(Block):
         under the state directory; known_hosts is written there either way."""
         slug = block_name_for(self.cluster_name)
         folder = cluster_secrets_dir(environ)
-        refuse_block_secret(folder, carried=self.credentials.private_key is not None, what="SSH private key",
+        refuse_block_secret(folder, carried=_carried(self.credentials.private_key), what="SSH private key",
                             cluster=self.cluster_name)
-        own = worker_secret_file(folder, slug, "ssh-key") if folder else None
+        own = worker_secret_file(folder, slug, "ssh-key")[0] if folder else None
         key, known = self.credentials.write_files(state_dir / "keys", f"slurm-{slug}", key=own)
         ssh = SshSettings(host=self.host, port=self.port, username=self.credentials.username, key_path=key,
                           key_passphrase=self.credentials.passphrase, known_hosts=known,
@@ -86,15 +87,33 @@ class DenpexKubernetesTarget(Block):
         """The executor's settings: the token from the worker's credentials folder where
         ``environ`` names one (a block then carrying one is refused), else the block's."""
         folder = cluster_secrets_dir(environ)
-        refuse_block_secret(folder, carried=self.token is not None, what="API token", cluster=self.cluster_name)
-        token = self.token
+        refuse_block_secret(folder, carried=_carried(self.token), what="API token", cluster=self.cluster_name)
         if folder is not None:
-            path = worker_secret_file(folder, block_name_for(self.cluster_name), "kube-token")
-            token = SecretStr(path.read_text().strip())
+            return self._with_workers_token(folder, state_dir, runbook)
         ca = None
         if self.ca_cert_pem:
             ca = state_dir / "keys" / f"kube-{block_name_for(self.cluster_name)}.ca.pem"
             ca.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             ca.write_text(self.ca_cert_pem)
-        kube = KubernetesSettings(host=self.host, token=token, ca_cert=ca)
+        kube = KubernetesSettings(host=self.host, token=self.token, ca_cert=ca)
         return _state_settings(state_dir, runbook, self.cluster_name, kubernetes=kube)
+
+    def _with_workers_token(self, folder: Path, state_dir: Path, runbook: Path) -> IsolationSettings:
+        """The worker's token, sent only over https under the worker's CA: the block's ``host``
+        is the API writer's, and an address of theirs must not receive the token."""
+        slug = block_name_for(self.cluster_name)
+        if not self.host.lower().startswith("https://"):
+            raise ConfigError(f"the target block of cluster {self.cluster_name!r} names {self.host[:200]!r}; "
+                              "this worker sends its token to an https:// API server only")
+        _, token = worker_secret_file(folder, slug, "kube-token")
+        ca, pem = worker_secret_file(folder, slug, "kube-ca.pem")
+        if self.ca_cert_pem and self.ca_cert_pem.strip() != pem:
+            raise ConfigError(f"the target block of cluster {self.cluster_name!r} names another CA than this "
+                              f"worker's {ca.name}; remove it from the block")
+        kube = KubernetesSettings(host=self.host, token=SecretStr(token), ca_cert=ca)
+        return _state_settings(state_dir, runbook, self.cluster_name, kubernetes=kube)
+
+
+def _carried(secret: SecretStr | None) -> bool:
+    """Whether a block holds a credential: an empty field (a cleared form) holds none."""
+    return secret is not None and bool(secret.get_secret_value().strip())

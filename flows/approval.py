@@ -32,6 +32,7 @@ from blocks.targets import DenpexKubernetesTarget, DenpexSlurmTarget, block_name
 from denpex.analysis.models import TriageResult
 from denpex.approval_page.brief import ApprovalBrief
 from denpex.charts import Chart, charts_section
+from denpex.isolation.cluster_secrets import SECRETS_ENV, cluster_secrets_dir
 from denpex.isolation.config import IsolationSettings
 from denpex.evidence.store import open_store
 from denpex.isolation.errors import AuditChainError, ConfigError, RunbookError, StoreError
@@ -157,9 +158,13 @@ def find_target(cluster: str, runbook: Path, *, tenant: str | None) -> TargetLoo
     # still reports, and nothing connects.
     try:
         settings = block.settings(state_dir(), runbook, os.environ)
+        own_folder = cluster_secrets_dir(os.environ) is not None
     except ConfigError as exc:
         return TargetLookup(None, refused=str(exc))
-    return TargetLookup(Target(scheduler, settings, block.cluster_name, decision.tenant), note=decision.reason)
+    exposed = "" if own_folder else (f"the target block carries cluster {cluster!r}'s credential, which Prefect gives "
+                                     f"to any API client that asks: keep it in the workers' {SECRETS_ENV} folder")
+    return TargetLookup(Target(scheduler, settings, block.cluster_name, decision.tenant),
+                        note="; ".join(n for n in (decision.reason, exposed) if n))
 
 
 def webhook_url() -> str | None:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from denpex.isolation.cluster_secrets import cluster_secrets_dir, worker_secret_files
+from denpex.isolation.errors import ConfigError
 from denpex.isolation.page_record import page_public_key_path, signing_key_path
 from denpex.isolation.second_factor import TotpStore
 from denpex.workflow.flow_parameters import FlowParameterError
@@ -111,6 +113,15 @@ def approval_trust_anchors(environ: Mapping[str, str], state_dir: Path) -> list[
     return [key, key.parent]
 
 
+def _cluster_credentials(environ: Mapping[str, str]) -> list[Path]:
+    """The clusters' SSH keys and tokens the worker keeps (``denpex.isolation.cluster_secrets``):
+    a command an API writer chose would read them as well."""
+    try:
+        return worker_secret_files(cluster_secrets_dir(environ))
+    except ConfigError:  # a relative folder: the run refuses it when it reaches its target
+        return []
+
+
 def _readable(path: Path) -> bool:
     return (path.is_file() and os.access(path, os.R_OK)) or (path.is_dir() and os.access(path, os.X_OK))
 
@@ -131,13 +142,14 @@ def check_approval_secrets(*, served: bool, work_pool: str | None, state_dir: Pa
     at all. It makes a worker set up where page approvals cannot hold fail loudly, on its first run."""
     if served:
         return
-    found = [str(p) for p in approval_secrets(state_dir) if readable(p)]
+    found = [str(p) for p in approval_secrets(state_dir) + _cluster_credentials(environ) if readable(p)]
     found += [f"{p} (writable)" for p in approval_trust_anchors(environ, state_dir) if writable(p)]
     if found:
         by = f"work pool {work_pool[:100]!r}'s worker" if work_pool else "a process other than `denpex serve`"
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise FlowParameterError(
-            f"this run was started by {by}, which can reach the approval page's secrets or its key ({shown}): "
+            f"this run was started by {by}, which can reach the approval page's secrets or its key, or the "
+            f"clusters' credentials ({shown}): "
             "a worker runs the command its job configuration names, which anyone who may write through the "
             "Prefect API can replace, so they could approve as any approver. Run the flows with `denpex serve` "
             "(it ignores job variables), or as a user that can neither read the approvers' TOTP secrets and "

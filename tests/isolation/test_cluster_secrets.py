@@ -64,29 +64,74 @@ def test_without_the_folder_the_blocks_key_is_used_as_before(tmp_path: Path) -> 
     ("missing", "no ssh-key for cluster 'lab-east'"),
     ("shared", r"accessible to group or others \(mode 0o640\)"),
     ("folder", "not a regular file"),
+    ("link", "not a regular file"),
+    ("empty", "the ssh-key is empty"),
+    ("other owner", r"owned by uid \d+, not by this worker.s user \(4242\)"),
+    ("unreadable", "cannot read the ssh-key"),
 ])
-def test_the_workers_key_file_must_be_there_and_its_owners_alone(tmp_path: Path, problem: str, match: str) -> None:
+def test_the_workers_key_file_must_be_there_and_its_owners_alone(tmp_path: Path, problem: str, match: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
+    key = secrets / "lab-east.ssh-key"
     if problem == "shared":
-        _secret(secrets, "lab-east.ssh-key", KEY, mode=0o640)
+        _secret(secrets, key.name, KEY, mode=0o640)
     elif problem == "folder":
-        (secrets / "lab-east.ssh-key").mkdir()
+        key.mkdir()
+    elif problem == "link":
+        key.symlink_to(_secret(tmp_path / "elsewhere", "k", KEY))
+    elif problem == "empty":
+        _secret(secrets, key.name, " \n")
+    elif problem == "other owner":
+        _secret(secrets, key.name, KEY)
+        monkeypatch.setattr("denpex.isolation.cluster_secrets.os.geteuid", lambda: 4242)
+    elif problem == "unreadable":  # as seen by a worker's user that is not root
+        _secret(secrets, key.name, KEY)
+        monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: (_ for _ in ()).throw(
+            PermissionError(13, "Permission denied")))
     with pytest.raises(ConfigError, match=match):
         _slurm(None).settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
 
 
-def test_the_kubernetes_token_follows_the_same_rule(tmp_path: Path) -> None:
+def test_the_workers_token_goes_only_to_an_https_server_under_the_workers_ca(tmp_path: Path) -> None:
+    """The block's host is the API writer's: with the worker's token, an http:// address of theirs,
+    or an https:// one under a CA of their choosing, would receive it (review of the change)."""
     secrets = tmp_path / "secrets"
     _secret(secrets, "k8s-east.kube-token", "tok-from-the-worker\n")
+    ca = _secret(secrets, "k8s-east.kube-ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    env = {SECRETS_ENV: str(secrets)}
     block = DenpexKubernetesTarget(cluster_name="k8s-east", host="https://10.0.0.1:6443")
-    settings = block.settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+    settings = block.settings(tmp_path / "state", RUNBOOK, env)
     assert settings.kubernetes is not None and settings.kubernetes.token is not None
     assert settings.kubernetes.token.get_secret_value() == "tok-from-the-worker"
+    assert settings.kubernetes.ca_cert == ca and settings.kubernetes.verify_tls
+    with pytest.raises(ConfigError, match="sends its token to an https:// API server only"):
+        DenpexKubernetesTarget(cluster_name="k8s-east", host="http://attacker.example:80").settings(
+            tmp_path / "state", RUNBOOK, env)
+    with pytest.raises(ConfigError, match="names another CA than this worker's k8s-east.kube-ca.pem"):
+        DenpexKubernetesTarget(cluster_name="k8s-east", host="https://attacker.example", ca_cert_pem="THEIRS").settings(
+            tmp_path / "state", RUNBOOK, env)
+    ca.unlink()
+    with pytest.raises(ConfigError, match="no kube-ca.pem for cluster 'k8s-east'"):
+        block.settings(tmp_path / "state", RUNBOOK, env)
     carrying = DenpexKubernetesTarget(cluster_name="k8s-east", host="https://10.0.0.1:6443", token=SecretStr("t"))
     with pytest.raises(ConfigError, match="carries its API token"):
-        carrying.settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+        carrying.settings(tmp_path / "state", RUNBOOK, env)
     assert carrying.settings(tmp_path / "state", RUNBOOK, {}).kubernetes is not None
+    # A cleared field holds no credential.
+    cleared = DenpexKubernetesTarget(cluster_name="k8s-east", host="https://10.0.0.1:6443", token=SecretStr(" "))
+    with pytest.raises(ConfigError, match="carries no API token"):
+        cleared.settings(tmp_path / "state", RUNBOOK, {})
+
+
+def test_a_key_an_earlier_run_copied_from_the_block_is_removed(tmp_path: Path) -> None:
+    _slurm(KEY).settings(tmp_path / "state", RUNBOOK, {})
+    copied = tmp_path / "state" / "keys" / "slurm-lab-east.key"
+    assert copied.is_file()
+    secrets = tmp_path / "secrets"
+    _secret(secrets, "lab-east.ssh-key", KEY)
+    _slurm(None).settings(tmp_path / "state", RUNBOOK, {SECRETS_ENV: str(secrets)})
+    assert not copied.exists()
 
 
 def test_the_folder_must_be_absolute() -> None:

@@ -184,3 +184,17 @@ def test_a_run_not_served_that_can_reach_an_approval_secret_is_refused(tmp_path:
     with pytest.raises(FlowParameterError, match=r"keys/page\.pub \(writable\)"):
         check_approval_secrets(served=False, work_pool=None, state_dir=tmp_path,
                                environ={"DENPEX_APPROVAL_PAGE_KEY": str(elsewhere)}, readable=lambda p: False)
+
+
+def test_a_run_not_served_that_can_read_the_clusters_credentials_is_refused(tmp_path: Path) -> None:
+    """The clusters' SSH keys and tokens kept out of Prefect (DENPEX_CLUSTER_SECRETS) are no safer
+    on a worker whose command an API writer chose: the tripwire looks for them too."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "lab.ssh-key").write_text("key")
+    environ = {"DENPEX_CLUSTER_SECRETS": str(secrets)}
+    check_approval_secrets(served=True, work_pool="denpex", state_dir=tmp_path, environ=environ)
+    with pytest.raises(FlowParameterError, match=r"clusters' credentials \(.*lab\.ssh-key"):
+        check_approval_secrets(served=False, work_pool="denpex", state_dir=tmp_path, environ=environ)
+    check_approval_secrets(served=False, work_pool="denpex", state_dir=tmp_path, environ=environ,
+                           readable=lambda p: False)
