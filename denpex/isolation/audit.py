@@ -41,7 +41,6 @@ import hmac
 import io
 import os
 import secrets
-import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from denpex.isolation.errors import AuditChainError, AuditError, BusyError
 from denpex.isolation.plan import Operation, canonical_json
+from denpex.isolation.private_files import shared_file_problem
 
 __all__ = [
     "GENESIS_HASH",
@@ -457,9 +457,9 @@ def load_or_create_audit_key(path: Path) -> bytes:
         text = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise AuditError(f"{path}: cannot read the audit key: {exc}") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AuditChainError(f"{path}: the audit key is accessible to group or others (mode "
-                              f"{stat.S_IMODE(mode):o}); run `chmod 600 {path}` as the service user")
+    problem = shared_file_problem(path, mode, "audit key")
+    if problem:
+        raise AuditChainError(problem)
     try:
         key = bytes.fromhex(text)
     except ValueError as exc:

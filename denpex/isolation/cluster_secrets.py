@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from denpex.isolation.errors import ConfigError
+from denpex.isolation.private_files import shared_file_problem
 
 __all__ = ["SECRETS_ENV", "SecretKind", "cluster_secrets_dir", "worker_secret_file", "worker_secret_files",
            "refuse_block_secret"]
@@ -57,9 +58,9 @@ def worker_secret_file(folder: Path, cluster_slug: str, kind: SecretKind) -> tup
                           f"({exc.strerror or exc})") from exc
     if not stat.S_ISREG(found.st_mode):
         raise ConfigError(f"{path}: not a regular file (a link or a folder is refused)")
-    if found.st_mode & 0o077:
-        raise ConfigError(f"{path}: the {kind} is accessible to group or others (mode "
-                          f"{oct(found.st_mode & 0o777)}); chmod 600 it")
+    problem = shared_file_problem(path, found.st_mode, kind)
+    if problem:
+        raise ConfigError(problem)
     if found.st_uid != os.geteuid():
         raise ConfigError(f"{path}: owned by uid {found.st_uid}, not by this worker's user ({os.geteuid()})")
     try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from denpex.isolation.ed25519_keys import generate_key, load_private_key, public_key_text, save_private_key
 from denpex.isolation.errors import ConfigError
+from denpex.isolation.private_files import shared_file_problem
 from denpex.isolation.policy import ApprovalRule, SecondFactor
 
 if TYPE_CHECKING:
@@ -118,9 +118,9 @@ def load_or_create_signing_key(path: Path, *, create: bool) -> Ed25519PrivateKey
         mode = path.stat().st_mode
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the approval page's signing key: {exc.strerror or exc}") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"{path}: the approval page's signing key is accessible to group or others (mode "
-                          f"{stat.S_IMODE(mode):o}); run `chmod 600 {path}` as the service user")
+    problem = shared_file_problem(path, mode, "approval page's signing key")
+    if problem:
+        raise ConfigError(problem)
     return load_private_key(path)
 
 

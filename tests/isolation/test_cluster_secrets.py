@@ -62,7 +62,7 @@ def test_without_the_folder_the_blocks_key_is_used_as_before(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("problem, match", [
     ("missing", "no ssh-key for cluster 'lab-east'"),
-    ("shared", r"accessible to group or others \(mode 0o640\)"),
+    ("shared", r"accessible to group or others \(mode 640\); run `chmod 600 .*lab-east\.ssh-key`"),
     ("folder", "not a regular file"),
     ("link", "not a regular file"),
     ("empty", "the ssh-key is empty"),
