@@ -29,7 +29,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,8 @@ from pathlib import Path
 from denpex.collector import DumpFormat, dump_path, read_dump_records, write_atomic
 from denpex.collector.dump_record import DumpRecord
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
+from testkit.services.net import free_port
+from testkit.services.process_group import stop_process_group
 
 __all__ = ["record", "main"]
 
@@ -64,14 +65,14 @@ def record(out: Path, job_root: Path, venv: Path, cap: timedelta = timedelta(min
     _refuse_unless_ours(job_root, ("train.py", "ckpt", "fr"))
     python = _job_python(venv)
     _prepare(job_root)
-    port = _free_port()
+    port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs += [_launch(rank, job_root, python, port) for rank in range(WORLD)]
         records = _wait_for_dumps(job_root / "fr", procs, cap)
     finally:
         for proc in procs:
-            _kill(proc)
+            stop_process_group(proc, sig=signal.SIGKILL)
         # Left behind, the FIFO would block whatever opens it next (a recursive grep).
         (job_root / "ckpt" / f"shard_{STALLED_RANK}.pt").unlink(missing_ok=True)
     _assemble(out, job_root / "fr", records, {r: p.pid for r, p in enumerate(procs)})
@@ -122,12 +123,6 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_for_dumps(folder: Path, procs: list[subprocess.Popen[bytes]], cap: timedelta) -> dict[int, DumpRecord]:
     deadline = time.monotonic() + cap.total_seconds()
     while True:
@@ -138,14 +133,6 @@ def _wait_for_dumps(folder: Path, procs: list[subprocess.Popen[bytes]], cap: tim
         if dead or time.monotonic() > deadline:
             raise SystemExit(f"the job did not dump on every rank (exited: {dead}); see {folder.parent}/rank_*.log")
         time.sleep(0.2)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _assemble(out: Path, folder: Path, records: dict[int, DumpRecord], pids: dict[int, int]) -> None:
