@@ -3,11 +3,14 @@ workers' ``DENPEX_CLUSTER_SECRETS`` folder rather than here (``denpex.isolation.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
+
+from denpex.evidence.files import write_atomic
 
 __all__ = ["DenpexSshCredentials"]
 
@@ -30,8 +33,12 @@ class DenpexSshCredentials(Block):
         """Write known_hosts and, unless ``key`` is the worker's own file, the key (mode 0600);
         return both paths."""
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        known = folder / f"{stem}.known_hosts"
-        known.write_text(self.known_hosts.rstrip("\n") + "\n")
+        # Named by its content, never rewritten: a paused run reads its pins when it connects,
+        # and a later run of a block an API writer edited must not change them under it.
+        pins = (self.known_hosts.rstrip("\n") + "\n").encode()
+        known = folder / f"{stem}.{hashlib.sha256(pins).hexdigest()[:16]}.known_hosts"
+        if not known.is_file():
+            write_atomic(known, pins)
         if key is not None:
             # A copy an earlier run wrote from the block goes: that key was in Prefect (rotate it).
             (folder / f"{stem}.key").unlink(missing_ok=True)

@@ -87,7 +87,8 @@ def refuse_block_secret(folder: Path | None, *, carried: bool, what: str, cluste
     ``folder``, or carries none and the worker keeps none."""
     if folder is not None and carried:
         raise ConfigError(f"the target block of cluster {cluster!r} carries its {what}, which Prefect gives to any "
-                          f"API client that asks; remove it from the block: this worker reads it from {folder}")
+                          f"API client that asks; remove it from the block: this worker reads it from its "
+                          f"{SECRETS_ENV} folder")
     if folder is None and not carried:
         raise ConfigError(f"the target block of cluster {cluster!r} carries no {what}, and this worker sets no "
                           f"{SECRETS_ENV} folder to read it from")

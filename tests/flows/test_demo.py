@@ -79,7 +79,7 @@ def test_make_demo_approve_from_a_clean_clone(tmp_path: Path) -> None:
     run_dir = Path(last.removeprefix("report: ")).parents[4]
     assert (run_dir / "cluster-secrets" / "lab.ssh-key").stat().st_mode & 0o777 == 0o600
     keys = run_dir / "state" / "keys"
-    assert (keys / "slurm-lab.known_hosts").is_file() and not (keys / "slurm-lab.key").exists()
+    assert len(list(keys.glob("slurm-lab.*.known_hosts"))) == 1 and not (keys / "slurm-lab.key").exists()
     # Each rank's Python stacks went with its dump and were read back from the S3 store, as triage reads them.
     assert "[demo] the service stored the ranks' Python stacks beside their dumps (collector: ranks 0, 1, 2, 3)" in out
     assert '"kind":"intent"' in out and '"kind":"result"' in out  # the audit log is shown

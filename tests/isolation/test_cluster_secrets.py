@@ -138,3 +138,22 @@ def test_the_folder_must_be_absolute() -> None:
     assert cluster_secrets_dir({}) is None and cluster_secrets_dir({SECRETS_ENV: " "}) is None
     with pytest.raises(ConfigError, match="must be an absolute folder"):
         cluster_secrets_dir({SECRETS_ENV: "secrets"})
+
+
+def test_a_later_run_of_an_edited_block_leaves_a_paused_runs_host_pins_alone(tmp_path: Path) -> None:
+    """Red team of the change: every run rewrote one known_hosts file per cluster, which a paused
+    run reads only when it connects; a run of a block an API writer had edited swapped the pins
+    under it. Each set of pins is now a file of its own, named by its content."""
+    secrets = tmp_path / "secrets"
+    _secret(secrets, "lab-east.ssh-key", KEY)
+    env = {SECRETS_ENV: str(secrets)}
+    paused = _slurm(None).settings(tmp_path / "state", RUNBOOK, env)
+    assert paused.ssh is not None
+    pins = paused.ssh.known_hosts.read_text()
+    edited = _slurm(None)
+    edited.credentials.known_hosts = "[127.0.0.1]:24999 ssh-ed25519 THEIRS"
+    later = edited.settings(tmp_path / "state", RUNBOOK, env)
+    assert later.ssh is not None and later.ssh.known_hosts != paused.ssh.known_hosts
+    assert paused.ssh.known_hosts.read_text() == pins and "THEIRS" not in pins
+    again = _slurm(None).settings(tmp_path / "state", RUNBOOK, env)
+    assert again.ssh is not None and again.ssh.known_hosts == paused.ssh.known_hosts
