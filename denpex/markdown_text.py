@@ -28,6 +28,12 @@ _SHOWN_CODES = 3
 # Every ASCII punctuation character may be backslash-escaped in CommonMark; these are the ones
 # that open or close markup anywhere in a line (emphasis, code, links, images, HTML, tables).
 _MARKUP = re.compile(r"([\\`*_{}\[\]()<>|~&])")
+# GitHub's markdown (the Prefect UI's too) links bare "http://", "https://", "ftp://", "www." and
+# e-mail addresses by itself. A backslash does not stop it there (the UI shows "http:\/\/" as
+# written), but a code span does: such a word is written as code. It stops at what could end or
+# break the span ("`"), a table's cell ("|"), or bracket it ("<>[]()": escaped, outside the span).
+_WORD = re.compile(r"[^\s`|<>\[\]()]+")
+_LINKS_ITSELF = re.compile(r"://|www\.|.@.", re.IGNORECASE)
 # These start a block only at the start of a line (list, heading, quote, setext or thematic
 # break, ordered list): escaped there, and left readable inside words (gpu-node-003, 10.0.0.1).
 _BLOCK_START = re.compile(r"^(\s*)(?:([-+#=])|(\d+)([.]))")
@@ -51,15 +57,23 @@ def _code(char: str) -> str:
     return f"\\u{point:04x}" if point <= 0xFFFF else f"\\U{point:08x}"
 
 
-def inline(text: object, *, limit: int = 2000) -> str:
+def inline(text: object, *, limit: int = 2000, bare_links: bool = False) -> str:
     """``text`` as one line of literal markdown: control characters become spaces, overlong text
     is cut (with an ellipsis) so one field cannot bury the rest, invisible characters are written
     out (``visible``; after the cut, so a run of them cannot push the rest out), and markup is
-    escaped."""
+    escaped. A word that a renderer would link by itself (``www.evil.example``, ``https://…``,
+    ``a@b.c``) is written as code, unless ``bare_links`` (Denpex's own link text)."""
     flat = _CONTROL.sub(" ", str(text))
     if len(flat) > limit:
         flat = flat[:limit] + "…"
-    escaped = _MARKUP.sub(r"\\\1", visible(flat))
+    shown = visible(flat)
+    pieces: list[str] = []
+    at = 0
+    words = [] if bare_links else (w for w in _WORD.finditer(shown) if _LINKS_ITSELF.search(w.group()))
+    for word in words:
+        pieces += [_MARKUP.sub(r"\\\1", shown[at:word.start()]), f"`{word.group()}`"]
+        at = word.end()
+    escaped = "".join(pieces) + _MARKUP.sub(r"\\\1", shown[at:])
     return _BLOCK_START.sub(_escape_block_start, escaped, count=1)
 
 

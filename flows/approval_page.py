@@ -14,7 +14,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
@@ -34,7 +34,7 @@ from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.page_decision import review_page_decision
 from flows.run_log import incident_log
 
-__all__ = ["PAGE_URL_ENV", "PageDecisionInput", "page_url", "ask_on_page"]
+__all__ = ["PAGE_URL_ENV", "PageDecisionInput", "page_url", "ask_on_page", "run_already_waiting"]
 
 PAGE_URL_ENV = "DENPEX_APPROVAL_PAGE_URL"
 """The approval page's address as approvers reach it (the workers' environment), for the links."""
@@ -53,6 +53,31 @@ def page_url(run_id: str) -> str | None:
     """The page of run ``run_id`` on the approval page, or None when no address is configured."""
     base = os.environ.get(PAGE_URL_ENV, "").strip().rstrip("/")
     return f"{base}/runs/{run_id}" if base else None
+
+
+def run_already_waiting(plan: IsolationPlan, operation: Operation) -> str | None:
+    """Another run of this incident that still waits for a decision on ``operation``, if any.
+
+    A second run (a manual start, a repeated alert) must not save its plan over the one an
+    approver is reading, nor open a second question for the same nodes. A run that ended in
+    Prefect (crashed, cancelled) while paused waits for nothing, so it does not count."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    this_run = str(flow_run.get_id() or "local")
+    same = [p.run_id for p in ApprovalBook(resolve_state_dir()).waiting()
+            if (p.tenant, p.cluster, p.incident_id, p.operation) == (plan.tenant, plan.cluster or "",
+                                                                      plan.incident_id, operation)
+            and p.run_id != this_run]
+    with get_client(sync_client=True) as client:
+        for run_id in same:
+            try:
+                state = client.read_flow_run(UUID(run_id)).state
+            except ObjectNotFound:
+                continue
+            if state is not None and not state.is_final():
+                return run_id
+    return None
 
 
 def ask_on_page(plan: IsolationPlan, description: str, brief: ApprovalBrief, *, operation: Operation,
@@ -80,7 +105,7 @@ def ask_on_page(plan: IsolationPlan, description: str, brief: ApprovalBrief, *, 
         runbook=str(runbook_file.resolve()), brief_path=brief_path.relative_to(folder).as_posix(),
         created_at=now, expires_at=now + timeout.total_seconds()))
     link = page_url(this_run)
-    where = f"[{inline(link)}]({link})" if link else f"the approval page's `/runs/{this_run}` (set {PAGE_URL_ENV})"
+    where = f"[{inline(link, bare_links=True)}]({link})" if link else f"the approval page's `/runs/{this_run}` (set {PAGE_URL_ENV})"
     incident_log().info("waiting for a decision on the approval page: %s", link or f"/runs/{this_run}")
     form = PageDecisionInput.with_initial_data(
         description=f"**Decide on the approval page:** {where}\n\nThe page shows this plan and its evidence, "

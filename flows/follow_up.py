@@ -12,6 +12,7 @@ from typing import Any, Callable
 from prefect.concurrency.sync import concurrency
 
 from denpex.approval_page.brief import build_brief
+from denpex.isolation.config import where_commands_go
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.tenancy import read_ownership
 from denpex.workflow.saved_plans import load_saved_plan
@@ -49,7 +50,8 @@ def approve_then_run(cluster: str, incident_id: str, operation: Operation,
     text = describe(plan)
     answer = ask_approval(plan, text, operation=operation, policy=runbook.policy(),
                           timeout=runbook.workflow.approval_timeout, poll=runbook.workflow.approval_poll,
-                          runbook_file=runbook_file, brief=build_brief(plan, operation, summary=_plain(text)))
+                          runbook_file=runbook_file, brief=build_brief(plan, operation, summary=_plain(text),
+                                                                 target=where_commands_go(target.settings)))
     if answer is None or answer.verdict is not AnswerVerdict.APPROVED or answer.approval is None:
         outcome = "timed_out" if answer is None else answer.verdict.value
         reason = "nobody answered" if answer is None else answer.reason

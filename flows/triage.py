@@ -28,6 +28,7 @@ from denpex.analysis.triage import EvidenceInventory
 from denpex.approval_page.brief import build_brief
 from denpex.charts import charts_section
 from denpex.evidence.files import write_atomic
+from denpex.isolation.config import where_commands_go
 from denpex.isolation.plan import IsolationPlan, Operation, save_plan
 from denpex.isolation.slurm_layout import mark_derived_candidates
 from denpex.report import PlanView, TriageReport
@@ -57,7 +58,7 @@ from flows.approval import (
     state_dir,
     webhook_url,
 )
-from flows.approval_page import page_url
+from flows.approval_page import page_url, run_already_waiting
 from flows.run_log import incident_log, incident_run
 from flows.run_settings import check_this_runs_settings
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
@@ -167,6 +168,10 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         plan = plan_isolation_task(result, inventory, target.scheduler, runbook_file, incident_id=incident_id,
                                    tenant=target.tenant, cluster=target.cluster_name, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
+    else:  # the report's default names the CLI's --scheduler; a flow run has a target block instead
+        report.plan = PlanView(blocked=[f"no isolation was planned: {found.refused}" if found.refused else
+                                        f"no isolation was planned: no Slurm or Kubernetes target block is "
+                                        f"registered for cluster {cluster!r}"])
     log.info("plan: %s", plan_line(report.plan, plan))
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
                                chart=charts_section(charts, result))
@@ -177,6 +182,11 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         why = (f"no isolation proposed for incident {incident_id}" if target is not None
                else f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}; triage only")
         return _finish(ref, report, IncidentStage.NO_ACTION, why, plan, key)
+    waiting = run_already_waiting(plan, Operation.ISOLATE)
+    if waiting:
+        why = (f"run {waiting} already waits for a decision on incident {incident_id}; decide there. This run "
+               "saved no plan and asks nothing")
+        return _finish(ref, report, IncidentStage.REFUSED, why, plan, key)
     _save_plan(plan)
     url = webhook_url()
     if url:
@@ -188,7 +198,8 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                                    policy=runbook.policy(), key_prefix=key)
     answer = ask_approval(plan, description, operation=Operation.ISOLATE, policy=runbook.policy(),
                           timeout=timing.approval_timeout, poll=timing.approval_poll, runbook_file=runbook_file,
-                          brief=build_brief(plan, Operation.ISOLATE, report=report, charts=charts))
+                          brief=build_brief(plan, Operation.ISOLATE, report=report, charts=charts,
+                                            target=where_commands_go(target.settings) if target else ""))
     if answer is not None:
         log.info("approval: %s", plain(answer.reason))  # the reason names who, once
     if answer is None:

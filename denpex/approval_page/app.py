@@ -35,7 +35,8 @@ from starlette.concurrency import run_in_threadpool
 
 from denpex.approval_page.brief import ApprovalBrief, load_brief
 from denpex.approval_page.decide import ApprovalDesk, PageAnswer, PageOutcome, take_decision
-from denpex.approval_page.resume import PrefectLink, resume_run
+from denpex.approval_page.hosts import host_allowed
+from denpex.approval_page.resume import PrefectLink, ended_runs, resume_run
 from denpex.approval_page.store import PendingApproval
 from denpex.isolation.ed25519_keys import public_key_text
 from denpex.isolation.errors import IsolationError
@@ -70,6 +71,8 @@ class PageConfig:
     prefect_ui_url: str | None = None
     """Where the Prefect UI is, for a link to the run (the run stays seen there)."""
     clock: Any = field(default=lambda: datetime.now(UTC))
+    allowed_hosts: tuple[str, ...] = ()
+    """Names the page answers to besides IP addresses and ``localhost`` (``hosts.host_allowed``)."""
 
 
 def create_page_app(config: PageConfig) -> FastAPI:
@@ -88,6 +91,15 @@ def create_page_app(config: PageConfig) -> FastAPI:
     def refused(title: str, message: str, status: int) -> HTMLResponse:
         return page("message.html", status, title=title, message=message)
 
+    @app.middleware("http")
+    async def only_its_own_names(request: Request, call_next: Any) -> Response:
+        # Before any route: a rebound name must not reach the form, the codes' allowance or the list.
+        if not all(host_allowed(h, config.allowed_hosts) for h in _hosts_named(config, request)):
+            return PlainTextResponse("this page does not answer to that host name (serve-approvals "
+                                     "--allowed-host lists the names it does)\n", status_code=400, headers=_HEADERS)
+        response: Response = await call_next(request)
+        return response
+
     @app.get("/healthz")
     async def health() -> JSONResponse:
         return JSONResponse({"ok": True})
@@ -99,9 +111,11 @@ def create_page_app(config: PageConfig) -> FastAPI:
     @app.get("/")
     async def index() -> HTMLResponse:
         waiting = await run_in_threadpool(desk.book.waiting)
+        ended = await run_in_threadpool(ended_runs, config.prefect, [p.run_id for p in waiting])
         rows = [{"run_id": p.run_id, "incident_id": p.incident_id, "cluster": p.cluster, "operation": p.operation,
-                 "since": datetime.fromtimestamp(p.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S")} for p in waiting]
-        return page("index.html", title="Runs waiting", waiting=rows)
+                 "since": datetime.fromtimestamp(p.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S")}
+                for p in waiting if ended is None or p.run_id not in ended]
+        return page("index.html", title="Runs waiting", waiting=rows, unchecked=ended is None)
 
     @app.get("/runs/{run_id}")
     async def run_page(run_id: str, request: Request) -> Response:
@@ -209,11 +223,23 @@ def _run_view(config: PageConfig, pending: PendingApproval, brief: ApprovalBrief
     prefect_url = f"{config.prefect_ui_url.rstrip('/')}/runs/flow-run/{pending.run_id}" if config.prefect_ui_url else None
     return {"title": brief.headline, "question": f"{verb.capitalize()} {nodes}?", "run_id": pending.run_id,
             "brief": brief, "verb": verb, "csrf": csrf, "identity": identity, "decided": did,
-            "closed": "The run's wait for approval has timed out; nothing runs." if pending.expires_at <= now else None,
+            "closed": _closed(config, pending, now),
             "approvers": sorted(policy.approval.approvers_for(brief.tenant, brief.cluster or None)),
             "code_required": policy.approval.second_factor is SecondFactor.TOTP,
             "shown_charts": charts, "more_charts": len(brief.charts) - len(charts), "prefect_run_url": prefect_url,
             "problem": None}
+
+
+def _closed(config: PageConfig, pending: PendingApproval, now: float) -> str | None:
+    """Why the run takes no decision any more (its pause timed out, or Prefect ended it); None if it may."""
+    if pending.expires_at <= now:
+        return "The run's wait for approval has timed out; nothing runs."
+    if config.desk.book.decision(pending.run_id) is not None:
+        return None  # the decision is shown instead
+    ended = ended_runs(config.prefect, [pending.run_id]) or {}
+    if pending.run_id in ended:
+        return f"The run has ended in Prefect ({ended[pending.run_id]}); it waits for no decision, and nothing runs."
+    return None
 
 
 def _from_trusted_proxy(config: PageConfig, request: Request) -> bool:
@@ -241,6 +267,14 @@ def _address(config: PageConfig, request: Request) -> str:
         if forwarded:
             return forwarded[:64]
     return request.client.host if request.client else "unknown"
+
+
+def _hosts_named(config: PageConfig, request: Request) -> list[str]:
+    """The request's ``Host``, and the name a trusted proxy says the browser asked for."""
+    named = [request.headers.get("host", "")]
+    if _from_trusted_proxy(config, request) and "x-forwarded-host" in request.headers:
+        named.append(request.headers["x-forwarded-host"])
+    return named
 
 
 def _same_origin(config: PageConfig, request: Request) -> bool:

@@ -63,6 +63,9 @@ class ApprovalBrief(BaseModel):
     plan_hash: str
     headline: str
     nodes: list[BriefNode]
+    target: str = ""
+    """Where the approved commands go (the target block's host and port), e.g. "Slurm commands
+    over SSH to root@10.0.0.5:22"; empty in briefs saved before it was shown."""
     summary: list[str] = []
     """Short lines of context (a follow-up operation says what it undoes or restarts)."""
     report: TriageReport | None = None
@@ -70,7 +73,7 @@ class ApprovalBrief(BaseModel):
 
 
 def build_brief(plan: IsolationPlan, operation: Operation, *, report: TriageReport | None = None,
-                charts: Sequence[Chart] = (), summary: Sequence[str] = ()) -> ApprovalBrief:
+                charts: Sequence[Chart] = (), summary: Sequence[str] = (), target: str = "") -> ApprovalBrief:
     """The brief for ``operation`` on ``plan``: per node the action, why (the culprit's first
     reason) and the hardware signal on it; the report and charts when the run triaged."""
     nodes = []
@@ -83,7 +86,7 @@ def build_brief(plan: IsolationPlan, operation: Operation, *, report: TriageRepo
     return ApprovalBrief(
         incident_id=plan.incident_id, cluster=plan.cluster or "", tenant=plan.tenant, operation=operation,
         plan_hash=plan.content_hash(), headline=f"Incident {plan.incident_id} on {plan.cluster or '?'}{verdict}",
-        nodes=nodes, summary=list(summary), report=report,
+        nodes=nodes, target=target, summary=list(summary), report=report,
         charts=[BriefChart(name=c.name, title=c.title, png_base64=base64.b64encode(c.png).decode("ascii"))
                 for c in charts])
 

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from pydantic import SecretStr
 
+from denpex.approval_page.hosts import check_host_pattern
 from denpex.isolation.errors import ConfigError
 from denpex.isolation.page_record import (
     load_or_create_signing_key,
@@ -36,6 +37,10 @@ def serve_approvals_command(
     trusted_proxy: Annotated[list[str] | None, typer.Option(
         "--trusted-proxy", metavar="ADDRESS", help="An authenticating proxy's address or network (repeatable); "
                                                    "its identity header is read from these only.")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", metavar="NAME", help="A host name the page is reached by (repeatable; *.example.com "
+                                               "takes its subdomains). IP addresses and localhost always are; "
+                                               "any other Host is refused, against DNS rebinding.")] = None,
     identity_header: Annotated[str, typer.Option(
         "--identity-header", help="The header that names the signed-in person, from a trusted proxy.")]
         = "X-Forwarded-User",
@@ -72,6 +77,10 @@ def serve_approvals_command(
         raise _fail(str(exc)) from exc
     except ValueError as exc:
         raise _fail(f"--trusted-proxy: {exc}") from exc
+    try:
+        hosts = tuple(check_host_pattern(name) for name in allowed_host or [])
+    except ValueError as exc:
+        raise _fail(f"--allowed-host: {exc}") from exc
     api = prefect_api_url or os.environ.get("PREFECT_API_URL")
     if not api:
         raise _fail("the page resumes runs through the Prefect API: set PREFECT_API_URL or --prefect-api-url")
@@ -80,7 +89,7 @@ def serve_approvals_command(
     auth = os.environ.get("PREFECT_API_AUTH_STRING")  # from the environment only: an option would show in `ps`
     desk = ApprovalDesk(state_dir=resolved, book=ApprovalBook(resolved), key=key)
     config = PageConfig(desk=desk, prefect=PrefectLink(api, SecretStr(auth) if auth else None),
-                        trusted_proxies=networks, identity_header=identity_header,
+                        trusted_proxies=networks, identity_header=identity_header, allowed_hosts=hosts,
                         prefect_ui_url=prefect_ui_url or os.environ.get("PREFECT_UI_URL"))
     serve(create_page_app(config), host=host, port=port, max_connections=256,
           max_per_address=max_connections_per_address)

@@ -8,6 +8,7 @@ whoever reads the API. The flow trusts none of it without the page's database (`
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -16,7 +17,10 @@ from pydantic import SecretStr
 from denpex.isolation.approval import Approval
 from denpex.workflow.alert_event import api_headers
 
-__all__ = ["PrefectLink", "ResumeResult", "resume_run"]
+__all__ = ["PrefectLink", "ResumeResult", "resume_run", "ended_runs", "ENDED_STATES"]
+
+ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
+"""Prefect's final state types: a run in one of them waits for nothing."""
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,27 @@ def _result(response: httpx.Response) -> ResumeResult:
         return ResumeResult(True, "the run was resumed with the signed decision")
     details = answer.get("details") or {}
     return ResumeResult(False, f"the run was not resumed ({status or 'no status'}): {details.get('reason', '')}")
+
+
+def ended_runs(link: PrefectLink, run_ids: Sequence[str]) -> dict[str, str] | None:
+    """Of ``run_ids``, those Prefect has ended (or no longer knows), each with its state's name:
+    the page stops offering them. None when the API cannot be asked: then nothing is hidden.
+
+    Only what the page lists and offers depends on it. An API writer can end a run anyway; the
+    decision's integrity never rests on what Prefect says."""
+    if not run_ids:
+        return {}
+    url = f"{link.api_url.rstrip('/')}/flow_runs/filter"
+    body = {"flow_runs": {"id": {"any_": list(run_ids)}}, "limit": len(run_ids)}
+    headers = api_headers(link.auth.get_secret_value() if link.auth else None)
+    try:
+        response = httpx.post(url, json=body, headers=headers, timeout=min(link.timeout_s, 5.0))
+        response.raise_for_status()
+        found = {str(run.get("id")): run for run in response.json() if isinstance(run, dict)}
+    except (httpx.HTTPError, ValueError, TypeError):
+        return None
+    ended = {run_id: "unknown to Prefect" for run_id in run_ids if run_id not in found}
+    for run_id, run in found.items():
+        if str(run.get("state_type") or "").upper() in ENDED_STATES:
+            ended[run_id] = str(run.get("state_name") or run.get("state_type"))
+    return ended

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from denpex.isolation.errors import ConfigError, validation_problems
 from denpex.isolation.ssh import Backoff, SshSettings
 
-__all__ = ["KubernetesSettings", "IsolationSettings", "load_settings"]
+__all__ = ["KubernetesSettings", "IsolationSettings", "load_settings", "where_commands_go"]
 
 _ENV: dict[str, tuple[str, ...]] = {
     "DENPEX_SSH_HOST": ("ssh", "host"),
@@ -103,6 +103,22 @@ class IsolationSettings(BaseModel):
     Best somewhere the service user can add to but not rewrite (an S3 bucket with versioning or
     object lock): a copy beside the log can be cut with it."""
     verify_timeout_s: float = Field(default=20.0, gt=0)
+
+
+def where_commands_go(settings: IsolationSettings) -> str:
+    """Where an approved plan's commands will be sent, in one line for the approver. The target
+    block says it, and an API writer may edit a block: the approver sees it beside the decision."""
+    if settings.ssh is not None:
+        ssh = settings.ssh
+        host = f"[{ssh.host}]" if ":" in ssh.host else ssh.host
+        return f"Slurm commands over SSH to {ssh.username}@{host}:{ssh.port}"
+    k8s = settings.kubernetes
+    if k8s is not None and k8s.host:
+        return f"the Kubernetes API at {k8s.host}"
+    if k8s is not None:
+        context = f", context {k8s.context}" if k8s.context else ""
+        return f"the Kubernetes API of the worker's kubeconfig{context}"
+    return ""
 
 
 def _set(tree: dict[str, Any], path: tuple[str, ...], value: str) -> None:

@@ -66,7 +66,8 @@ class Rig:
             trusted_proxies=tuple(ipaddress.ip_network(p) for p in proxies),
             **({"clock": clock} if clock is not None else {})))
 
-    def waiting_run(self, incident: str = "inc-page", *, expires_in: float = 600) -> tuple[str, IsolationPlan]:
+    def waiting_run(self, incident: str = "inc-page", *, expires_in: float = 600,
+                    target: str = "") -> tuple[str, IsolationPlan]:
         result = xid79_on([NODE])
         culprit = result.candidates[0]
         hostile = culprit.model_copy(update={"reasons": [f"rank 1 stopped reporting {HOSTILE}", *culprit.reasons]})
@@ -78,7 +79,7 @@ class Rig:
         save_plan(plan, path)
         run_id = str(uuid.uuid4())
         brief_path = self.state / "approvals" / run_id / "brief.json"
-        save_brief(build_brief(plan, Operation.ISOLATE, report=TriageReport(**dict(result))), brief_path)
+        save_brief(build_brief(plan, Operation.ISOLATE, report=TriageReport(**dict(result)), target=target), brief_path)
         now = time.time()
         self.book.add_pending(PendingApproval(
             run_id=run_id, tenant=None, cluster="lab", incident_id=incident, operation=Operation.ISOLATE,
@@ -88,7 +89,8 @@ class Rig:
         return run_id, plan
 
     def client(self, address: str = "10.1.2.3") -> TestClient:
-        return TestClient(self.app, client=(address, 40000), follow_redirects=False)
+        # As a browser that reached the page by its address (the page answers to no other name unlisted).
+        return TestClient(self.app, base_url="http://127.0.0.1:8090", client=(address, 40000), follow_redirects=False)
 
 
 def _token(client: TestClient, run_id: str) -> str:
@@ -130,6 +132,46 @@ def test_the_page_shows_the_node_and_why_above_the_decision_and_escapes_the_evid
     assert report.status_code == 200 and HOSTILE not in report.text and "EVIDENCE INCOMPLETE" in report.text
     assert rig.client().get(f"/runs/{uuid.uuid4()}").status_code == 404
     assert rig.client().get("/runs/..%2F..%2Fetc").status_code == 404
+
+
+def test_the_page_says_where_the_approved_commands_go(tmp_path: Path) -> None:
+    """Red team, issue 30: the target block (which an API writer may edit) decides where the drain
+    commands go; the approver sees it beside the decision, as text."""
+    rig = Rig(tmp_path)
+    run_id, _ = rig.waiting_run(target=f"Slurm commands over SSH to root@10.0.0.5:22 {HOSTILE}")
+    text = rig.client().get(f"/runs/{run_id}").text
+    assert '<span class="label">Sent to:</span> Slurm commands over SSH to root@10.0.0.5:22' in text
+    assert text.index("Sent to:") < text.index("<form") and HOSTILE not in text
+    old, _ = rig.waiting_run("inc-old-brief")  # a brief saved before the line existed shows none
+    assert "Sent to:" not in rig.client().get(f"/runs/{old}").text
+
+
+def test_the_page_answers_only_to_its_own_names(tmp_path: Path) -> None:
+    """Red team, issue 30: with no Host allowlist, a site rebinding its name to the page's address
+    could post wrong codes from the approver's own browser and address. Addresses and localhost
+    are always answered; any other name only when listed."""
+    import ipaddress
+
+    rig = Rig(tmp_path)
+    run_id, _ = rig.waiting_run()
+    rebound = TestClient(rig.app, base_url="http://evil.example:8090", client=("10.1.2.3", 40000))
+    for response in (rebound.get("/"), rebound.get(f"/runs/{run_id}"), rebound.get("/healthz"),
+                     rebound.post(f"/runs/{run_id}/decision", data={"approver": "alice", "code": "000000"})):
+        assert response.status_code == 400 and "--allowed-host" in response.text
+    assert rig.book.answers(run_id) == []  # no wrong code was counted
+    for base in ("http://localhost:8090", "http://[::1]:8090", "http://10.0.0.5"):
+        assert TestClient(rig.app, base_url=base).get("/").status_code == 200, base
+    named = create_page_app(PageConfig(desk=rig.desk, prefect=PrefectLink("http://127.0.0.1:9/api", attempts=1),
+                                       allowed_hosts=("approvals.example.com", "*.gpu.example.com"),
+                                       trusted_proxies=(ipaddress.ip_network("10.0.0.2/32"),)))
+    for base, status in (("http://approvals.example.com", 200), ("http://Approvals.Example.com.:443", 200),
+                         ("http://page.gpu.example.com", 200), ("http://gpu.example.com", 400),
+                         ("http://approvals.example.com.evil.example", 400)):
+        assert TestClient(named, base_url=base).get("/").status_code == status, base
+    # A trusted proxy's X-Forwarded-Host is held to the same names; anyone else's is not read.
+    proxy = TestClient(named, base_url="http://10.0.0.9", client=("10.0.0.2", 40000))
+    assert proxy.get("/", headers={"X-Forwarded-Host": "evil.example"}).status_code == 400
+    assert proxy.get("/", headers={"X-Forwarded-Host": "approvals.example.com"}).status_code == 200
 
 
 def test_an_approval_is_signed_recorded_once_and_audited_before_the_run_is_resumed(tmp_path: Path) -> None:
@@ -308,6 +350,8 @@ def test_the_index_lists_the_runs_waiting(tmp_path: Path) -> None:
     run_id, _ = rig.waiting_run()
     listed = rig.client().get("/")
     assert f'href="/runs/{run_id}"' in _shown(listed) and "inc-page" in _shown(listed)
+    # Prefect is not running here: nothing is hidden, and the page says it could not check.
+    assert "could not be asked which of these runs have ended" in _shown(listed)
     assert rig.client().get("/public-key").text.strip() == __import__("denpex.isolation.ed25519_keys").isolation.\
         ed25519_keys.public_key_text(rig.key)
 

@@ -103,6 +103,9 @@ def test_prefect_deploy_all_and_a_process_worker_runs_manual_triage(worker: tupl
     report = report_of(state, "inc-deployed", run.id)
     assert report["verdict"] == "localized" and [c["rank"] for c in report["candidates"]] == [2]
     assert report["outcome"] == "no_action" and "no-such-cluster" in report["reason"]
+    # What the run says of the plan names no command-line option (it said "pass --scheduler").
+    assert report["plan"]["blocked"] == ["no isolation was planned: no Slurm or Kubernetes target block is "
+                                         "registered for cluster 'no-such-cluster'"]
     assert time.monotonic() - started < 420
 
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
 from conftest import AWS_ENV, FIXTURES, ROOT, register_blocks, upload, write_runbooks
 from denpex.isolation.audit import AuditKind
 from denpex.isolation.kubernetes import TAINT_KEY
+from denpex.workflow.alert_event import AlertEvent
 from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
@@ -38,6 +40,7 @@ from flow_driver import (
     manifest_with_gpus,
     report_of,
     resume,
+    start_manual,
     totp_code,
     use_page,
     wait_for,
@@ -197,6 +200,9 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
             why = page.locator("#essentials .why").first
             expect(node).to_contain_text(CULPRIT_NODE)
             expect(why).to_contain_text("rank 2")
+            # Where the commands go (the target block's host and port), beside the decision.
+            expect(page.locator("#essentials .target")).to_have_text(
+                f"Sent to: Slurm commands over SSH to root@127.0.0.1:{lab.ssh_port}")
             submit = page.get_by_role("button", name="Submit decision")
             tops = [box["y"] for box in (node.bounding_box(), why.bounding_box(), submit.bounding_box()) if box]
             assert len(tops) == 3 and tops[0] < tops[1] < tops[2] < 1000, tops
@@ -230,6 +236,7 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
             expect(link).to_be_visible()
             ui.screenshot(path=str(shots / "prefect-resume-dialog.png"))
             _the_report_reads_whole_in_the_prefect_ui(ui, pg_rig.server.url, approve_run, approve_incident, shots)
+            _bare_links_in_evidence_stay_text_in_the_prefect_ui(ui, pg_rig.server.url, shots)
 
             page.goto(f"{page_url}/runs/{reject_run}")
             expect(page.locator("#essentials .node").first).to_contain_text(CULPRIT_NODE)
@@ -256,6 +263,29 @@ def test_approve_and_reject_on_the_approval_page_in_headless_chromium(pg_rig: Se
     assert {"page-run.png", "page-report.png", "page-approve-filled.png", "page-approved.png",
             "prefect-resume-dialog.png", "page-rejected.png", "prefect-artifacts-tab.png",
             "prefect-report-artifact.png"} <= saved
+
+
+def _bare_links_in_evidence_stay_text_in_the_prefect_ui(ui: Any, server_url: str, shots: Path) -> None:
+    """Red team of issue 30 (F3): a host or reason such as ``www.evil.example`` rendered as a link
+    in the Prefect UI, whose markdown links bare addresses by itself, and a backslash before "//"
+    showed as written there. Evidence text as every builder writes it (``inline``), rendered by
+    the real UI: the words read whole, and nothing in it is a link."""
+    from playwright.sync_api import expect
+    from prefect import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    from denpex.markdown_text import inline
+
+    hostile = ["www.evil.example", "https://evil.example/x", "ops@evil.example", "[docs](http://evil.example)"]
+    markdown = "\n".join(f"- {inline(f'rank 2 on {text} stopped')}" for text in hostile)
+    with get_client(sync_client=True) as client:
+        artifact = client.create_artifact(ArtifactCreate(key="denpex-bare-links", type="markdown", data=markdown))
+    ui.goto(f"{server_url}/artifacts/artifact/{artifact.id}")
+    for text in hostile[:3]:
+        expect(ui.get_by_text(text, exact=True).first).to_be_visible()
+    ui.screenshot(path=str(shots / "prefect-bare-links.png"))
+    links = ui.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href).filter(h => h.includes('evil'))")
+    assert links == [], links
 
 
 def _the_report_reads_whole_in_the_prefect_ui(ui: Any, server_url: str, run_id: Any, incident: str,
@@ -301,6 +331,20 @@ def test_a_rejection_cannot_be_flipped_and_a_code_approves_no_other_run(pg_rig: 
     from prefect.flow_runs import resume_flow_run
 
     flip_run, other_run = paused_incidents(pg_rig, "attack-flip", "attack-other")
+    page_url = pg_rig.flows.page_url or ""
+    listed = httpx.get(page_url, timeout=60).text
+    assert f"/runs/{flip_run}" in listed and f"/runs/{other_run}" in listed
+    # A second run of a waiting incident (an operator's manual start) saves no plan over the one
+    # being decided and asks nothing (red team, issue 30).
+    [plan_path] = (pg_rig.flows.state_dir / "plans").glob("*/lab/attack-other.json")
+    saved = plan_path.read_bytes()
+    with get_client(sync_client=True) as client:
+        first = client.read_flow_run(other_run).parameters
+    again = start_manual(AlertEvent(**first))
+    assert wait_for(again, {"COMPLETED"}) == "COMPLETED"
+    second = report_of(pg_rig.flows.state_dir, "attack-other", again)
+    assert second["outcome"] == "refused" and f"run {other_run} already waits for a decision" in second["reason"]
+    assert plan_path.read_bytes() == saved
     code = totp_code(pg_rig.flows.state_dir, "alice")
     rejected = decide(pg_rig.flows.page_url or "", flip_run, decision="reject", approver="alice", code=code,
                       comment="not this node")
@@ -329,6 +373,11 @@ def test_a_rejection_cannot_be_flipped_and_a_code_approves_no_other_run(pg_rig: 
     assert other["outcome"] == "refused" and other["execution"] is None
     assert "resumed without a decision that the approval page recorded for it" in other["reason"]
     assert drained_nodes(lab) == set()
+    # The other run ended undecided: the page lists it no more, and its page takes no decision
+    # (red team, issue 30: the page kept listing runs Prefect had ended as waiting).
+    assert f"/runs/{other_run}" not in httpx.get(page_url, timeout=60).text
+    ended = httpx.get(f"{page_url}/runs/{other_run}", timeout=60).text
+    assert "The run has ended in Prefect (Completed)" in ended and 'name="csrf"' not in ended
     records = [r for r in keyed_audit_log(pg_rig.flows.state_dir).records()
                if r.incident_id in {"attack-flip", "attack-other"}]
     assert [(r.incident_id, r.kind, r.action) for r in records] == [

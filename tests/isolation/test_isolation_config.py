@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from denpex.isolation.config import load_settings
+from denpex.isolation.config import IsolationSettings, KubernetesSettings, load_settings, where_commands_go
+from denpex.isolation.ssh import SshSettings
 from denpex.isolation.errors import ConfigError
 
 
@@ -77,3 +78,14 @@ def test_a_runbook_or_approvers_file_others_can_write_is_not_trusted(tmp_path: P
     target.chmod(0o666)
     with pytest.raises(ConfigError, match=f"{target}: group or others may write it"):
         load_operator_config(load_settings(settings, {}), {})
+
+
+def test_the_approver_is_told_where_the_commands_go(tmp_path: Path) -> None:
+    ssh = SshSettings(host="fe80::5", port=2222, username="denpex", key_path=tmp_path / "k",
+                      known_hosts=tmp_path / "kh")
+    assert where_commands_go(IsolationSettings(ssh=ssh)) == "Slurm commands over SSH to denpex@[fe80::5]:2222"
+    assert where_commands_go(IsolationSettings(kubernetes=KubernetesSettings(host="https://10.0.0.9:6443"))) == \
+        "the Kubernetes API at https://10.0.0.9:6443"
+    assert where_commands_go(IsolationSettings(kubernetes=KubernetesSettings(context="prod"))) == \
+        "the Kubernetes API of the worker's kubeconfig, context prod"
+    assert where_commands_go(IsolationSettings()) == ""

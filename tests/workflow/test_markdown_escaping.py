@@ -56,9 +56,11 @@ def test_the_report_keeps_evidence_text_literal(hostile: str) -> None:
     # Outside the code block the hostile text appears only escaped, on Denpex's own "blocked" line.
     assert any(line.endswith(inline(hostile)) for line in outside)
     [blocked] = [line for line in outside if line.startswith("- blocked: ")]
-    unescaped = re.sub(r"\\.", "", blocked.removeprefix("- blocked: "))
+    # Escapes, then the code spans Denpex writes around a word that would link itself (literal text).
+    unescaped = re.sub(r"`[^`]*`", "", re.sub(r"\\.", "", blocked.removeprefix("- blocked: ")))
     # Inside a line, '#' and '-' start nothing (headings and lists start lines), so they stay readable.
     assert not set(unescaped) & set("`*_[]()<>|"), unescaped
+    assert "://" not in unescaped and "www." not in unescaped, unescaped
     assert not any(line.startswith("#") for line in outside[1:])
 
 
@@ -71,7 +73,14 @@ def test_a_code_block_cannot_be_closed_from_inside() -> None:
 
 def test_inline_text_is_one_literal_line() -> None:
     assert inline("a\nb\r\u2028c") == "a b c"
-    assert inline("[x](http://e) <b>") == "\\[x\\]\\(http://e\\) \\<b\\>"
+    assert inline("[x] (e) <b>") == "\\[x\\] \\(e\\) \\<b\\>"
+    # A word the Prefect UI's markdown would link by itself is code, where nothing links (red team
+    # of issue 30; a backslash before "//" shows as written there). The Chromium test renders it.
+    assert inline("[x](http://e) <b>") == "\\[x\\]\\(`http://e`\\) \\<b\\>"
+    assert inline("see www.evil.example, a@b.c|https://x.y `q`") == \
+        "see `www.evil.example,` `a@b.c`\\|`https://x.y` \\`q\\`"
+    assert inline("rank 2 @ step c10d::run") == "rank 2 @ step c10d::run"
+    assert inline("https://page/runs/1", bare_links=True) == "https://page/runs/1"
     assert len(inline("y" * 10_000, limit=50)) <= 51
 
 
