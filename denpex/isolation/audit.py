@@ -35,7 +35,6 @@ real state (``pending_intents``), never by repeating the command blindly.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import io
@@ -43,14 +42,16 @@ import os
 import secrets
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from denpex.isolation.errors import AuditChainError, AuditError, BusyError
+from denpex.isolation.file_lock import LockHeld, file_lock
 from denpex.isolation.plan import Operation, canonical_json
 from denpex.isolation.private_files import shared_file_problem
 
@@ -243,30 +244,20 @@ class AuditLog:
         ``<log>.lock`` (not the log itself, whose lock each append takes briefly) and names the
         holder's pid. It is an flock: the kernel releases it when the holder dies.
         """
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = lock_path.open("a+")
-        except OSError as exc:
-            raise AuditError(f"{lock_path}: cannot open the run lock: {exc.strerror or exc}") from exc
-        with handle:
+        with ExitStack() as held:
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
+                handle = held.enter_context(file_lock(self.path.with_name(self.path.name + ".lock"),
+                                                      what="the run lock", error=AuditError, wait=False, mode="a+"))
+            except LockHeld as busy:
                 raise BusyError(
-                    f"another run (pid {holder}) is acting on the audit log {self.path} right now; "
+                    f"another run (pid {busy.note or 'unknown'}) is acting on the audit log {self.path} right now; "
                     "nothing was done. Wait for it to finish, then run again: the re-run reads each "
                     "node's state and skips what is already done"
                 ) from None
-            try:
-                handle.truncate(0)
-                handle.write(f"{os.getpid()}\n")
-                handle.flush()
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            yield
 
     def records(self) -> list[AuditRecord]:
         """Every record, validated; a damaged or torn line raises AuditError naming it."""
@@ -296,17 +287,8 @@ class AuditLog:
     @contextmanager
     def _locked(self) -> Iterator[io.FileIO]:
         # Unbuffered: a failed write must not linger in a buffer that closing would flush later.
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = self.path.open("a+b", buffering=0)
-        except OSError as exc:
-            raise AuditError(f"{self.path}: cannot open audit log for writing: {exc.strerror or exc}") from exc
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield handle
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        with file_lock(self.path, what="audit log for writing", error=AuditError, mode="a+b", buffering=0) as handle:
+            yield cast(io.FileIO, handle)
 
     def _last_record(self, handle: io.FileIO) -> AuditRecord | None:
         """Read only the file's tail (growing the window for a long record): appends stay cheap."""

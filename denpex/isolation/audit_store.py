@@ -19,7 +19,6 @@ grows too, but no action is checked against it; the cluster's copy is the one th
 
 from __future__ import annotations
 
-import fcntl
 import hmac
 import re
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from denpex.evidence.errors import EvidenceError
 from denpex.evidence.store import EvidenceStore
 from denpex.isolation.audit import AuditLog, AuditRecord
 from denpex.isolation.errors import AuditChainError, AuditError, StoreError
+from denpex.isolation.file_lock import file_lock
 
 __all__ = ["cluster_slug", "stored_copy_name", "stored_head_name", "incident_copy_name",
            "check_extends_stored_copy", "update_stored_copy", "copy_audit_log"]
@@ -138,18 +138,8 @@ def _extend(log: AuditLog, store: EvidenceStore, name: str, head_name: str | Non
 def _copy_lock(log: AuditLog) -> Iterator[None]:
     """One copy at a time per state directory, held across read, compare and write (a store has no
     compare-and-swap); not the log's own lock, so an upload never holds up an append."""
-    path = log.path.with_name(log.path.name + ".copy.lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a")
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot open the copy lock: {exc.strerror or exc}") from exc
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(log.path.with_name(log.path.name + ".copy.lock"), what="the copy lock", error=StoreError):
+        yield
 
 
 def _read_log(log: AuditLog) -> bytes:

@@ -13,7 +13,6 @@ across incidents: one bad switch opens many incidents, each within its own limit
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from denpex.isolation.errors import ConfigError
+from denpex.isolation.file_lock import file_lock
 
 __all__ = ["IsolationMark", "BreakerState", "CircuitBreaker"]
 
@@ -113,18 +113,8 @@ class CircuitBreaker:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = lock_path.open("a")
-        except OSError as exc:
-            raise ConfigError(f"{lock_path}: cannot open the breaker lock: {exc.strerror or exc}") from exc
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with file_lock(self.path.with_name(self.path.name + ".lock"), what="the breaker lock", error=ConfigError):
+            yield
 
     def _read(self) -> BreakerState:
         try:
