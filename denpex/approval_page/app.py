@@ -38,6 +38,7 @@ from denpex.approval_page.decide import ApprovalDesk, PageAnswer, PageOutcome, t
 from denpex.approval_page.hosts import host_allowed
 from denpex.approval_page.resume import PrefectLink, ended_runs, resume_run
 from denpex.approval_page.store import PendingApproval
+from denpex.evidence.loading import validation_problems
 from denpex.isolation.ed25519_keys import public_key_text
 from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import Operation
@@ -164,7 +165,7 @@ def create_page_app(config: PageConfig) -> FastAPI:
                 "approver": str(form.get("approver") or ""), "code": str(form.get("code") or ""),
                 "comment": str(form.get("comment") or "")})
         except ValidationError as exc:
-            problem = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            problem = validation_problems(exc)
             return await _form_again(config, page, run_id, cookie, request, f"the answer is not complete: {problem}", 422)
         verdict = await run_in_threadpool(take_decision, desk, run_id, answer, identity=_identity(config, request),
                                           address=_address(config, request), now=config.clock())

@@ -21,13 +21,15 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import HardwareBearing
 from denpex.charts import Chart
-from denpex.evidence.files import read_at_most, write_atomic
+from denpex.evidence.files import write_atomic
+from denpex.evidence.loading import FileKind, read_model
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.report import TriageReport
 
 __all__ = ["BriefNode", "BriefChart", "ApprovalBrief", "build_brief", "save_brief", "load_brief"]
 
 _MAX_BRIEF_BYTES = 64 * 1024 * 1024
+_BRIEF_FILE = FileKind("the brief")
 
 
 class BriefNode(BaseModel):
@@ -113,10 +115,4 @@ def save_brief(brief: ApprovalBrief, path: Path) -> None:
 
 def load_brief(path: Path) -> ApprovalBrief:
     """The brief at ``path`` (ValueError when it is missing, oversized or does not parse)."""
-    try:
-        raw = read_at_most(path, _MAX_BRIEF_BYTES)
-    except OSError as exc:
-        raise ValueError(f"the brief {path} cannot be read: {exc.strerror or exc}") from exc
-    if len(raw) > _MAX_BRIEF_BYTES:
-        raise ValueError(f"the brief {path} is larger than {_MAX_BRIEF_BYTES} bytes")
-    return ApprovalBrief.model_validate_json(raw)
+    return read_model(path, ApprovalBrief, max_bytes=_MAX_BRIEF_BYTES, kind=_BRIEF_FILE, error=ValueError)

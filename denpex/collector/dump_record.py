@@ -8,14 +8,18 @@ from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.collector.layout import COLLECTOR_DIR
+from denpex.evidence.loading import FileKind, read_model
 from denpex.evidence.manifest import ProcessGroupSpec, RankIdentity
 
 __all__ = ["DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
 
 _log = logging.getLogger(__name__)
+
+_MAX_RECORD_BYTES = 4 * 1024 * 1024  # as the analysis reads them from a store
+_RECORD_FILE = FileKind("dump record")
 
 
 class DumpTrigger(StrEnum):
@@ -71,8 +75,8 @@ def read_dump_records(out_dir: Path) -> dict[int, DumpRecord]:
     records: dict[int, DumpRecord] = {}
     for path in sorted((out_dir / COLLECTOR_DIR).glob("rank_*.record.json")):
         try:
-            record = DumpRecord.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError) as exc:
+            record = read_model(path, DumpRecord, max_bytes=_MAX_RECORD_BYTES, kind=_RECORD_FILE, error=ValueError)
+        except ValueError as exc:
             _log.warning("skipping dump record %s: %s", path, exc)
             continue
         records[record.rank] = record

@@ -12,22 +12,23 @@ Example::
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints,
                       field_validator, model_validator)
 
 from denpex.evidence.errors import ManifestError
+from denpex.evidence.loading import FileKind, decode, read_capped, validated
 
 __all__ = ["HostSource", "HostMove", "RankIdentity", "ProcessGroupSpec", "JobManifest", "load_manifest", "parse_manifest_bytes",
            "MAX_WORLD_SIZE", "PlainText", "HostName"]
 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+_MANIFEST = FileKind("manifest", invalid="invalid manifest")
 # Far above any real job. A larger "world size" is a typo, or a timestamp read as a rank, and a
 # triage over it would spend its memory listing ranks that never existed.
 MAX_WORLD_SIZE = 1 << 20
@@ -153,29 +154,10 @@ class JobManifest(BaseModel):
 
 def load_manifest(path: Path) -> JobManifest:
     """Read and validate ``manifest.json``; every problem is reported in one ManifestError."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"{path}: manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} cap")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read manifest: {exc.strerror or exc}") from exc
-    return parse_manifest_bytes(data, source=str(path))
+    return parse_manifest_bytes(read_capped(path, MAX_MANIFEST_BYTES, _MANIFEST, ManifestError), source=str(path))
 
 
 def parse_manifest_bytes(data: bytes, *, source: str) -> JobManifest:
     """Validate manifest JSON from any store; ``source`` names it in errors."""
-    try:
-        raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ManifestError(f"{source}: manifest is not valid JSON: {exc}") from exc
-    try:
-        return JobManifest.model_validate(raw)
-    except ValidationError as exc:
-        raise ManifestError(f"{source}: invalid manifest: {_one_line(exc)}") from exc
-
-
-def _one_line(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-    )
+    return validated(JobManifest, decode(data, source, _MANIFEST, ManifestError, "json"), source, _MANIFEST,
+                     ManifestError)

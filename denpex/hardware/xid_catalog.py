@@ -13,18 +13,21 @@ data change reviewed on its own, not an ``if`` somewhere in the correlation.
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from denpex.evidence.loading import FileKind, decode, read_capped, validated
 from denpex.hardware.errors import CatalogError
 from denpex.hardware.events import Severity
 
 __all__ = ["XidBucket", "RecoveryAction", "XidEntry", "XidCatalog", "load_xid_catalog", "default_xid_catalog"]
+
+_MAX_CATALOG_BYTES = 4 * 1024 * 1024
+_XID_FILE = FileKind("the Xid catalog", invalid="invalid Xid catalog", hint="fix the entries named")
 
 
 class XidBucket(StrEnum):
@@ -145,23 +148,12 @@ class XidCatalog(BaseModel):
 
 def load_xid_catalog(path: Path | None = None) -> XidCatalog:
     """Read a catalog file (default: the packaged ``xid_catalog.json``); all problems in one error."""
-    try:
-        if path is None:
-            text = resources.files("denpex.hardware").joinpath("xid_catalog.json").read_text("utf-8")
-        else:
-            text = path.read_text("utf-8")
-        return XidCatalog.model_validate(json.loads(text))
-    except OSError as exc:
-        raise CatalogError(f"{path or 'packaged xid_catalog.json'}: cannot read: {exc}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"{path or 'packaged xid_catalog.json'}: not valid JSON: {exc}") from exc
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-        )
-        raise CatalogError(
-            f"{path or 'packaged xid_catalog.json'}: invalid Xid catalog: {problems}; fix the entries named"
-        ) from exc
+    if path is None:
+        source: object = "packaged xid_catalog.json"
+        data = resources.files("denpex.hardware").joinpath("xid_catalog.json").read_bytes()
+    else:
+        source, data = path, read_capped(path, _MAX_CATALOG_BYTES, _XID_FILE, CatalogError)
+    return validated(XidCatalog, decode(data, source, _XID_FILE, CatalogError, "json"), source, _XID_FILE, CatalogError)
 
 
 @lru_cache(maxsize=1)

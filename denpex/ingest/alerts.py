@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from denpex.evidence.loading import validation_problems
 from denpex.evidence.manifest import MAX_WORLD_SIZE
 from denpex.ingest.errors import ForbiddenError, InvalidRequestError
 from denpex.ingest.identity import ID_PATTERN, INCIDENT_ID_PATTERN
@@ -153,7 +154,7 @@ def parse_denpex_alert(body: bytes, *, received_at: datetime) -> Alert:
     try:
         alert = DenpexAlert.model_validate_json(body)
     except ValidationError as exc:
-        raise InvalidRequestError(f"invalid Denpex alert: {_one_line(exc)}") from exc
+        raise InvalidRequestError(f"invalid Denpex alert: {validation_problems(exc)}") from exc
     return Alert(source=AlertSource.DENPEX, status=alert.status, job_id=alert.job_id,
                  incident_id=alert.incident_id, alert_time=_utc(alert.alert_time or received_at), rank=alert.rank,
                  hostname=alert.hostname, world_size=alert.world_size, process_group=alert.process_group,
@@ -259,6 +260,3 @@ def _check_id(name: str, value: str, pattern: re.Pattern[str] = _ID) -> None:
                                   "incident id at most 63 and ending with a letter or digit), starting with "
                                   "a letter or digit")
 
-
-def _one_line(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from denpex.evidence.loading import validation_problems
 from denpex.evidence.manifest import MAX_WORLD_SIZE, HostName, PlainText, ProcessGroupSpec, RankIdentity
 from denpex.ingest.errors import InvalidRequestError
 
@@ -88,6 +89,5 @@ def _parse(model: type[_Model], data: bytes | str) -> _Model:
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-                             for e in exc.errors()[:10])
+        problems = validation_problems(exc, first=10)
         raise InvalidRequestError(f"invalid identity: {problems}") from exc

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from denpex.evidence.loading import validation_problems
 from denpex.evidence.manifest import MAX_WORLD_SIZE, HostMove, HostName, PlainText, ProcessGroupSpec
 from denpex.ingest.auth import Caller
 from denpex.ingest.database import Database
@@ -140,8 +141,7 @@ def parse_registration(data: bytes) -> Registration:
     try:
         return Registration.model_validate_json(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-                             for e in exc.errors()[:10])
+        problems = validation_problems(exc, first=10)
         if len(problems) > MAX_ERROR_CHARS:
             problems = problems[:MAX_ERROR_CHARS] + "..."
         raise InvalidRequestError(f"invalid registration: {problems}") from exc

@@ -31,12 +31,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from denpex.evidence.loading import FileKind, read_mapping, read_model, validation_problems
 from denpex.isolation.ed25519_keys import generate_key, load_private_key, public_key_text, save_private_key
-from denpex.isolation.errors import ApprovalError, ConfigError, validation_problems
+from denpex.isolation.errors import ApprovalError, ConfigError
 from denpex.isolation.gates import human_duration
 from denpex.isolation.page_record import page_record_problems, signature_verifies
 from denpex.isolation.plan import NODE_NAME_PATTERN, IsolationPlan, Operation, canonical_json
@@ -59,6 +59,11 @@ __all__ = [
 ]
 
 _CLOCK_SKEW = timedelta(minutes=5)
+MAX_APPROVAL_BYTES = 4 * 1024 * 1024
+"""As large as a plan may be: an approval names at most the plan's nodes."""
+MAX_APPROVERS_BYTES = 1024 * 1024
+_APPROVAL_FILE = FileKind("approval", hint="approve the plan with `denpex approve PLAN --approver NAME --key KEYFILE`")
+_APPROVERS_FILE = FileKind("trusted approvers")
 
 
 class Approval(BaseModel):
@@ -318,16 +323,8 @@ def save_approval(approval: Approval, path: Path) -> None:
 
 
 def load_approval(path: Path) -> Approval:
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ApprovalError(f"{path}: cannot read approval: {exc.strerror or exc}; approve the plan "
-                            "with `denpex approve PLAN --approver NAME --key KEYFILE`") from exc
-    try:
-        return Approval.model_validate_json(raw)
-    except ValidationError as exc:
-        raise ApprovalError(f"{path}: not a valid approval: {validation_problems(exc)}; approve the plan "
-                            "again with `denpex approve PLAN --approver NAME --key KEYFILE`") from exc
+    """Read an approval file written by ``denpex approve``; every problem in one ApprovalError."""
+    return read_model(path, Approval, max_bytes=MAX_APPROVAL_BYTES, kind=_APPROVAL_FILE, error=ApprovalError)
 
 
 # -- keys (the files themselves: denpex.isolation.ed25519_keys) ----------------------------
@@ -342,12 +339,7 @@ def load_trusted_approvers(path: Path) -> TrustedApprovers:
 
     Every problem is reported in one ConfigError.
     """
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read trusted approvers: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: trusted approvers are not valid YAML: {exc}") from exc
+    raw = read_mapping(path, max_bytes=MAX_APPROVERS_BYTES, kind=_APPROVERS_FILE, error=ConfigError, syntax="yaml")
     entries = raw.get("approvers") if isinstance(raw, dict) and set(raw) == {"approvers"} else None
     if not isinstance(entries, dict):
         raise ConfigError(f"{path}: expected a mapping with one key `approvers: {{NAME: PUBLIC_KEY}}`")

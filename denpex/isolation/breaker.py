@@ -20,13 +20,17 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from denpex.evidence.loading import FileKind, read_model
 from denpex.isolation.errors import ConfigError
 from denpex.isolation.file_lock import file_lock
 
 __all__ = ["IsolationMark", "BreakerState", "CircuitBreaker"]
 
+_MAX_STATE_BYTES = 16 * 1024 * 1024
+_STATE_FILE = FileKind("breaker state", invalid="breaker state is damaged",
+                       hint="inspect it, then reset with `denpex breaker reset --by NAME`")
 _KEEP_MARKS = timedelta(days=1)
 _HOUR = timedelta(hours=1)
 
@@ -117,20 +121,10 @@ class CircuitBreaker:
             yield
 
     def _read(self) -> BreakerState:
-        try:
-            raw = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not self.path.exists():
             return BreakerState()
-        except OSError as exc:
-            raise ConfigError(f"{self.path}: cannot read breaker state: {exc.strerror or exc}") from exc
-        try:
-            return BreakerState.model_validate_json(raw)
-        except ValidationError as exc:
-            # A damaged state file must not silently re-enable automation.
-            raise ConfigError(
-                f"{self.path}: breaker state is damaged ({exc.error_count()} problems); "
-                "inspect it, then reset with `denpex breaker reset --by NAME`"
-            ) from exc
+        # A damaged state file must not silently re-enable automation: it is an error, never a default.
+        return read_model(self.path, BreakerState, max_bytes=_MAX_STATE_BYTES, kind=_STATE_FILE, error=ConfigError)
 
     def _write(self, state: BreakerState) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")

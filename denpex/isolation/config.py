@@ -32,14 +32,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from denpex.isolation.errors import ConfigError, validation_problems
+from denpex.evidence.loading import FileKind, read_mapping, validated
+from denpex.isolation.errors import ConfigError
 from denpex.isolation.ssh import Backoff, SshSettings
 
 __all__ = ["KubernetesSettings", "IsolationSettings", "load_settings", "where_commands_go"]
 
+_MAX_SETTINGS_BYTES = 1024 * 1024
+_SETTINGS_FILE = FileKind("the settings file")
+_SETTINGS = FileKind("isolation settings", invalid="invalid isolation settings")
 _ENV: dict[str, tuple[str, ...]] = {
     "DENPEX_SSH_HOST": ("ssh", "host"),
     "DENPEX_SSH_PORT": ("ssh", "port"),
@@ -136,21 +139,10 @@ def load_settings(path: Path | None, environ: Mapping[str, str]) -> IsolationSet
     """Read ``path`` (if given), apply ``DENPEX_*`` overrides, validate; all problems in one error."""
     tree: dict[str, Any] = {}
     if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read settings: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: settings are not valid YAML/JSON: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: settings must be a mapping, got {type(loaded).__name__}")
-        tree = dict(loaded or {})
+        tree = read_mapping(path, max_bytes=_MAX_SETTINGS_BYTES, kind=_SETTINGS_FILE, error=ConfigError,
+                            syntax="yaml", empty_ok=True)
     for name, target in _ENV.items():
         if environ.get(name):
             _set(tree, target, environ[name])
-    try:
-        return IsolationSettings.model_validate(tree)
-    except ValidationError as exc:
-        problems = validation_problems(exc)
-        where = f"{path} and the environment" if path else "the environment"
-        raise ConfigError(f"invalid isolation settings in {where}: {problems}") from exc
+    where = f"{path} and the environment" if path else "the environment"
+    return validated(IsolationSettings, tree, where, _SETTINGS, ConfigError)

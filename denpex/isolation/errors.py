@@ -28,10 +28,7 @@ world failing::
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 __all__ = [
-    "validation_problems",
     "IsolationError",
     "PlanError",
     "RefusedError",
@@ -139,8 +136,4 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TransientRemoteError | BusyError)
 
 
-def validation_problems(exc: ValidationError) -> str:
-    """Every problem of a pydantic error on one line: ``limits.max_nodes: Input should be ...; ...``."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-    )
+

@@ -5,7 +5,7 @@ audit log (each append), its run lock, the audit copy's lock and the breaker's s
         ...   # read, decide, write: no other process holds ``path``'s lock meanwhile
 
 An flock is the kernel's: it is released when its holder dies, so a crash never leaves it held.
-It binds processes on one machine only; the state directory is one machine's (ARCHITECTURE.md).
+It binds processes on one machine only, as the state directory is one machine's.
 """
 
 from __future__ import annotations

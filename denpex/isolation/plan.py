@@ -19,9 +19,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from denpex.isolation.errors import PlanError, validation_problems
+from denpex.evidence.loading import FileKind, read_model
+from denpex.isolation.errors import PlanError
 from denpex.isolation.policy import (
     ActionKind,
     CheckKind,
@@ -54,6 +55,7 @@ NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 # reason (``denpex:<incident> ...``), where ownership is matched on it.
 INCIDENT_ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 MAX_PLAN_BYTES = 4 * 1024 * 1024
+PLAN_FILE = FileKind("plan", invalid="not a valid isolation plan", hint="write plans with `denpex triage --plan-out FILE`")
 
 
 def incident_id_problem(incident_id: str) -> str | None:
@@ -235,20 +237,7 @@ def save_plan(plan: IsolationPlan, path: Path) -> None:
 
 def load_plan(path: Path) -> IsolationPlan:
     """Read a plan file written by ``save_plan``; every problem is reported in one PlanError."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_PLAN_BYTES:
-            raise PlanError(f"{path}: plan is {size} bytes, over the {MAX_PLAN_BYTES} cap")
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read plan: {exc.strerror or exc}") from exc
-    try:
-        return IsolationPlan.model_validate_json(raw)
-    except ValidationError as exc:
-        raise PlanError(
-            f"{path}: not a valid isolation plan: {validation_problems(exc)}. "
-            "Write plans with `denpex triage --plan-out FILE`."
-        ) from exc
+    return read_model(path, IsolationPlan, max_bytes=MAX_PLAN_BYTES, kind=PLAN_FILE, error=PlanError)
 
 
 def utc_now() -> datetime:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Set
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from denpex.isolation.errors import RunbookError, validation_problems
+from denpex.evidence.loading import FileKind, read_model
+from denpex.isolation.errors import RunbookError
 from denpex.isolation.policy import (
     ApprovalRule,
     EvidenceRule,
@@ -28,6 +28,7 @@ from denpex.workflow.section import WorkflowSection
 __all__ = ["Runbook", "load_runbook", "form_runbook_refusal"]
 
 _MAX_BYTES = 256 * 1024
+_RUNBOOK_FILE = FileKind("runbook", invalid="invalid runbook")
 
 
 class Runbook(BaseModel):
@@ -57,20 +58,7 @@ class Runbook(BaseModel):
 
 def load_runbook(path: Path) -> Runbook:
     """Read and validate a runbook; every problem is listed in one RunbookError."""
-    try:
-        if path.stat().st_size > _MAX_BYTES:
-            raise RunbookError(f"{path}: runbook is over {_MAX_BYTES} bytes")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RunbookError(f"{path}: cannot read runbook: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise RunbookError(f"{path}: runbook is not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise RunbookError(f"{path}: a runbook is a YAML mapping, got {type(raw).__name__}")
-    try:
-        return Runbook.model_validate(raw)
-    except ValidationError as exc:
-        raise RunbookError(f"{path}: invalid runbook: {validation_problems(exc)}") from exc
+    return read_model(path, Runbook, max_bytes=_MAX_BYTES, kind=_RUNBOOK_FILE, error=RunbookError, syntax="yaml")
 
 
 def form_runbook_refusal(name: str, runbook: Runbook, allowed: Set[str]) -> str | None:

@@ -14,20 +14,22 @@ One JSON file; evidence paths are folders relative to the catalog file, absolute
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.analysis.models import CandidateKind, Verdict
+from denpex.evidence.loading import FileKind, read_model
 
 __all__ = ["CatalogError", "RecordedOutcome", "RecordedIncident", "IncidentCatalog", "load_catalog",
            "CATALOG_VERSION"]
 
 CATALOG_VERSION = 1
 _MAX_BYTES = 16 * 1024 * 1024
+_CATALOG_FILE = FileKind("the incident catalog", invalid="invalid incident catalog")
 
 
 class CatalogError(ValueError):
@@ -77,21 +79,13 @@ class IncidentCatalog(BaseModel):
 
 def load_catalog(path: Path) -> IncidentCatalog:
     """Read and validate ``path``; duplicated incident ids are refused too."""
-    try:
-        if path.stat().st_size > _MAX_BYTES:
-            raise CatalogError(f"{path}: the catalog is over {_MAX_BYTES} bytes")
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CatalogError(f"{path}: cannot read the incident catalog: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise CatalogError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); fix the file") from exc
-    if not isinstance(raw, dict) or "base_dir" in raw:
-        raise CatalogError(f"{path}: expected an object with 'version' and 'incidents'")
-    try:
-        catalog = IncidentCatalog.model_validate({**raw, "base_dir": path.resolve().parent})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise CatalogError(f"{path}: invalid incident catalog: {problems}") from exc
+    def with_base_dir(raw: dict[str, Any]) -> dict[str, Any]:
+        if "base_dir" in raw:  # the catalog's folder is where the file is, never what it says
+            raise CatalogError(f"{path}: expected an object with 'version' and 'incidents'")
+        return {**raw, "base_dir": path.resolve().parent}
+
+    catalog = read_model(path, IncidentCatalog, max_bytes=_MAX_BYTES, kind=_CATALOG_FILE, error=CatalogError,
+                         prepare=with_base_dir)
     counts = Counter(i.incident_id for i in catalog.incidents)
     duplicated = sorted(name for name, n in counts.items() if n > 1)
     if duplicated:

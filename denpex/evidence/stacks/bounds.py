@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from denpex.evidence.loading import validation_problems
 from denpex.evidence.stacks.model import (
     MAX_BYTES,
     MAX_FRAMES,
@@ -124,7 +125,6 @@ def validated(raw: object, *, what: str, notes: list[str] | None = None) -> Rank
     try:
         return RankStacks.model_validate(shaped)
     except ValidationError as exc:
-        problems = clean_text("; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                                        for e in exc.errors()[:3]), limit=400)
+        problems = clean_text(validation_problems(exc, first=3), limit=400)
         more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
         raise StackError(f"{what} is not a valid stacks record: {problems}{more}") from exc
