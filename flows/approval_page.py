@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from uuid import UUID, uuid4
 
+from prefect.client.schemas.objects import State
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
@@ -34,7 +35,7 @@ from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.page_decision import review_page_decision
 from flows.run_log import incident_log
 
-__all__ = ["PAGE_URL_ENV", "PageDecisionInput", "page_url", "ask_on_page", "run_already_waiting"]
+__all__ = ["PAGE_URL_ENV", "PageDecisionInput", "page_url", "ask_on_page", "claim_incident", "release_incident"]
 
 PAGE_URL_ENV = "DENPEX_APPROVAL_PAGE_URL"
 """The approval page's address as approvers reach it (the workers' environment), for the links."""
@@ -55,29 +56,53 @@ def page_url(run_id: str) -> str | None:
     return f"{base}/runs/{run_id}" if base else None
 
 
-def run_already_waiting(plan: IsolationPlan, operation: Operation) -> str | None:
-    """Another run of this incident that still waits for a decision on ``operation``, if any.
+def claim_incident(plan: IsolationPlan, hold: timedelta) -> str | None:
+    """Claim the plan's incident for this run (one question per incident at a time): None once
+    claimed, else why not, naming the run that holds it.
 
-    A second run (a manual start, a repeated alert) must not save its plan over the one an
-    approver is reading, nor open a second question for the same nodes. A run that ended in
-    Prefect (crashed, cancelled) while paused waits for nothing, so it does not count."""
+    A second run (a manual start, a repeated alert, a follow-up) must not save its plan over the
+    one an approver is reading, nor ask a second question about the same nodes. The claim is taken
+    in one transaction before anything is saved, so two runs started together cannot both pass.
+    A holder that Prefect has ended (crashed or cancelled while paused) is taken over; the claim
+    of one that never says so lapses after ``hold``."""
+    this_run = str(flow_run.get_id() or "local")
+    book = ApprovalBook(resolve_state_dir())
+    key = (plan.tenant, plan.cluster or "", plan.incident_id)
+    expires = time.time() + hold.total_seconds()
+    holder = book.claim(*key, run_id=this_run, expires_at=expires)
+    if holder is None:
+        return None
+    state = _prefect_state(holder)
+    if state is not None and state.is_final():
+        holder = book.claim(*key, run_id=this_run, expires_at=expires, replacing=holder) or None
+        if holder is None:
+            return None
+    known = "" if state is not None else " (Prefect could not say whether it still runs)"
+    return (f"run {holder} already waits for a decision on incident {plan.incident_id}, or is about to ask"
+            f"{known}; decide there. This run saved no plan and asks nothing")
+
+
+def release_incident(plan: IsolationPlan) -> None:
+    """Let go of the plan's incident, if this run claimed it."""
+    ApprovalBook(resolve_state_dir()).release(plan.tenant, plan.cluster or "", plan.incident_id,
+                                              str(flow_run.get_id() or "local"))
+
+
+def _prefect_state(run_id: str) -> State | None:
+    """The run's state in Prefect; None when it cannot be read (then the claim stands). A run
+    Prefect no longer knows counts as ended."""
     from prefect import get_client
+    from prefect.client.schemas.objects import State as PrefectState
+    from prefect.client.schemas.objects import StateType
     from prefect.exceptions import ObjectNotFound
 
-    this_run = str(flow_run.get_id() or "local")
-    same = [p.run_id for p in ApprovalBook(resolve_state_dir()).waiting()
-            if (p.tenant, p.cluster, p.incident_id, p.operation) == (plan.tenant, plan.cluster or "",
-                                                                      plan.incident_id, operation)
-            and p.run_id != this_run]
-    with get_client(sync_client=True) as client:
-        for run_id in same:
-            try:
-                state = client.read_flow_run(UUID(run_id)).state
-            except ObjectNotFound:
-                continue
-            if state is not None and not state.is_final():
-                return run_id
-    return None
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(UUID(run_id)).state
+    except ObjectNotFound:
+        return PrefectState(type=StateType.COMPLETED, name="unknown to Prefect")
+    except Exception:  # noqa: BLE001 - an unreachable or failing API, or a foreign id: the claim stands
+        return None
 
 
 def ask_on_page(plan: IsolationPlan, description: str, brief: ApprovalBrief, *, operation: Operation,

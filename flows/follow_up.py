@@ -7,6 +7,8 @@ nor restarting the job elsewhere (``execute_approved`` checks the approval's ope
 
 # No `from __future__ import annotations`: see flows/triage.py.
 
+from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable
 
 from prefect.concurrency.sync import concurrency
@@ -14,11 +16,13 @@ from prefect.concurrency.sync import concurrency
 from denpex.approval_page.brief import build_brief
 from denpex.isolation.config import where_commands_go
 from denpex.isolation.plan import IsolationPlan, Operation
+from denpex.isolation.runbook import Runbook
 from denpex.tenancy import read_ownership
 from denpex.workflow.saved_plans import load_saved_plan
 from denpex.workflow.approval_answer import AnswerVerdict
 from denpex.workflow.flow_parameters import check_flow_parameters
 from flows.approval import (
+    Target,
     ask_approval,
     emit,
     ensure_limit,
@@ -29,6 +33,7 @@ from flows.approval import (
     remediation_limit,
     state_dir,
 )
+from flows.approval_page import claim_incident, release_incident
 from flows.run_settings import check_this_runs_settings
 from tasks.remediate import execute_plan
 
@@ -47,6 +52,18 @@ def approve_then_run(cluster: str, incident_id: str, operation: Operation,
     plan = load_saved_plan(state_dir(), owner.tenant, cluster, incident_id)
     # The saved plan's tenant is the owner the triage run found; the registry must still agree.
     target = find_target(cluster, runbook_file, tenant=plan.tenant).target_or_raise(cluster)
+    # One question per incident at a time: a triage run must not save a plan over this one meanwhile.
+    taken = claim_incident(plan, runbook.workflow.approval_timeout + timedelta(hours=1))
+    if taken:
+        return {"incident_id": incident_id, "outcome": "refused", "reason": taken}
+    try:
+        return _ask_then_run(plan, target, runbook, runbook_file, operation, describe, cluster, incident_id)
+    finally:
+        release_incident(plan)
+
+
+def _ask_then_run(plan: IsolationPlan, target: Target, runbook: Runbook, runbook_file: Path, operation: Operation,
+                  describe: Callable[[IsolationPlan], str], cluster: str, incident_id: str) -> dict[str, Any]:
     text = describe(plan)
     answer = ask_approval(plan, text, operation=operation, policy=runbook.policy(),
                           timeout=runbook.workflow.approval_timeout, poll=runbook.workflow.approval_poll,

@@ -12,7 +12,7 @@ cluster whose target block is named after ``cluster``; with no target it triages
 
 import json
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from prefect import flow, unmapped
@@ -58,7 +58,7 @@ from flows.approval import (
     state_dir,
     webhook_url,
 )
-from flows.approval_page import page_url, run_already_waiting
+from flows.approval_page import claim_incident, page_url, release_incident
 from flows.run_log import incident_log, incident_run
 from flows.run_settings import check_this_runs_settings
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
@@ -73,6 +73,8 @@ from tasks.options import NOT_PERSISTED
 
 __all__ = ["triage"]
 
+_CLAIM_SLACK = timedelta(hours=1)
+"""How long past its pause a run holds its incident if it never ends (crashed where Prefect cannot tell)."""
 _CPUS = usable_cpus()  # a container's or taskset's share, as the parse workers are sized
 # Coarse batches on Dask: each task costs a round trip to the cluster (notes/prefect.md).
 DASK_BATCHES = 64
@@ -182,11 +184,10 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         why = (f"no isolation proposed for incident {incident_id}" if target is not None
                else f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}; triage only")
         return _finish(ref, report, IncidentStage.NO_ACTION, why, plan, key)
-    waiting = run_already_waiting(plan, Operation.ISOLATE)
-    if waiting:
-        why = (f"run {waiting} already waits for a decision on incident {incident_id}; decide there. This run "
-               "saved no plan and asks nothing")
-        return _finish(ref, report, IncidentStage.REFUSED, why, plan, key)
+    # Held until the run ends (released in _finish); a crashed holder's claim lapses an hour after its pause.
+    taken = claim_incident(plan, timing.approval_timeout + _CLAIM_SLACK)
+    if taken:
+        return _finish(ref, report, IncidentStage.REFUSED, taken, None, key)
     _save_plan(plan)
     url = webhook_url()
     if url:
@@ -269,6 +270,8 @@ def _finish(ref: IncidentRef, report: TriageReport, stage: IncidentStage, reason
             plan: IsolationPlan | None, key: str, **extra: Any) -> State[dict[str, Any]]:
     outcome = IncidentOutcome(incident=ref, report=report, outcome=stage, reason=reason,
                               plan_hash=plan.content_hash() if plan else None, **extra)
+    if plan is not None:
+        release_incident(plan)  # only if this run claimed it
     publish_decision(ref.incident_id, stage.value, reason, key)
     data = outcome.contract_json()
     path = report_file(state_dir(), ref.tenant, ref.cluster, ref.incident_id, ref.flow_run_id or "local")

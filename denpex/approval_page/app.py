@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +62,27 @@ _HEADERS = {"Content-Security-Policy": "default-src 'none'; img-src data:; style
             "X-Frame-Options": "DENY"}
 
 
+class _EndedRuns:
+    """``ended_runs``, each answer kept a few seconds: every visitor's view asks Prefect, and a
+    crowd of anonymous ones must not make each approver's view wait on it again."""
+
+    KEEP_S = 5.0
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, ...], tuple[float, dict[str, str] | None]] = {}
+
+    def __call__(self, prefect: PrefectLink, run_ids: list[str]) -> dict[str, str] | None:
+        key = tuple(sorted(run_ids))
+        kept = self._kept.get(key)
+        if kept is not None and time.monotonic() - kept[0] < self.KEEP_S:
+            return kept[1]
+        ended = ended_runs(prefect, run_ids)
+        if len(self._kept) > 256:
+            self._kept.clear()
+        self._kept[key] = (time.monotonic(), ended)
+        return ended
+
+
 @dataclass(frozen=True)
 class PageConfig:
     """Everything the page runs with."""
@@ -72,6 +94,7 @@ class PageConfig:
     prefect_ui_url: str | None = None
     """Where the Prefect UI is, for a link to the run (the run stays seen there)."""
     clock: Any = field(default=lambda: datetime.now(UTC))
+    ended_runs: _EndedRuns = field(default_factory=_EndedRuns, compare=False)
     allowed_hosts: tuple[str, ...] = ()
     """Names the page answers to besides IP addresses and ``localhost`` (``hosts.host_allowed``)."""
 
@@ -112,7 +135,7 @@ def create_page_app(config: PageConfig) -> FastAPI:
     @app.get("/")
     async def index() -> HTMLResponse:
         waiting = await run_in_threadpool(desk.book.waiting)
-        ended = await run_in_threadpool(ended_runs, config.prefect, [p.run_id for p in waiting])
+        ended = await run_in_threadpool(config.ended_runs, config.prefect, [p.run_id for p in waiting])
         rows = [{"run_id": p.run_id, "incident_id": p.incident_id, "cluster": p.cluster, "operation": p.operation,
                  "since": datetime.fromtimestamp(p.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S")}
                 for p in waiting if ended is None or p.run_id not in ended]
@@ -237,7 +260,7 @@ def _closed(config: PageConfig, pending: PendingApproval, now: float) -> str | N
         return "The run's wait for approval has timed out; nothing runs."
     if config.desk.book.decision(pending.run_id) is not None:
         return None  # the decision is shown instead
-    ended = ended_runs(config.prefect, [pending.run_id]) or {}
+    ended = config.ended_runs(config.prefect, [pending.run_id]) or {}
     if pending.run_id in ended:
         return f"The run has ended in Prefect ({ended[pending.run_id]}); it waits for no decision, and nothing runs."
     return None
@@ -274,7 +297,7 @@ def _hosts_named(config: PageConfig, request: Request) -> list[str]:
     """The request's ``Host``, and the name a trusted proxy says the browser asked for."""
     named = [request.headers.get("host", "")]
     if _from_trusted_proxy(config, request) and "x-forwarded-host" in request.headers:
-        named.append(request.headers["x-forwarded-host"])
+        named += request.headers["x-forwarded-host"].split(",")  # each proxy on the way adds one
     return named
 
 

@@ -38,11 +38,14 @@ def host_allowed(header: str, allowed: Sequence[str]) -> bool:
 
 def check_host_pattern(pattern: str) -> str:
     """``pattern`` as ``--allowed-host`` takes it (ValueError otherwise): a name, or ``*.`` and a name."""
-    name = pattern[2:] if pattern.startswith("*.") else pattern
+    wildcard = pattern.startswith("*.")
+    name = pattern[2:] if wildcard else pattern
     labels = name.rstrip(".").split(".")
     if not name or len(pattern) > 253 or any(not label or not all(c.isalnum() or c == "-" for c in label)
                                              for label in labels):
         raise ValueError(f"{pattern!r} is not a host name (a name like approvals.example.com, or *.example.com)")
+    if wildcard and len(labels) < 2:  # "*.com" would take every site under a top-level domain
+        raise ValueError(f"{pattern!r} covers a whole top-level domain: name the domain (*.example.com)")
     return pattern.lower()
 
 

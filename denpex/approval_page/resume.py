@@ -7,6 +7,7 @@ whoever reads the API. The flow trusts none of it without the page's database (`
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,23 +80,48 @@ def _result(response: httpx.Response) -> ResumeResult:
 
 def ended_runs(link: PrefectLink, run_ids: Sequence[str]) -> dict[str, str] | None:
     """Of ``run_ids``, those Prefect has ended (or no longer knows), each with its state's name:
-    the page stops offering them. None when the API cannot be asked: then nothing is hidden.
+    the page stops offering them. None when the API cannot be asked, or answers something that
+    is not a list of runs: then nothing is hidden.
 
     Only what the page lists and offers depends on it. An API writer can end a run anyway; the
-    decision's integrity never rests on what Prefect says."""
+    decision's integrity never rests on what Prefect says. Whoever reaches the page makes it ask,
+    so the answer is bounded in time (``_ASK_S`` in all, not per read) and in size."""
     if not run_ids:
         return {}
+    found = _runs_in_prefect(link, run_ids)
+    return None if found is None else _ended_of(found, run_ids)
+
+
+_ASK_S = 3.0
+_MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+def _runs_in_prefect(link: PrefectLink, run_ids: Sequence[str]) -> dict[str, dict[str, object]] | None:
+    """``POST /flow_runs/filter`` for ``run_ids``: the runs by id, or None."""
     url = f"{link.api_url.rstrip('/')}/flow_runs/filter"
     body = {"flow_runs": {"id": {"any_": list(run_ids)}}, "limit": len(run_ids)}
     headers = api_headers(link.auth.get_secret_value() if link.auth else None)
+    deadline = time.monotonic() + _ASK_S
     try:
-        response = httpx.post(url, json=body, headers=headers, timeout=min(link.timeout_s, 5.0))
-        response.raise_for_status()
-        found = {str(run.get("id")): run for run in response.json() if isinstance(run, dict)}
-    except (httpx.HTTPError, ValueError, TypeError):
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=_ASK_S) as response:
+            if response.status_code != 200:
+                return None
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > _MAX_ANSWER_BYTES or time.monotonic() > deadline:
+                    return None
+        answer = json.loads(data)
+    except (httpx.HTTPError, ValueError):
         return None
+    if not isinstance(answer, list) or not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in answer):
+        return None  # not Prefect's answer (a proxy's page, a misconfigured URL): hide nothing
+    return {r["id"]: r for r in answer}
+
+
+def _ended_of(found: dict[str, dict[str, object]], run_ids: Sequence[str]) -> dict[str, str]:
     ended = {run_id: "unknown to Prefect" for run_id in run_ids if run_id not in found}
     for run_id, run in found.items():
         if str(run.get("state_type") or "").upper() in ENDED_STATES:
-            ended[run_id] = str(run.get("state_name") or run.get("state_type"))
+            ended[run_id] = str(run.get("state_name") or run.get("state_type"))[:64]
     return ended

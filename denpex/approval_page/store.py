@@ -44,6 +44,11 @@ CREATE TABLE IF NOT EXISTS answers (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, at REAL NOT NULL, address TEXT NOT NULL,
     approver TEXT NOT NULL, decision TEXT NOT NULL, outcome TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS answers_by_address ON answers (address, at);
+-- One question per incident at a time, whatever the operation: they share the incident's plan file.
+-- The run that claimed it holds it until it ends, or until its claim expires (tenant '' for none).
+CREATE TABLE IF NOT EXISTS claims (
+    tenant TEXT NOT NULL, cluster TEXT NOT NULL, incident_id TEXT NOT NULL, run_id TEXT NOT NULL,
+    expires_at REAL NOT NULL, PRIMARY KEY (tenant, cluster, incident_id));
 CREATE INDEX IF NOT EXISTS answers_by_run ON answers (run_id, at);
 """
 
@@ -158,6 +163,31 @@ class ApprovalBook:
         """Remove a decision the page could not write to the audit log (it never stood)."""
         with self._connect() as db:
             db.execute("DELETE FROM decisions WHERE run_id = ?", (run_id,))
+
+    # -- claims: one run per incident at a time -------------------------------------------------
+
+    def claim(self, tenant: str | None, cluster: str, incident_id: str, run_id: str, *, expires_at: float,
+              replacing: str | None = None, now: float | None = None) -> str | None:
+        """Claim the incident for ``run_id`` until ``expires_at``: None once it is this run's, else
+        the run that holds it. An expired claim, the run's own, or ``replacing``'s (a run the
+        caller found ended) is taken over. One transaction that takes the write lock first, so of
+        two runs claiming at once, across processes, exactly one gets it."""
+        key = (tenant or "", cluster, incident_id)
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT run_id, expires_at FROM claims WHERE tenant = ? AND cluster = ? AND "
+                             "incident_id = ?", key).fetchone()
+            current = time.time() if now is None else now
+            if row is not None and row[0] not in (run_id, replacing) and row[1] > current:
+                return str(row[0])
+            db.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?)", (*key, run_id, expires_at))
+        return None
+
+    def release(self, tenant: str | None, cluster: str, incident_id: str, run_id: str) -> None:
+        """Let go of the incident, if ``run_id`` holds it."""
+        with self._connect() as db:
+            db.execute("DELETE FROM claims WHERE tenant = ? AND cluster = ? AND incident_id = ? AND run_id = ?",
+                       (tenant or "", cluster, incident_id, run_id))
 
     # -- answers ------------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ def test_a_pattern_must_be_a_host_name() -> None:
     for bad in ("", "*", "*.", "evil.example/x", "a..b", "https://approvals.example.com", "a b", "*.*.example.com"):
         with pytest.raises(ValueError, match="not a host name"):
             check_host_pattern(bad)
+    with pytest.raises(ValueError, match="covers a whole top-level domain"):
+        check_host_pattern("*.com")
 
 
 def test_serve_approvals_refuses_a_name_that_is_no_host_name(tmp_path: Path) -> None:

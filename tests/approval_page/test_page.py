@@ -172,6 +172,8 @@ def test_the_page_answers_only_to_its_own_names(tmp_path: Path) -> None:
     proxy = TestClient(named, base_url="http://10.0.0.9", client=("10.0.0.2", 40000))
     assert proxy.get("/", headers={"X-Forwarded-Host": "evil.example"}).status_code == 400
     assert proxy.get("/", headers={"X-Forwarded-Host": "approvals.example.com"}).status_code == 200
+    # A list (one name per proxy on the way) is held name by name (hostile review).
+    assert proxy.get("/", headers={"X-Forwarded-Host": "evil.example, x.gpu.example.com"}).status_code == 400
 
 
 def test_an_approval_is_signed_recorded_once_and_audited_before_the_run_is_resumed(tmp_path: Path) -> None:
