@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from denpex.collector.dump_record import DumpRecord, rank_identities
-from denpex.collector.layout import COLLECTOR_DIR
+from denpex.evidence.dump_record import COLLECTOR_DIR, DumpRecord, rank_identities
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, ProcessGroupSpec
 from denpex.evidence.store import EvidenceStore

@@ -52,7 +52,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 
-from denpex.collector.dump_record import DumpRecord, DumpTrigger
 from denpex.collector.dump_signal import DumpRequest, DumpSignal, FileDumpSignal
 from denpex.collector.flight_recorder import (
     DumpFormat,
@@ -65,6 +64,7 @@ from denpex.collector.layout import dump_path, record_path, request_path, write_
 from denpex.collector.moved_past import MovedPast
 from denpex.collector.stacks import write_rank_stacks
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
+from denpex.evidence.dump_record import DumpRecord, DumpTrigger
 
 __all__ = ["HangDumper"]
 

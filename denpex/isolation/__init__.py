@@ -2,7 +2,8 @@
 
 Modules, in the order a plan flows through them:
 
-- ``policy``: the remediation policy (evidence rule, limits, approval, steps); ``runbook`` loads it.
+- ``policy``: the remediation policy (evidence rule, limits, approval, steps); ``runbook`` loads it,
+  with its ``workflow_section`` (the incident flow's waits and retries).
 - ``facts``: what the scheduler says about its nodes; ``slurm_parse`` reads ``scontrol``/``squeue``.
 - ``gates`` and ``planner``: ``plan_isolation`` decides, never acts; ``plan`` is the plan model.
 - ``breaker``: the persisted blast-radius circuit breaker.

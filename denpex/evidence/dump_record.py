@@ -1,4 +1,10 @@
-"""What each rank records about its dump, and how the records become the manifest's ``ranks``."""
+"""What each rank records about its dump, and how the records become the manifest's ``ranks``.
+
+The collector (``denpex.collector``, inside the training job) writes one record per rank beside
+its dump, in ``collector/rank_<r>.record.json``; the analysis reads them as evidence when no
+manifest was given (``denpex.analysis.collector_records``). The format is the evidence's, so it
+lives here, below both.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from denpex.collector.layout import COLLECTOR_DIR
 from denpex.evidence.manifest import ProcessGroupSpec, RankIdentity
+from denpex.evidence.stacks.records import STACKS_DIR
 
-__all__ = ["DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
+__all__ = ["COLLECTOR_DIR", "DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
 
 _log = logging.getLogger(__name__)
+
+COLLECTOR_DIR = STACKS_DIR
+"""The collector's folder beside the dumps: its records and its stacks files (``collector/``)."""
 
 
 class DumpTrigger(StrEnum):
