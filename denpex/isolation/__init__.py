@@ -15,5 +15,6 @@ Modules, in the order a plan flows through them:
 - ``executor``: re-checks on live facts, acts once per node, verifies, audits; ``adapter`` is the
   interface it needs, ``slurm`` (over ``ssh``) and ``kubernetes`` implement it.
 - ``audit``: the hash-chained, HMAC-keyed JSON-lines audit log.
-- ``config``: SSH / cluster / store settings; ``commands``: the CLI commands.
+- ``config``: SSH / cluster / store settings; ``approval_file`` and ``execution_text``: a plan's
+  approval file and an execution report's text, for the CLI (``denpex.cli.isolation``).
 """
