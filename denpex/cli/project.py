@@ -1,14 +1,22 @@
 """``denpex serve`` and ``denpex register-blocks``: the commands that run the Prefect project.
 
 The Prefect project (``flows/``, ``tasks/``, ``blocks/``) is not part of the package: it runs from
-the repository root, as Prefect projects do.
+the repository root, as Prefect projects do, and the core never imports it (nor Prefect). These
+commands check their options and that the current folder is that root, then hand over to the
+project's own entry point with ``python -m`` (``flows.serve``, ``blocks.register``), which finds
+the project from the root as ``python -m`` does: nothing is added to this process's ``sys.path``.
+
+The hand-over replaces this process (``exec``) rather than starting a child: the served runner
+keeps this process's id, its Ctrl-C and SIGTERM reach the runner itself (which stops at once, see
+``flows/serve.py``), and its exit status is the command's.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -39,10 +47,10 @@ def serve_command(
     unknown = sorted(set(only or ()) - set(SERVED))
     if unknown:
         raise fail(f"--only {', '.join(unknown)}: no such deployment; the deployments are {', '.join(SERVED)}")
-    _prefect_project()
-    from flows.serve import serve as serve_deployments
-
-    serve_deployments(set(only) if only else None, spawn_runs=spawn_runs)
+    # flows.serve.main takes the same options (argparse); NAME=VALUE keeps a value that starts
+    # with a dash a value.
+    _run_project_module("flows.serve", [*(f"--only={name}" for name in only or ()),
+                                        *(["--spawn-runs"] if spawn_runs else [])])
 
 
 def register_blocks_command(
@@ -61,17 +69,19 @@ def register_blocks_command(
     \b
     denpex register-blocks --evidence-folder ./incidents/demo --overwrite
     """
-    _prefect_project()
-    from blocks.register import register
+    _run_project_module("blocks.register", [f"--runbook={runbook}",
+                                            *([f"--evidence-folder={evidence_folder}"] if evidence_folder is not None else []),
+                                            *(["--overwrite"] if overwrite else [])])
 
-    register(runbook=runbook, evidence_folder=evidence_folder, overwrite=overwrite)
 
-
-def _prefect_project() -> None:
-    """The Prefect project (flows/, tasks/, blocks/) runs from the repository root, as Prefect
-    projects do; import it from the current folder, lazily, so the core never needs Prefect."""
+def _run_project_module(module: str, args: list[str]) -> NoReturn:
+    """Become ``python -m MODULE ARGS`` in the repository root, with this interpreter."""
     root = Path.cwd()
     if not (root / "flows" / "serve.py").is_file():
         raise fail(f"{root} is not the Denpex repository root (no flows/serve.py); run this from there")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    # python -m puts the current folder first on the module's sys.path, unless told not to
+    # (PYTHONSAFEPATH); the project is imported from there, as it was from this process before.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONSAFEPATH"}
+    sys.stdout.flush()  # exec discards what Python has buffered but not written
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
