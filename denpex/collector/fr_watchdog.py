@@ -23,9 +23,9 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
   enqueued at its dump, confirmed the same way. Without that, its dump would say "behind" for good.
 
 Files (see :mod:`denpex.collector.layout`): ``<out>/rank_<global rank>.pkl`` and ``.json``,
-a :class:`~denpex.collector.dump_record.DumpRecord` and the rank's Python stacks
+a :class:`~denpex.evidence.dump_record.DumpRecord` and the rank's Python stacks
 (:mod:`denpex.collector.stacks`) per rank under ``<out>/collector/``; the record
-:func:`~denpex.collector.dump_record.rank_identities` turns into the manifest's ``ranks``.
+:func:`~denpex.evidence.dump_record.rank_identities` turns into the manifest's ``ranks``.
 
 Usage, in every rank after ``init_process_group``::
 
