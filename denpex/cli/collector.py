@@ -60,7 +60,7 @@ def node_agent_command(
         raise fail(str(exc)) from exc
     if target is None:
         raise fail("DENPEX_INGEST_URL is not set; set it with DENPEX_INGEST_KEY_ID, DENPEX_INGEST_SECRET, "
-                    "DENPEX_TENANT and DENPEX_CLUSTER (a key bound to this host)")
+                   "DENPEX_TENANT and DENPEX_CLUSTER (a key bound to this host)")
     if not files and not journalctl:
         raise fail("nothing to send: give --file PATH or --journalctl")
     try:
@@ -73,5 +73,5 @@ def node_agent_command(
     if response.status_code >= 300:
         if service_busy(response.status_code):
             raise fail(f"the service was busy on every try (HTTP {response.status_code} to the last of "
-                        f"{SEND_ATTEMPTS}); send it again later", EXIT_REFUSED)
+                       f"{SEND_ATTEMPTS}); send it again later", EXIT_REFUSED)
         raise fail(f"the service refused the telemetry (HTTP {response.status_code})", EXIT_REFUSED)
