@@ -11,7 +11,7 @@ DEMO   ?= examples/incident-xid79
 DEMO_APPROVE ?=
 DEMO_STORE ?= s3
 
-.PHONY: demo test setup system-deps typecheck clean
+.PHONY: demo test setup system-deps typecheck layers clean
 
 $(BIN)/denpex: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ demo: setup system-deps
 typecheck: setup
 	$(BIN)/mypy
 
+# The import contract in pyproject.toml ([tool.importlinter]): the layers of denpex, and what the
+# core never imports. No cache: the graph takes under a second, and no folder is left behind.
+layers: setup
+	$(BIN)/lint-imports --no-cache
+
 # Four xdist workers on two cores: the real-service tests mostly wait, so they overlap the
 # CPU-bound ones; tests that share a server stay on one worker (tests/plugins/distribution.py).
 TEST_WORKERS ?= 4
@@ -43,13 +48,16 @@ TEST_WORKERS ?= 4
 # processes (workers, servers, flow runs, CLI calls) compiles the repository's modules from
 # source again, and every worker rewrites every test module's asserts again. The setup compiled
 # the venv's packages; this covers the checkout (its __pycache__ is git-ignored).
-# mypy runs beside the tests (its output printed after theirs): on two cores its minute of one
-# core fits into the tests' waits. Either failing fails `make test`.
+# mypy and the import contract (lint-imports) run beside the tests (their output printed after
+# theirs): on two cores their minute of one core fits into the tests' waits. Any of the three
+# failing fails `make test`.
 test: setup system-deps
 	@$(BIN)/mypy > .mypy.out 2>&1 & types=$$!; \
+	$(BIN)/lint-imports --no-cache > .layers.out 2>&1 & layers=$$!; \
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30; tests=$$?; \
 	wait $$types; typed=$$?; echo "$(BIN)/mypy"; cat .mypy.out; rm -f .mypy.out; \
-	test $$tests -eq 0 -a $$typed -eq 0
+	wait $$layers; layered=$$?; echo "$(BIN)/lint-imports"; cat .layers.out; rm -f .layers.out; \
+	test $$tests -eq 0 -a $$typed -eq 0 -a $$layered -eq 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -230,7 +230,7 @@ def scale(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectSe
 
 def latency(args: argparse.Namespace, work: Path, endpoint: str, server: PrefectServer,
             env: dict[str, str]) -> list[dict[str, Any]]:
-    from denpex.workflow.alert_event import AlertEvent, emit_alert
+    from denpex.ingest.alert_event import AlertEvent, emit_alert
 
     results: list[dict[str, Any]] = []
     alert_time = datetime(2026, 11, 29, 20, 29, 50, tzinfo=UTC)

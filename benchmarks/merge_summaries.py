@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kit (testkit/) lives at the repo root
 
 from denpex.analysis.workers import summarize_all  # noqa: E402
-from denpex.analysis.models import SkippedFile  # noqa: E402
 from denpex.analysis.triage import triage_summaries  # noqa: E402
 from denpex.evidence.discovery import discover_dumps  # noqa: E402
 from denpex.evidence.manifest import load_manifest  # noqa: E402
+from denpex.evidence.skipped import SkippedFile  # noqa: E402
 from denpex.evidence.store import LocalStore  # noqa: E402
 from testkit.generators.expansion import generate_dump_set  # noqa: E402
 from testkit.generators.fr_template import load_template  # noqa: E402

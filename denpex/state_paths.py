@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["StatePathError", "state_path", "UNOWNED", "plan_file", "legacy_plan_file", "report_file"]
+__all__ = ["StatePathError", "state_path", "UNOWNED", "INGEST_DATABASE", "plan_file", "legacy_plan_file",
+           "report_file"]
+
+INGEST_DATABASE = "ingest.sqlite3"
+"""The ingest service's registry in the state directory. ``denpex.ingest.database`` writes it;
+cluster ownership (``denpex.tenancy``) and the incident flow read it, so its name lives here, below
+all three."""
 
 
 class StatePathError(ValueError):

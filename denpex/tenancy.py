@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from denpex.ingest.database import DATABASE_NAME
+from denpex.state_paths import INGEST_DATABASE
 
 __all__ = ["cluster_slug", "OwnershipState", "ClusterOwnership", "read_ownership",
            "TenancyDecision", "judge_target", "execution_tenant", "NO_SCOPING_NOTE"]
@@ -68,7 +68,7 @@ class ClusterOwnership:
 
 def read_ownership(state_dir: Path, cluster: str) -> ClusterOwnership:
     """Read the owner of ``cluster`` (matched by its block-name slug) without writing anything."""
-    path = state_dir / DATABASE_NAME
+    path = state_dir / INGEST_DATABASE
     if not path.exists():
         return ClusterOwnership(cluster, OwnershipState.UNREGISTERED)
     db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)

@@ -17,7 +17,7 @@ from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, summarize_batch
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 from flows import DASK_ADDRESS_ENV
 from tasks.options import NOT_CACHED
 from tasks.options import NOT_PERSISTED

@@ -25,7 +25,7 @@ from prefect.events import DeploymentEventTrigger
 from prefect.exceptions import TerminationSignal
 from prefect.runner import Runner
 
-from denpex.workflow.alert_event import ALERT_EVENT
+from denpex.ingest.alert_event import ALERT_EVENT
 from denpex.workflow.run_settings import SERVED_MARKER
 from flows.forked_runs import use_forked_flow_runs
 from flows.replay import replay

@@ -13,7 +13,7 @@ from prefect import task
 
 from denpex.analysis.batch import DEFAULT_MAX_DUMP_BYTES, RankOutcome, split_batches
 from denpex.analysis.workers import IsolatedWorkers
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 from tasks.options import NOT_CACHED
 
 __all__ = ["summarize_dumps", "split_batches", "warm_parse_workers", "release_parse_workers"]

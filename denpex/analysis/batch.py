@@ -9,14 +9,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Sequence
 
-from denpex.analysis.models import SkippedFile
 from denpex.analysis.rank_runs import RankRuns
 from denpex.analysis.summary import RankSummary, summarize_dump
 from denpex.evidence.cpu_budget import DEFAULT_CPU_BUDGET, CpuBudget, arm_cpu_limit
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.read_ahead import read_ahead
+from denpex.evidence.skipped import SkippedFile
 from denpex.evidence.store import EvidenceStore, store_for
 
 __all__ = ["RankOutcome", "summarize_batch", "summarize_in_worker", "worker_init", "split_batches",

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from denpex.collector.dump_record import DumpRecord, rank_identities
-from denpex.collector.layout import COLLECTOR_DIR
+from denpex.evidence.dump_record import COLLECTOR_DIR, MAX_RECORD_BYTES, DumpRecord, rank_identities
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, ProcessGroupSpec
 from denpex.evidence.store import EvidenceStore
 
 __all__ = ["RecordsManifest", "manifest_from_records"]
 
-_MAX_RECORD_BYTES = 4 * 1024 * 1024
 _RECORD_SUFFIX = ".record.json"
 
 
@@ -44,7 +42,7 @@ def manifest_from_records(store: EvidenceStore, world_size: int | None) -> Recor
     notes = []
     for name in names:
         try:
-            record = DumpRecord.model_validate_json(folder.read(name, max_bytes=_MAX_RECORD_BYTES))
+            record = DumpRecord.model_validate_json(folder.read(name, max_bytes=MAX_RECORD_BYTES))
         except (EvidenceError, ValidationError) as exc:
             notes.append(f"{COLLECTOR_DIR}/{name}: not a usable collector record ({_first_line(exc)})")
             continue

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from denpex.analysis.models import SkippedFile
 from denpex.analysis.summary import RankSummary
+from denpex.evidence.skipped import SkippedFile
 
 __all__ = ["GroupPosition", "JobProgress", "job_progress"]
 

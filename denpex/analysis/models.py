@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from denpex.analysis.stack_groups import CandidateStack, StackGroup
+from denpex.evidence.skipped import SkippedFile
 
 __all__ = [
     "Verdict",
@@ -24,7 +25,6 @@ __all__ = [
     "Candidate",
     "StuckCollective",
     "GroupVerdict",
-    "SkippedFile",
     "TriageResult",
 ]
 
@@ -178,18 +178,6 @@ class GroupVerdict(BaseModel):
             if not data.get(flag, True):
                 del data[flag]
         return data
-
-
-class SkippedFile(BaseModel):
-    """A file that was not used as evidence, and why."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    reason: str
-    rank: int | None = None
-    # Set when the file is the same dump as another one that is used (pickle and JSON of a rank).
-    copy_of: str | None = None
 
 
 class TriageResult(BaseModel):

@@ -15,17 +15,14 @@ the stacks are evidence beside it. Without any stacks evidence the result is ret
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from denpex.analysis.models import Candidate, CandidateKind, TriageResult
 from denpex.analysis.stack_findings import StackFindings, stack_findings
 from denpex.analysis.stack_groups import SOURCE_PREFERENCE
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.stacks import RankStacks, StackEvidence, read_fr_callsites, read_stack_evidence
 from denpex.evidence.store import EvidenceStore
-
-if TYPE_CHECKING:
-    from denpex.evidence.discovery import DumpRef
 
 __all__ = ["MAX_CALLSITE_DUMPS", "attach_stacks", "stack_notes"]
 

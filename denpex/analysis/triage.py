@@ -24,7 +24,7 @@ from denpex.analysis.compare import Comparison, compare_groups
 from denpex.analysis.membership import GroupMembership, resolve_membership
 from denpex.analysis.membership_guess import mark_guessed_members
 from denpex.analysis.incomplete import incomplete_reason, one_dump_alone
-from denpex.analysis.models import IncompleteReason, SkippedFile, TriageResult, Verdict
+from denpex.analysis.models import IncompleteReason, TriageResult, Verdict
 from denpex.analysis.retire_race import race_notes, settle_retire_races
 from denpex.analysis.stack_triage import attach_stacks
 from denpex.analysis.stale_by_peers import stale_by_peers
@@ -33,9 +33,11 @@ from denpex.analysis.twins import newer, same_moment
 from denpex.analysis.unknown_age import in_flight, in_flight_of_unknown_age, predates_alert_note, unknown_age_note
 from denpex.analysis.verdict import Decision, decide
 from denpex.analysis.wording import ranks_phrase
-from denpex.evidence.discovery import DumpRef, discover_dumps, is_candidate_name, rank_from_file_name
+from denpex.evidence.discovery import discover_dumps, is_candidate_name, rank_from_file_name
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.errors import EvidenceError, ManifestError
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest, load_manifest, parse_manifest_bytes
+from denpex.evidence.skipped import SkippedFile
 from denpex.evidence.store import EvidenceStore, StoredObject, open_store
 
 __all__ = ["TriageOptions", "NoUsableEvidence", "MANIFEST_NAME", "EvidenceInventory", "resolve_manifest",

@@ -26,9 +26,9 @@ from denpex.analysis.batch import (
     worker_init,
 )
 from denpex.analysis.lanes import LaneKilled, Lanes
-from denpex.analysis.models import SkippedFile
 from denpex.evidence.cpu_budget import DEFAULT_CPU_BUDGET, CpuBudget
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
+from denpex.evidence.skipped import SkippedFile
 from denpex.evidence.store import EvidenceStore
 
 __all__ = ["IsolatedWorkers", "QueuedBatch", "Progress", "summarize_all", "usable_cpus"]

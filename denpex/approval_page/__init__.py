@@ -5,5 +5,5 @@ Denpex's own state, decides, proves who they are, and the decision is signed for
 - ``brief``: what the flow saves for the page to show;
 - ``decide``: one answer judged and, when it stands, signed and recorded;
 - ``resume``: the run resumed with the signed record (Prefect's HTTP API);
-- ``app`` and ``command``: the HTTP app and its command.
+- ``app``: the HTTP app (``denpex serve-approvals`` runs it: ``denpex.cli.approval_page``).
 """

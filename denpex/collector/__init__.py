@@ -1,6 +1,5 @@
 """Code that runs inside a training job: the Flight Recorder hang dumper, its files and their upload."""
 
-from denpex.collector.dump_record import DumpRecord, DumpTrigger, rank_identities, read_dump_records
 from denpex.collector.dump_signal import (
     DumpRequest,
     DumpSignal,
@@ -21,6 +20,8 @@ from denpex.collector.moved_past import MovedPast
 from denpex.collector.spool import Spool, SpoolEntry
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
 from denpex.collector.uploader import Backoff, EvidenceUploader, UploadTarget, incident_id_for
+# The records' format is the evidence's (the analysis reads it); the job's code finds it here too.
+from denpex.evidence.dump_record import DumpRecord, DumpTrigger, rank_identities, read_dump_records
 
 __all__ = [
     "Backoff",

@@ -23,9 +23,9 @@ torch 2.13 dumps FR on a collective timeout only on NCCL builds. On Gloo (and to
   enqueued at its dump, confirmed the same way. Without that, its dump would say "behind" for good.
 
 Files (see :mod:`denpex.collector.layout`): ``<out>/rank_<global rank>.pkl`` and ``.json``,
-a :class:`~denpex.collector.dump_record.DumpRecord` and the rank's Python stacks
+a :class:`~denpex.evidence.dump_record.DumpRecord` and the rank's Python stacks
 (:mod:`denpex.collector.stacks`) per rank under ``<out>/collector/``; the record
-:func:`~denpex.collector.dump_record.rank_identities` turns into the manifest's ``ranks``.
+:func:`~denpex.evidence.dump_record.rank_identities` turns into the manifest's ``ranks``.
 
 Usage, in every rank after ``init_process_group``::
 
@@ -52,7 +52,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 
-from denpex.collector.dump_record import DumpRecord, DumpTrigger
 from denpex.collector.dump_signal import DumpRequest, DumpSignal, FileDumpSignal
 from denpex.collector.flight_recorder import (
     DumpFormat,
@@ -65,6 +64,7 @@ from denpex.collector.layout import dump_path, record_path, request_path, write_
 from denpex.collector.moved_past import MovedPast
 from denpex.collector.stacks import write_rank_stacks
 from denpex.collector.stall import BlockedOp, StallWatch, stall_threshold
+from denpex.evidence.dump_record import DumpRecord, DumpTrigger
 
 __all__ = ["HangDumper"]
 

@@ -18,13 +18,13 @@ import os
 from pathlib import Path
 
 from denpex.collector.flight_recorder import DumpFormat
+from denpex.evidence.dump_record import COLLECTOR_DIR
 from denpex.evidence.files import temporary_name, write_atomic
-from denpex.evidence.stacks import STACKS_DIR, StackSource, stacks_file_name
+from denpex.evidence.stacks import StackSource, stacks_file_name
 
 __all__ = ["COLLECTOR_DIR", "dump_path", "record_path", "request_path", "stacks_path", "write_atomic",
            "write_exclusive"]
 
-COLLECTOR_DIR = STACKS_DIR
 REQUEST_NAME = "dump-request.json"
 
 

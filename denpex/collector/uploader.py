@@ -39,11 +39,11 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from denpex.collector.dump_record import DumpRecord
 from denpex.collector.dump_signal import DumpRequest
 from denpex.collector.layout import stacks_path
 from denpex.collector.scheduler_env import node_name, scheduler_job_id
 from denpex.collector.spool import Spool, SpoolEntry
+from denpex.evidence.dump_record import DumpRecord
 from denpex.evidence.stacks import MAX_BYTES as MAX_STACKS_BYTES
 from denpex.evidence.stacks import RankStacks, StackSource
 from denpex.ingest.client import IngestClient

@@ -16,14 +16,14 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 
-from denpex.analysis.models import SkippedFile
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.manifest import MAX_WORLD_SIZE, JobManifest
+from denpex.evidence.skipped import SkippedFile
 from denpex.evidence.stacks.torch_debug import is_debug_stacks_name
 from denpex.evidence.store import StoredObject
 
-__all__ = ["DumpRef", "Inventory", "rank_from_file_name", "is_candidate_name", "is_telemetry_name",
+__all__ = ["Inventory", "rank_from_file_name", "is_candidate_name", "is_telemetry_name",
            "discover_dumps", "NOT_EVIDENCE", "TELEMETRY_SUFFIXES"]
 
 # Names Denpex itself writes next to dumps; they are not dumps and not worth a warning.
@@ -35,19 +35,6 @@ _EXTENSIONS = (".json", ".pkl", ".pickle", ".pt", ".bin", ".dump")
 _TRAILING_NUMBER = re.compile(r"([0-9]+)$")
 # More digits than any rank has; such a number is not converted (int() refuses > 4,300 digits).
 _MAX_DIGITS = 18
-
-
-@dataclass(frozen=True, slots=True)
-class DumpRef:
-    """One dump to read: where it is and whose it is. Small and picklable for worker processes."""
-
-    store_uri: str
-    name: str
-    rank: int
-    size: int
-    modified: datetime | None = None
-    version: str | None = None
-    """The store's token for this write of the object (see ``StoredObject.version``)."""
 
 
 @dataclass(slots=True)

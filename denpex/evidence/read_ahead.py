@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.errors import DumpError
 from denpex.evidence.store import EvidenceStore
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["DATABASE_NAME", "Database"]
+from denpex.state_paths import INGEST_DATABASE
 
-DATABASE_NAME = "ingest.sqlite3"
+__all__ = ["Database"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -101,7 +101,7 @@ class Database:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self.path = state_dir / DATABASE_NAME
+        self.path = state_dir / INGEST_DATABASE
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.path.exists():
             # Created before SQLite opens it, so it is never readable by others, not even briefly.

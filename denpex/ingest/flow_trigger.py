@@ -1,6 +1,6 @@
 """Starting the incident flow: the alert event of docs/contracts.md, behind one small interface.
 
-The event is ``denpex.workflow.alert_event``'s, the one definition the flow's trigger, the
+The event is ``denpex.ingest.alert_event``'s, the one definition the flow's trigger, the
 ``denpex`` commands and this service share (event ``denpex.alert.nccl-timeout``, id
 uuid5(tenant/cluster/alert_id) so that Prefect drops a re-sent event, resource
 ``denpex.alert.{alert_id}``, payload = the flow's parameters). The core never imports Prefect:
@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel
 
+from denpex.ingest.alert_event import ALERT_EVENT, AlertEvent, AlertEventError, api_headers, emit_alert
 from denpex.ingest.errors import StoreUnavailableError
-from denpex.workflow.alert_event import ALERT_EVENT, AlertEvent, AlertEventError, api_headers, emit_alert
 
 __all__ = ["ALERT_EVENT", "AlertEvent", "FlowRunView", "FlowTrigger", "PrefectEventTrigger", "RecordingTrigger",
            "NoEngineTrigger"]

@@ -2,7 +2,8 @@
 
 Modules, in the order a plan flows through them:
 
-- ``policy``: the remediation policy (evidence rule, limits, approval, steps); ``runbook`` loads it.
+- ``policy``: the remediation policy (evidence rule, limits, approval, steps); ``runbook`` loads it,
+  with its ``workflow_section`` (the incident flow's waits and retries).
 - ``facts``: what the scheduler says about its nodes; ``slurm_parse`` reads ``scontrol``/``squeue``.
 - ``gates`` and ``planner``: ``plan_isolation`` decides, never acts; ``plan`` is the plan model.
 - ``breaker``: the persisted blast-radius circuit breaker.
@@ -14,5 +15,6 @@ Modules, in the order a plan flows through them:
 - ``executor``: re-checks on live facts, acts once per node, verifies, audits; ``adapter`` is the
   interface it needs, ``slurm`` (over ``ssh``) and ``kubernetes`` implement it.
 - ``audit``: the hash-chained, HMAC-keyed JSON-lines audit log.
-- ``config``: SSH / cluster / store settings; ``commands``: the CLI commands.
+- ``config``: SSH / cluster / store settings; ``approval_file`` and ``execution_text``: a plan's
+  approval file and an execution report's text, for the CLI (``denpex.cli.isolation``).
 """

@@ -50,7 +50,7 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from denpex.isolation.errors import AuditChainError, AuditError, BusyError
+from denpex.isolation.errors import AuditChainError, AuditError, BusyError, ConfigError
 from denpex.isolation.file_lock import LockHeld, file_lock
 from denpex.isolation.plan import Operation, canonical_json
 from denpex.isolation.private_files import shared_file_problem
@@ -65,6 +65,7 @@ __all__ = [
     "AuditLog",
     "verify_audit_log",
     "load_or_create_audit_key",
+    "read_audit_key",
 ]
 
 GENESIS_HASH = "0" * 64
@@ -475,3 +476,15 @@ def _create_audit_key(path: Path) -> None:
         raise AuditError(f"{path}: cannot create the audit key: {exc.strerror or exc}") from exc
     finally:
         os.unlink(tmp)
+
+
+def read_audit_key(path: Path) -> bytes:
+    """The key in an audit key file an operator names (``denpex audit verify --key``), read as is.
+
+    Unlike ``load_or_create_audit_key``, nothing is created and the file's mode is not judged:
+    verifying only reads, and the operator may keep a copy of the key anywhere.
+    """
+    try:
+        return bytes.fromhex(path.read_text(encoding="ascii").strip())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the audit key: {exc}") from exc

@@ -23,7 +23,7 @@ from denpex.isolation.policy import (
     SafetyLimits,
     SecondFactor,
 )
-from denpex.workflow.section import WorkflowSection
+from denpex.isolation.workflow_section import WorkflowSection
 
 __all__ = ["Runbook", "load_runbook", "form_runbook_refusal"]
 

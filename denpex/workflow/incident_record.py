@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from denpex.ingest.database import DATABASE_NAME
+from denpex.state_paths import INGEST_DATABASE
 from denpex.tenancy import OwnershipState, read_ownership
 from denpex.workflow.flow_parameters import FlowParameterError
 
@@ -78,7 +78,7 @@ def bind_incident(state_dir: Path, *, tenant: str, cluster: str, incident_id: st
 
 def _incident_row(state_dir: Path, tenant: str, cluster: str,
                   incident_id: str) -> tuple[str, int | None, str | None, float, list[int]] | None:
-    path = state_dir / DATABASE_NAME
+    path = state_dir / INGEST_DATABASE
     if not path.exists():
         return None
     db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30)

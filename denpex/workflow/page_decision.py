@@ -19,22 +19,34 @@ factor, the plan's hash, cluster, nodes and time) before it acts.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from denpex.approval_page.store import ApprovalBook
 from denpex.isolation.approval import Approval
 from denpex.isolation.page_record import signature_verifies
 from denpex.isolation.plan import IsolationPlan, Operation
 from denpex.isolation.policy import ApprovalChannel, IsolationPolicy
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 
-__all__ = ["review_page_decision"]
+__all__ = ["RecordedDecisions", "review_page_decision"]
 
 _NOTHING = "approval refused, nothing was done: "
 
 
-def review_page_decision(book: ApprovalBook, run_id: str, plan: IsolationPlan, *, operation: Operation,
+class RecordedDecisions(Protocol):
+    """The page's record of each run's one decision: ``denpex.approval_page.store.ApprovalBook``.
+
+    Named by what the review reads of it rather than imported: the approval page builds on the
+    workflow (it records decisions in the audit log through it), so the workflow cannot import it.
+    """
+
+    def decision(self, run_id: str) -> Approval | None:
+        """The run's recorded decision; None when it has none; ValueError when it does not parse."""
+        ...
+
+
+def review_page_decision(book: RecordedDecisions, run_id: str, plan: IsolationPlan, *, operation: Operation,
                          policy: IsolationPolicy, page_keys: Iterable[Ed25519PublicKey],
                          submitted: str | None) -> ReviewedAnswer:
     """The decision recorded for run ``run_id``, as the flow acts on it (see the module docstring).

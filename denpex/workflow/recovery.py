@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from denpex.analysis.models import TriageResult, Verdict
 from denpex.analysis.triage import EvidenceInventory
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 
 __all__ = ["RecoveryCheck", "check_recovery", "newer_dumps"]
 

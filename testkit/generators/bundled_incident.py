@@ -37,7 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from denpex.collector import DumpFormat, dump_path, read_dump_records, write_atomic
-from denpex.collector.dump_record import DumpRecord
+from denpex.evidence.dump_record import DumpRecord
 from denpex.evidence.manifest import JobManifest, ProcessGroupSpec, RankIdentity
 from testkit.services.net import free_port
 from testkit.services.process_group import stop_process_group

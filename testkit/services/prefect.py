@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from denpex.workflow.alert_event import api_headers
+from denpex.ingest.alert_event import api_headers
 from testkit.services.net import free_port, log_tail, wait_http
 from testkit.services.process_group import stop_process_group
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from denpex.analysis.batch import summarize_batch
-from denpex.analysis.models import SkippedFile
 from denpex.analysis.summary import RankSummary
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
+from denpex.evidence.skipped import SkippedFile
 from denpex.evidence.store import LocalStore
 
 GLOO = Path(__file__).resolve().parents[1] / "fixtures" / "gloo" / "withheld_one"

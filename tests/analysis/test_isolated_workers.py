@@ -8,7 +8,7 @@ from pathlib import Path
 
 from denpex.analysis.batch import summarize_batch
 from denpex.analysis.workers import IsolatedWorkers
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 
 GLOO = Path(__file__).resolve().parents[1] / "fixtures" / "gloo" / "withheld_one"
 REFS = [DumpRef(str(GLOO), f"rank_{r}.pkl", r, (GLOO / f"rank_{r}.pkl").stat().st_size) for r in range(4)]

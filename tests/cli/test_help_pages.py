@@ -16,7 +16,7 @@ import pytest
 import typer
 
 from denpex.cli import app, main
-from denpex.cli_help import commands
+from denpex.cli.help import commands
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gloo"
 # typer's labels: <str>, <int range>, <path>, <list[Path]>, <text|json>, ...
@@ -89,14 +89,14 @@ def test_a_chart_where_no_folder_can_be_made_is_refused_before_triage(tmp_path: 
 
 def test_the_serve_commands_deployment_names_are_the_served_ones() -> None:
     # The CLI checks --only before it imports the Prefect project; the names must not drift.
-    from denpex.cli import SERVED
+    from denpex.cli.project import SERVED
     from flows.serve import served_deployments
 
     assert set(SERVED) == {d.name for d in served_deployments()}
 
 
 def test_an_abort_or_a_bug_in_a_command_comes_out_as_itself(capsys: pytest.CaptureFixture[str]) -> None:
-    from denpex.cli_help import run_tidy
+    from denpex.cli.help import run_tidy
 
     tiny = typer.Typer()
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from denpex.collector.dump_record import DumpRecord, DumpTrigger
 from denpex.collector.fr_watchdog import _torch_version, start_symbolizer_import, torch_release
+from denpex.evidence.dump_record import DumpRecord, DumpTrigger
 from denpex.ingest.identity import UploadIdentity
 
 

@@ -18,13 +18,13 @@ from pydantic import BaseModel
 
 from denpex.evidence.manifest import JobManifest
 from denpex.hardware import SignalKind, parse_telemetry_lines
+from denpex.ingest.alert_event import AlertEvent
 from denpex.ingest.alerts import DenpexAlert, parse_alertmanager
 from denpex.ingest.identity import UploadIdentity
 from denpex.ingest.registration import Registration
 from denpex.ingest.signing import body_sha256, sign, sign_v2, signed_headers
 from denpex.isolation.approval import Approval
 from denpex.report import TriageReport
-from denpex.workflow.alert_event import AlertEvent
 from denpex.workflow.flow_parameters import check_evidence_binding, check_flow_parameters
 
 ROOT = Path(__file__).resolve().parents[2]

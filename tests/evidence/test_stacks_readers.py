@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.safe_pickle import safe_loads
 from denpex.evidence.stacks import (
     MAX_BYTES,

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from denpex.ingest.alert_event import AlertEvent, emit_alert
 from denpex.ingest.layout import incident_prefix
 from denpex.isolation.audit import AuditLog, verify_audit_log
 from denpex.isolation.operator import state_audit_log
 from denpex.isolation.plan import IsolationPlan, load_plan
 from denpex.isolation.second_factor import TotpStore
-from denpex.workflow.alert_event import AlertEvent, emit_alert
 from testkit.services.approval_page import decide
 from testkit.services.slurm import SlurmLab
 

@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from denpex.cli import app
 from denpex.ingest.auth import authenticate_bearer, authenticate_signed
-from denpex.ingest.database import DATABASE_NAME
 from denpex.ingest.errors import AuthenticationError, ForbiddenError, RegistryError
 from denpex.ingest.nonce_cache import NonceCache
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import MASTER_KEY_NAME, Registry
 from denpex.ingest.signing import signed_headers
+from denpex.state_paths import INGEST_DATABASE
 
 runner = CliRunner()
 
@@ -34,9 +34,9 @@ def test_secrets_are_encrypted_at_rest_and_private(tmp_path: Path) -> None:
     registry.add_tenant("acme", PlanTier.DATA_CENTER)
     key = registry.create_key("acme", "c1")
     token = registry.create_token("acme", "c1")
-    raw = (tmp_path / DATABASE_NAME).read_bytes()
+    raw = (tmp_path / INGEST_DATABASE).read_bytes()
     assert key.secret.encode() not in raw and token.token.encode() not in raw
-    for name in (DATABASE_NAME, MASTER_KEY_NAME):
+    for name in (INGEST_DATABASE, MASTER_KEY_NAME):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
     # A fresh process (a restart) reads the same secret back through the master key.
     assert Registry(tmp_path).signing_key(key.key_id).secret.get_secret_value() == key.secret

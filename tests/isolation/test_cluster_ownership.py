@@ -16,13 +16,13 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from denpex.cli import app
-from denpex.ingest.database import DATABASE_NAME
 from denpex.ingest.errors import RegistryError
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import Registry
 from denpex.isolation.plan import IsolationPlan, load_plan, save_plan, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import ApprovalRule, ApproverScope, IsolationPolicy, Scheduler
+from denpex.state_paths import INGEST_DATABASE
 from isolation.triage_cases import killed_process, signal
 from isolation.trust import APPROVERS_FILE, key_file, write_runbook
 from testkit.fakes.k8s_api import FakeApiServer, make_node
@@ -84,7 +84,7 @@ def _old_registry(state: Path, claims: list[tuple[str, str]]) -> None:
     registry = Registry(state)
     for tenant, _ in claims:
         registry.add_tenant(tenant, PlanTier.DATA_CENTER)
-    db = sqlite3.connect(state / DATABASE_NAME)
+    db = sqlite3.connect(state / INGEST_DATABASE)
     with db:
         db.execute("DROP TABLE clusters")
         for n, (tenant, cluster) in enumerate(claims):
@@ -121,7 +121,7 @@ def test_no_registry_means_no_tenant_scoping(tmp_path: Path) -> None:
     assert ownership.state is OwnershipState.UNREGISTERED
     assert execution_tenant(ownership, "whoever").tenant is None
     assert "no tenant scoping applied" in execution_tenant(ownership, None).reason
-    assert not (tmp_path / DATABASE_NAME).exists()  # reading wrote nothing
+    assert not (tmp_path / INGEST_DATABASE).exists()  # reading wrote nothing
 
 
 def test_a_target_block_serves_only_its_exact_cluster_and_its_owner(tmp_path: Path) -> None:

@@ -93,9 +93,9 @@ def test_the_ingest_trigger_reaches_an_api_behind_basic_authentication(sqlite_pr
     Alertmanager sends it again)."""
     from datetime import UTC, datetime
 
+    from denpex.ingest.alert_event import AlertEvent
     from denpex.ingest.errors import StoreUnavailableError
     from denpex.ingest.flow_trigger import PrefectEventTrigger
-    from denpex.workflow.alert_event import AlertEvent
 
     server = sqlite_prefect
     assert server.auth_string

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from denpex.analysis.models import Candidate, CandidateKind, Verdict
+from denpex.ingest.alert_event import ALERT_EVENT, AlertEvent
 from denpex.report import PlanAction, PlanView, TriageReport
-from denpex.workflow.alert_event import ALERT_EVENT, AlertEvent
 from denpex.workflow.notify import NotifyError, approval_notice, post_webhook
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from denpex.analysis.models import Candidate, CandidateKind, StuckCollective, TriageResult, Verdict
 from denpex.isolation.plan import utc_now
 from denpex.analysis.triage import EvidenceInventory, take_inventory
-from denpex.evidence.discovery import DumpRef
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.files import write_atomic
 from denpex.evidence.store import LocalStore
 from denpex.workflow.recovery import check_recovery, newer_dumps

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from denpex.evidence.dump_ref import DumpRef
 from denpex.evidence.errors import EvidenceError
 from denpex.evidence.fr_dump import decode_dump
 from denpex.evidence.stacks.bounds import validated
 from denpex.evidence.stacks.model import RankStacks, StackError, StackSource
 from denpex.evidence.store import EvidenceStore, store_for
-
-if TYPE_CHECKING:  # discovery imports the analysis models; the collector imports this package
-    from denpex.evidence.discovery import DumpRef
 
 __all__ = ["FrCallsites", "entry_callsite", "fr_callsite_stacks", "read_fr_callsites"]
 

@@ -1,4 +1,10 @@
-"""What each rank records about its dump, and how the records become the manifest's ``ranks``."""
+"""What each rank records about its dump, and how the records become the manifest's ``ranks``.
+
+The collector (``denpex.collector``, inside the training job) writes one record per rank beside
+its dump, in ``collector/rank_<r>.record.json``; the analysis reads them as evidence when no
+manifest was given (``denpex.analysis.collector_records``). The format is the evidence's, so it
+lives here, below both.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +16,18 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from denpex.collector.layout import COLLECTOR_DIR
 from denpex.evidence.loading import FileKind, read_model
 from denpex.evidence.manifest import ProcessGroupSpec, RankIdentity
+from denpex.evidence.stacks.records import STACKS_DIR
 
-__all__ = ["DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
+__all__ = ["COLLECTOR_DIR", "MAX_RECORD_BYTES", "DumpTrigger", "DumpRecord", "read_dump_records", "rank_identities"]
 
 _log = logging.getLogger(__name__)
 
-_MAX_RECORD_BYTES = 4 * 1024 * 1024  # as the analysis reads them from a store
+COLLECTOR_DIR = STACKS_DIR
+"""The collector's folder beside the dumps: its records and its stacks files (``collector/``)."""
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+"""A dump record's cap, on a node's disk and in the evidence store alike."""
 _RECORD_FILE = FileKind("dump record")
 
 
@@ -75,7 +84,7 @@ def read_dump_records(out_dir: Path) -> dict[int, DumpRecord]:
     records: dict[int, DumpRecord] = {}
     for path in sorted((out_dir / COLLECTOR_DIR).glob("rank_*.record.json")):
         try:
-            record = read_model(path, DumpRecord, max_bytes=_MAX_RECORD_BYTES, kind=_RECORD_FILE, error=ValueError)
+            record = read_model(path, DumpRecord, max_bytes=MAX_RECORD_BYTES, kind=_RECORD_FILE, error=ValueError)
         except ValueError as exc:
             _log.warning("skipping dump record %s: %s", path, exc)
             continue

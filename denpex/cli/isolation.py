@@ -1,6 +1,7 @@
-"""The isolation commands of the ``denpex`` CLI: plan from triage, approve, isolate, audit, breaker.
+"""The isolation commands of the ``denpex`` CLI: approve, isolate, audit, breaker, approver.
 
-Thin: parse options, call the core, render, pick the exit code. ``denpex.cli`` registers them.
+Thin: parse options, call the core (``denpex.isolation``), render, pick the exit code.
+``denpex.cli`` registers them.
 
 Exit codes (``isolate`` uses all; the others 0 and 2):
 - 0: every node of the plan is now (a dry run: would be) in the wanted state, applied or already so;
@@ -22,29 +23,28 @@ from typing import Annotated
 
 import typer
 
+from denpex.cli.exits import fail
 from denpex.isolation.approval import (
-    Approval,
     approve_plan,
     generate_key,
-    load_approval,
     load_private_key,
     public_key_text,
     save_approval,
     save_private_key,
 )
-from denpex.isolation.audit import verify_audit_log
+from denpex.isolation.approval_file import default_approval_path, load_signed_approval
+from denpex.isolation.audit import read_audit_key, verify_audit_log
 from denpex.isolation.config import load_settings
 from denpex.isolation.connect import connect_adapter
-from denpex.isolation.errors import ApprovalError, ConfigError, IsolationError, RemoteError
+from denpex.isolation.errors import IsolationError, RemoteError
 from denpex.isolation.execute import execute_approved
-from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
+from denpex.isolation.execution_text import render_execution, unfinished_summary
+from denpex.isolation.executor import RunMode
 from denpex.isolation.operator import OperatorConfig, load_operator_config
-from denpex.isolation.plan import IsolationPlan, Operation, load_plan, utc_now
-from denpex.isolation.policy import ApprovalChannel
+from denpex.isolation.plan import Operation, load_plan, utc_now
 
 __all__ = [
     "EXIT_FAILED",
-    "EXIT_UNUSABLE",
     "EXIT_REMOTE",
     "EXIT_INCOMPLETE",
     "approve_command",
@@ -52,11 +52,9 @@ __all__ = [
     "audit_app",
     "breaker_app",
     "approver_app",
-    "render_execution",
 ]
 
 EXIT_FAILED = 1
-EXIT_UNUSABLE = 2
 EXIT_REMOTE = 3
 EXIT_INCOMPLETE = 4
 
@@ -74,11 +72,6 @@ ConfigOption = Annotated[
 class ReportFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
-
-
-def _exit(message: str, code: int) -> typer.Exit:
-    typer.echo(f"denpex: error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def approve_command(
@@ -111,8 +104,8 @@ def approve_command(
         approval = approve_plan(plan, approver, key=load_private_key(key), at=utc_now(), comment=comment,
                                 cluster=cluster, operation=operation, nodes=node or None)
     except IsolationError as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
-    target = out or _approval_path(plan_path)
+        raise fail(str(exc)) from exc
+    target = out or default_approval_path(plan_path)
     save_approval(approval, target)
     typer.echo(f"approved {operation.value} of plan {approval.plan_hash[:12]} ({len(approval.nodes)} node(s)) "
                f"for incident {plan.incident_id} on cluster {approval.cluster} as {approval.approver} "
@@ -137,7 +130,7 @@ def approver_keygen(
     try:
         save_private_key(key, out)
     except IsolationError as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+        raise fail(str(exc)) from exc
     typer.echo(f"{name}: {public_key_text(key)}")
 
 
@@ -164,7 +157,7 @@ def approver_enroll(
     try:
         uri = TotpStore(resolve_state_dir(state_dir)).enroll(name)
     except (StateDirError, ValueError) as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+        raise fail(str(exc)) from exc
     typer.echo(f"enrolled {name}; add this to an authenticator app: {uri}")
     segno.make(uri, error="m").terminal(compact=True)
 
@@ -197,7 +190,7 @@ def isolate_command(
     denpex isolate plan.json --execute --config settings.yaml
     """
     if rollback and requeue:
-        raise _exit("--rollback and --requeue-hung-job are two operations; run them one at a time", EXIT_UNUSABLE)
+        raise fail("--rollback and --requeue-hung-job are two operations; run them one at a time")
     operation = Operation.ROLLBACK if rollback else Operation.REQUEUE if requeue else Operation.ISOLATE
     try:
         plan = load_plan(plan_path)
@@ -205,21 +198,21 @@ def isolate_command(
         operator = load_operator_config(settings, os.environ)
         approval = None
         if not dry_run:
-            approval = _signed_approval(approval_path or _approval_path(plan_path))
+            approval = load_signed_approval(approval_path or default_approval_path(plan_path))
         with connect_adapter(plan, settings, operator, missing_hint=_SETTINGS_HINT) as adapter:
             report = execute_approved(
                 plan, approval, operator=operator, adapter=adapter,
                 mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE, operation=operation,
             )
     except RemoteError as exc:
-        raise _exit(str(exc), EXIT_REMOTE) from exc
+        raise fail(str(exc), EXIT_REMOTE) from exc
     except IsolationError as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+        raise fail(str(exc)) from exc
     if output is ReportFormat.JSON:
         typer.echo(report.model_dump_json(indent=2))
     else:
         typer.echo(render_execution(report), nl=False)
-    unfinished = _unfinished(plan, report)
+    unfinished = unfinished_summary(plan, report)
     if unfinished:
         typer.echo(f"denpex: {unfinished}", err=True)
         raise typer.Exit(EXIT_FAILED if report.failed else EXIT_INCOMPLETE)
@@ -245,10 +238,10 @@ def audit_verify(
     denpex audit verify $DENPEX_STATE_DIR/audit.jsonl --key $DENPEX_STATE_DIR/audit.key
     """
     try:
-        secret = _read_audit_key(key) if key else None
+        secret = read_audit_key(key) if key else None
         verification = verify_audit_log(path, reference=against, key=secret)
     except IsolationError as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+        raise fail(str(exc)) from exc
     if verification.ok:
         last = verification.last
         head = (f", last seq {last.seq} at {last.time.isoformat()} (hash {last.hash[:12]})"
@@ -259,7 +252,7 @@ def audit_verify(
         return
     for problem in verification.problems:
         typer.echo(f"{path}: {problem}", err=True)
-    raise _exit(f"{path}: audit chain broken ({len(verification.problems)} problem(s))", EXIT_UNUSABLE)
+    raise fail(f"{path}: audit chain broken ({len(verification.problems)} problem(s))")
 
 
 @breaker_app.command("status")
@@ -274,7 +267,7 @@ def breaker_status(config: ConfigOption = None) -> None:
     try:
         state = _operator(config).breaker().state()
     except IsolationError as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+        raise fail(str(exc)) from exc
     typer.echo(json.dumps(state.model_dump(mode="json"), indent=2))
 
 
@@ -293,83 +286,12 @@ def breaker_reset(
     try:
         state = _operator(config).breaker().reset(by=by, at=utc_now())
     except IsolationError as exc:
-        raise _exit(str(exc), EXIT_UNUSABLE) from exc
+        raise fail(str(exc)) from exc
     typer.echo(f"breaker reset by {state.reset_by} at {state.reset_at.isoformat() if state.reset_at else '?'}")
-
-
-def render_execution(report: ExecutionReport) -> str:
-    """Plain text, one block per node, most important line first."""
-    verb = "WOULD" if report.mode is RunMode.DRY_RUN else "DID"
-    lines = [f"{report.operation.value.upper()} {report.mode.value} for incident {report.incident_id}, "
-             f"plan {report.plan_hash[:12]}" + (f", approved by {report.approver}" if report.approver else "")]
-    lines += [f"  recovered: {m}" for m in report.recovered]
-    lines += [f"  blocked: {b}" for b in report.blocked]
-    if report.breaker_tripped:
-        lines.append("  the circuit breaker is now TRIPPED; reset it with `denpex breaker reset --by NAME`")
-    for node in report.nodes:
-        head = f"  {node.node}: {node.decision.value}"
-        if node.outcome is not None:
-            head += f" -> {node.outcome.value}"
-        lines.append(head)
-        if node.decision is NodeDecision.ACT:
-            lines.append(f"      {verb} run: {node.command}")
-        lines.append(f"      state: {node.state_before}" + (
-            f" -> {node.state_after}" if node.state_after != node.state_before else ""))
-        if node.running_jobs:
-            lines.append(f"      still running: {', '.join(node.running_jobs)}")
-        if node.message:
-            lines.append(f"      {node.message}")
-    if not report.nodes:
-        lines.append("  no node to act on")
-    if report.audit_copy:
-        lines.append(f"  audit log copied to {report.audit_copy}")
-    lines += [f"  warning: {w}" for w in report.warnings]
-    lines += [f"  note: {n}" for n in report.notes]
-    return "\n".join(lines) + "\n"
-
-
-def _unfinished(plan: IsolationPlan, report: ExecutionReport) -> str | None:
-    """One line naming what is not in the wanted state after ``report``; None when everything is."""
-    if report.operation is Operation.ISOLATE and not plan.actions:
-        return "the plan isolates no node: " + ("; ".join(b.message for b in plan.blocked) or "it has no action")
-    if report.operation is Operation.REQUEUE and not report.nodes:
-        return "no hung job was restarted: " + "; ".join(report.blocked)
-    if not report.unfinished:
-        return None
-    verb = "would not" if report.mode is RunMode.DRY_RUN else "did not"
-    what = {Operation.ISOLATE: "isolate", Operation.ROLLBACK: "roll back",
-            Operation.REQUEUE: "restart the hung job on"}[report.operation]
-    return f"{verb} {what} every planned node: {', '.join(report.unfinished)}"
-
-
-def _signed_approval(path: Path) -> Approval:
-    """The approval at ``path``, which must be ``cli-signed``.
-
-    A ``prefect-ui`` record proves nothing in a file: its proof is the flow run a person resumed,
-    and only that flow builds it. Anyone who can write beside a plan could write one naming a
-    listed approver and any flow run id.
-    """
-    approval = load_approval(path)
-    if approval.channel is not ApprovalChannel.CLI_SIGNED:
-        raise ApprovalError(f"{path}: execution refused: a {approval.channel.value} approval is valid only "
-                            "inside the flow run that was resumed, never from a file; approve with "
-                            "`denpex approve PLAN --approver NAME --key KEYFILE`; nothing was done")
-    return approval
-
-
-def _approval_path(plan_path: Path) -> Path:
-    return plan_path.with_name(plan_path.name.removesuffix(".json") + ".approval.json")
 
 
 def _operator(config: Path | None) -> OperatorConfig:
     return load_operator_config(load_settings(config, os.environ), os.environ)
-
-
-def _read_audit_key(path: Path) -> bytes:
-    try:
-        return bytes.fromhex(path.read_text(encoding="ascii").strip())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the audit key: {exc}") from exc
 
 
 # How a CLI user provides missing connection settings.

@@ -10,7 +10,8 @@ It sits beside the isolation policy in the same runbook file (``workflow:``)::
       remediation_retries: 3      # retries of transient faults only (never a refused gate)
       review_age: P7D             # drains older than this are listed by the nightly replay
 
-The limits, approvers and steps stay in the policy part of the runbook (``denpex.isolation``).
+The limits, approvers and steps stay in the policy part of the runbook (``policy``). The section is
+here, beside the runbook that holds it (``runbook``), though only the incident workflow reads it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``denpex node-agent``: send this host's kernel log to the ingest service (:mod:`denpex.collector.node_agent`).
+"""``denpex node-agent``: send this host's kernel log to the ingest service (``denpex.collector.node_agent``).
 
 Exit status 0 when the service took it (or already held it), 1 when the service refused it (its
 answer is printed), 2 for unusable input (no configuration, an unreadable log).
@@ -13,13 +13,13 @@ from typing import Annotated
 
 import typer
 
+from denpex.cli.exits import fail
 from denpex.collector.node_agent import SEND_ATTEMPTS, NodeAgentError, read_kernel_log, send_telemetry
 from denpex.collector.uploader import UploadTarget, service_busy
 
 __all__ = ["node_agent_command"]
 
 EXIT_REFUSED = 1
-EXIT_UNUSABLE = 2
 
 
 def _time(value: str | None, option: str) -> datetime | None:
@@ -28,13 +28,8 @@ def _time(value: str | None, option: str) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
-        raise _fail(f"{option} {value!r} is not an ISO time such as 2026-12-01T13:00:00Z") from exc
+        raise fail(f"{option} {value!r} is not an ISO time such as 2026-12-01T13:00:00Z") from exc
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _fail(message: str, code: int = EXIT_UNUSABLE) -> typer.Exit:
-    typer.echo(f"denpex: error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def node_agent_command(
@@ -62,21 +57,21 @@ def node_agent_command(
     try:
         target = UploadTarget.from_env(env)
     except ValueError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     if target is None:
-        raise _fail("DENPEX_INGEST_URL is not set; set it with DENPEX_INGEST_KEY_ID, DENPEX_INGEST_SECRET, "
-                    "DENPEX_TENANT and DENPEX_CLUSTER (a key bound to this host)")
+        raise fail("DENPEX_INGEST_URL is not set; set it with DENPEX_INGEST_KEY_ID, DENPEX_INGEST_SECRET, "
+                   "DENPEX_TENANT and DENPEX_CLUSTER (a key bound to this host)")
     if not files and not journalctl:
-        raise _fail("nothing to send: give --file PATH or --journalctl")
+        raise fail("nothing to send: give --file PATH or --journalctl")
     try:
         data = read_kernel_log(list(files or []), journalctl=journalctl, since=_time(since, "--since"),
                                until=_time(until, "--until"))
         response = send_telemetry(target, data, incident_id=incident)
     except NodeAgentError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(response.text)
     if response.status_code >= 300:
         if service_busy(response.status_code):
-            raise _fail(f"the service was busy on every try (HTTP {response.status_code} to the last of "
-                        f"{SEND_ATTEMPTS}); send it again later", EXIT_REFUSED)
-        raise _fail(f"the service refused the telemetry (HTTP {response.status_code})", EXIT_REFUSED)
+            raise fail(f"the service was busy on every try (HTTP {response.status_code} to the last of "
+                       f"{SEND_ATTEMPTS}); send it again later", EXIT_REFUSED)
+        raise fail(f"the service refused the telemetry (HTTP {response.status_code})", EXIT_REFUSED)

@@ -1,4 +1,4 @@
-"""``denpex collect-telemetry``: the thin command over ``nvml_collector.collect_telemetry``.
+"""``denpex collect-telemetry``: the thin command over ``denpex.hardware.nvml_collector.collect_telemetry``.
 
 Exit status 0 when the collection ran (whatever it found, including "not available" signals), 2
 when NVML cannot be used on this host or the output cannot be written, with one line on stderr.
@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from denpex.cli.exits import fail
 from denpex.hardware.errors import CollectorError
 from denpex.hardware.nvml_collector import collect_telemetry, load_pynvml
 
@@ -38,11 +39,9 @@ def collect_telemetry_command(
         with out.open("w", encoding="utf-8") as handle:
             summary = collect_telemetry(handle, duration_s=duration_s, host=name, nvml=nvml)
     except CollectorError as exc:
-        typer.echo(f"denpex: error: {exc}", err=True)
-        raise typer.Exit(EXIT_CANNOT_COLLECT) from exc
+        raise fail(str(exc), EXIT_CANNOT_COLLECT) from exc
     except OSError as exc:
-        typer.echo(f"denpex: error: {out}: cannot write telemetry: {exc.strerror or exc}", err=True)
-        raise typer.Exit(EXIT_CANNOT_COLLECT) from exc
+        raise fail(f"{out}: cannot write telemetry: {exc.strerror or exc}", EXIT_CANNOT_COLLECT) from exc
     typer.echo(
         f"{out}: {summary.records} records from {name}: {summary.gpus} GPUs, {summary.xid_events} Xid events, "
         f"{summary.unavailable} signals not available"

@@ -1,7 +1,8 @@
-"""The ``denpex`` command line: parse, call the core, render, pick the exit code.
+"""``denpex triage``: compare every rank's Flight Recorder dump and name the ranks behind the hang.
 
 Exit status 0 whenever triage ran, whatever the verdict; 2 for unusable input, with one clear line
-on stderr (docs/contracts.md).
+on stderr (docs/contracts.md). The work is ``denpex.investigate.investigate``'s; this parses the
+options, renders the report and picks the status.
 """
 
 from __future__ import annotations
@@ -14,38 +15,22 @@ from typing import Annotated
 
 import typer
 
-from denpex.approval_page.command import serve_approvals_command
-from denpex.collector.node_agent_command import node_agent_command
+from denpex.cli.exits import fail
 from denpex.evidence.errors import EvidenceError
 from denpex.hardware import HardwareError
-from denpex.hardware.collect_command import collect_telemetry_command
-from denpex.ingest.commands import clusters_app, keys_app, serve_api_command, tenants_app, tokens_app
 from denpex.investigate import investigate
-from denpex.isolation.commands import approve_command, approver_app, audit_app, breaker_app, isolate_command
 from denpex.isolation.errors import IsolationError
 from denpex.isolation.plan import save_plan
 from denpex.isolation.policy import Scheduler
 from denpex.report import render_text
 from denpex.terminal_progress import dump_progress
 
-__all__ = ["app", "main"]
-
-# Plain help (rich_markup_mode=None): typer's rich panels tag every flag, even --help, as <bool>.
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Find the ranks behind a distributed-training hang.")
-
-EXIT_UNUSABLE = 2
+__all__ = ["OutputFormat", "parse_time", "triage_command"]
 
 
 class OutputFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
-
-
-def fail(message: str) -> typer.Exit:
-    """Print one line on stderr and return the exit for unusable input."""
-    typer.echo(f"denpex: error: {message}", err=True)
-    return typer.Exit(EXIT_UNUSABLE)
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -59,31 +44,7 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"denpex {_version()}")
-        raise typer.Exit()
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("denpex")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
-
-
-@app.callback()
-def _root(
-    _show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
-                                                help="Print the version and exit.")] = False,
-) -> None:
-    """Denpex: distributed-training hang triage."""
-
-
-@app.command()
-def triage(
+def triage_command(
     path: Annotated[str, typer.Argument(metavar="PATH", help="Folder of per-rank FR dumps, or s3://bucket/prefix.")],
     world_size: Annotated[int | None, typer.Option("--world-size", min=1, help="Number of ranks in the job.")] = None,
     manifest: Annotated[Path | None, typer.Option("--manifest", help="Job manifest JSON (default: PATH/manifest.json).")] = None,
@@ -138,93 +99,9 @@ def triage(
         typer.echo(render_text(found.report), nl=False)
 
 
-app.command("collect-telemetry")(collect_telemetry_command)
-app.command("node-agent")(node_agent_command)
-app.command("approve")(approve_command)
-app.command("isolate")(isolate_command)
-app.add_typer(audit_app, name="audit")
-app.add_typer(breaker_app, name="breaker")
-app.add_typer(tenants_app, name="tenants")
-app.add_typer(clusters_app, name="clusters")
-app.command("serve-api")(serve_api_command)
-app.command("serve-approvals")(serve_approvals_command)
-app.add_typer(keys_app, name="keys")
-app.add_typer(tokens_app, name="tokens")
-app.add_typer(approver_app, name="approver")
-
-
-def _prefect_project() -> None:
-    """The Prefect project (flows/, tasks/, blocks/) runs from the repository root, as Prefect
-    projects do; import it from the current folder, lazily, so the core never needs Prefect."""
-    root = Path.cwd()
-    if not (root / "flows" / "serve.py").is_file():
-        raise fail(f"{root} is not the Denpex repository root (no flows/serve.py); run this from there")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-
-
 def _make_folder_for(path: Path) -> None:
     """Create the folder a written file goes in, or refuse with one line before any work."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise fail(f"cannot create the folder {path.parent} for {path.name}: {exc.strerror or exc}") from exc
-
-
-SERVED = ("on-alert", "manual", "return-to-service", "requeue-hung-job", "nightly-replay")
-
-
-@app.command()
-def serve(
-    only: Annotated[list[str] | None, typer.Option(
-        "--only", metavar="NAME", help=f"Serve only this deployment; repeatable. One of: {', '.join(SERVED)}.")] = None,
-    spawn_runs: Annotated[bool, typer.Option(
-        "--spawn-runs", help="Start each run in a fresh interpreter instead of forking it from a process "
-                             "that already imported the flows (seconds slower a run).")] = False,
-) -> None:
-    """Serve the Prefect deployments locally (triage on the alert event, manual triage, return to
-    service, requeue of a hung job, nightly replay) until Ctrl-C. Run from the repository root,
-    with PREFECT_API_URL set. Ignores job variables: what the API sets cannot run commands here.
-
-    Example:
-
-    \b
-    PREFECT_API_URL=http://127.0.0.1:4200/api denpex serve --only on-alert --only manual
-    """
-    unknown = sorted(set(only or ()) - set(SERVED))
-    if unknown:
-        raise fail(f"--only {', '.join(unknown)}: no such deployment; the deployments are {', '.join(SERVED)}")
-    _prefect_project()
-    from flows.serve import serve as serve_deployments
-
-    serve_deployments(set(only) if only else None, spawn_runs=spawn_runs)
-
-
-@app.command("register-blocks")
-def register_blocks(
-    runbook: Annotated[str, typer.Option(
-        "--runbook", metavar="NAME", help="The shipped runbook the default runbook block names.")] = "hang-triage",
-    evidence_folder: Annotated[str | None, typer.Option(
-        "--evidence-folder", metavar="FOLDER", help="A folder for the default evidence store block.")] = None,
-    overwrite: Annotated[bool, typer.Option(
-        "--overwrite", help="Replace the default blocks that exist.")] = False,
-) -> None:
-    """Register Denpex's Prefect block types and create the local default blocks. Run from the
-    repository root, with PREFECT_API_URL set.
-
-    Example:
-
-    \b
-    denpex register-blocks --evidence-folder ./incidents/demo --overwrite
-    """
-    _prefect_project()
-    from blocks.register import register
-
-    register(runbook=runbook, evidence_folder=evidence_folder, overwrite=overwrite)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: usage errors are one ``denpex: error:`` line, as every other error."""
-    from denpex.cli_help import run_tidy
-
-    run_tidy(app, argv, prog_name="denpex", exit_unusable=EXIT_UNUSABLE)

@@ -1,7 +1,7 @@
 """The ingest commands of the ``denpex`` CLI: tenants, clusters, keys, tokens and ``serve-api``.
 
-Thin: parse options, call the core, print, pick the exit code (0, or 2 with one line on stderr).
-``denpex.cli`` registers them. State lives in ``$DENPEX_STATE_DIR`` (``--state-dir`` overrides).
+Thin: parse options, call the core (``denpex.ingest``), print, pick the exit code (0, or 2 with one
+line on stderr). ``denpex.cli`` registers them. State lives in ``$DENPEX_STATE_DIR`` (``--state-dir`` overrides).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from pydantic import SecretStr
 
+from denpex.cli.exits import fail
 from denpex.ingest.errors import RegistryError
 from denpex.ingest.plans import PlanTier
 from denpex.ingest.registry import Registry
@@ -21,8 +22,6 @@ from denpex.ingest.service import MAX_DUMP_BYTES
 from denpex.state_dir import StateDirError, resolve_state_dir
 
 __all__ = ["tenants_app", "clusters_app", "keys_app", "tokens_app", "serve_api_command"]
-
-EXIT_UNUSABLE = 2
 
 tenants_app = typer.Typer(no_args_is_help=True, help="Manage the ingest service's tenants and their plans.")
 clusters_app = typer.Typer(no_args_is_help=True, help="Which tenant owns each cluster (one tenant per cluster).")
@@ -33,18 +32,13 @@ StateDirOption = Annotated[
     Path | None, typer.Option("--state-dir", help="State directory (default: $DENPEX_STATE_DIR).")]
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"denpex: error: {message}", err=True)
-    return typer.Exit(EXIT_UNUSABLE)
-
-
 def _registry(state_dir: Path | None) -> Registry:
     try:
         return Registry(resolve_state_dir(state_dir))
     except StateDirError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     except OSError as exc:
-        raise _fail(f"cannot open the state directory: {exc}") from exc
+        raise fail(f"cannot open the state directory: {exc}") from exc
 
 
 @tenants_app.command("add")
@@ -63,7 +57,7 @@ def tenants_add(
     try:
         _registry(state_dir).add_tenant(tenant, plan)
     except RegistryError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(json.dumps({"tenant": tenant, "plan": plan.value}))
 
 
@@ -83,7 +77,7 @@ def clusters_add(
     try:
         record = _registry(state_dir).add_cluster(tenant, cluster)
     except RegistryError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(record.model_dump_json())
 
 
@@ -118,7 +112,7 @@ def keys_create(
     try:
         issued = _registry(state_dir).create_key(tenant, cluster, host)
     except RegistryError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(issued.model_dump_json(exclude_none=True))
 
 
@@ -134,7 +128,7 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(metavar="KEY_ID")], state_
     try:
         _registry(state_dir).revoke_key(key_id)
     except RegistryError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(json.dumps({"key_id": key_id, "revoked": True}))
 
 
@@ -154,7 +148,7 @@ def tokens_create(
     try:
         issued = _registry(state_dir).create_token(tenant, cluster)
     except RegistryError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(issued.model_dump_json())
 
 
@@ -171,7 +165,7 @@ def tokens_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID")],
     try:
         _registry(state_dir).revoke_token(token_id)
     except RegistryError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     typer.echo(json.dumps({"token_id": token_id, "revoked": True}))
 
 
@@ -244,7 +238,7 @@ def serve_api_command(
     try:
         resolved = resolve_state_dir(state_dir)
     except StateDirError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     config = ServiceConfig(state_dir=resolved, store=store or str(resolved / "evidence"),
                            prefect_api_url=prefect_api_url or os.environ.get("PREFECT_API_URL"),
                            # Read from the environment only, never an option: it would show in `ps`.
@@ -260,7 +254,7 @@ def serve_api_command(
     try:
         config.spool_limits  # noqa: B018 - the spool's shares must fit the spool: say so before serving
     except ValueError as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     service = IngestService(config)
     # Each open connection costs memory before anyone is authenticated (at most h11's 16 KiB of
     # headers plus its buffers), so their number is bounded too; uvicorn answers the excess 503,
