@@ -16,7 +16,7 @@ import httpx
 from pydantic import SecretStr
 
 from denpex.isolation.approval import Approval
-from denpex.workflow.alert_event import api_headers
+from denpex.ingest.alert_event import api_headers
 
 __all__ = ["PrefectLink", "ResumeResult", "resume_run", "ended_runs", "ENDED_STATES"]
 

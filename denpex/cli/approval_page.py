@@ -11,6 +11,7 @@ import typer
 from pydantic import SecretStr
 
 from denpex.approval_page.hosts import check_host_pattern
+from denpex.cli.exits import fail
 from denpex.isolation.errors import ConfigError
 from denpex.isolation.page_record import (
     load_or_create_signing_key,
@@ -21,11 +22,6 @@ from denpex.isolation.page_record import (
 from denpex.state_dir import StateDirError, resolve_state_dir
 
 __all__ = ["serve_approvals_command"]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"denpex: error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def serve_approvals_command(
@@ -74,16 +70,16 @@ def serve_approvals_command(
                                          create=signing_key_file is None)
         networks = tuple(ipaddress.ip_network(a, strict=False) for a in trusted_proxy or [])
     except (StateDirError, ConfigError) as exc:
-        raise _fail(str(exc)) from exc
+        raise fail(str(exc)) from exc
     except ValueError as exc:
-        raise _fail(f"--trusted-proxy: {exc}") from exc
+        raise fail(f"--trusted-proxy: {exc}") from exc
     try:
         hosts = tuple(check_host_pattern(name) for name in allowed_host or [])
     except ValueError as exc:
-        raise _fail(f"--allowed-host: {exc}") from exc
+        raise fail(f"--allowed-host: {exc}") from exc
     api = prefect_api_url or os.environ.get("PREFECT_API_URL")
     if not api:
-        raise _fail("the page resumes runs through the Prefect API: set PREFECT_API_URL or --prefect-api-url")
+        raise fail("the page resumes runs through the Prefect API: set PREFECT_API_URL or --prefect-api-url")
     # The public half where the flow's workers look by default (DENPEX_APPROVAL_PAGE_KEY may name another copy).
     write_public_key(key, public_key_path(resolved))
     auth = os.environ.get("PREFECT_API_AUTH_STRING")  # from the environment only: an option would show in `ps`

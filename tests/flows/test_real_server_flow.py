@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from conftest import AWS_ENV, FIXTURES, ROOT, register_blocks, upload, write_runbooks
 from denpex.isolation.audit import AuditKind
 from denpex.isolation.kubernetes import TAINT_KEY
-from denpex.workflow.alert_event import AlertEvent
+from denpex.ingest.alert_event import AlertEvent
 from flow_driver import (
     CULPRIT_NODE,
     FlowRig,
