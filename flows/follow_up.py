@@ -21,19 +21,12 @@ from denpex.tenancy import read_ownership
 from denpex.workflow.saved_plans import load_saved_plan
 from denpex.workflow.approval_answer import AnswerVerdict
 from denpex.workflow.flow_parameters import check_flow_parameters
-from flows.approval import (
-    Target,
-    ask_approval,
-    emit,
-    ensure_limit,
-    find_target,
-    load_runbook_for_flow,
-    record_approved,
-    record_not_done,
-    remediation_limit,
-    state_dir,
-)
-from flows.approval_page import claim_incident, release_incident
+from flows._shared.events import emit
+from flows._shared.page import claim_incident, release_incident
+from flows._shared.pause import ask_approval
+from flows._shared.records import record_approved, record_not_done
+from flows._shared.run import load_runbook_for_flow, state_dir
+from flows._shared.targets import Target, ensure_limit, find_target, remediation_limit
 from flows.run_settings import check_this_runs_settings
 from tasks.remediate import execute_plan
 

@@ -42,23 +42,12 @@ from denpex.workflow.outcome import IncidentOutcome, IncidentRef, IncidentStage
 from denpex.workflow.recovery import check_recovery, newer_dumps
 from denpex.workflow.run_story import execution_line, plain, plan_line, state_message, verdict_line
 from flows import DASK_ADDRESS_ENV
-from flows.approval import (
-    Target,
-    artifact_prefix,
-    ask_approval,
-    emit,
-    ensure_limit,
-    find_target,
-    form_description,
-    load_runbook_for_flow,
-    record_approved,
-    record_not_done,
-    remediation_limit,
-    run_id,
-    state_dir,
-    webhook_url,
-)
-from flows.approval_page import claim_incident, page_url, release_incident
+from flows._shared.events import emit, webhook_url
+from flows._shared.page import claim_incident, page_url, release_incident
+from flows._shared.pause import ask_approval, form_description
+from flows._shared.records import record_approved, record_not_done
+from flows._shared.run import artifact_prefix, load_runbook_for_flow, run_id, state_dir
+from flows._shared.targets import Target, ensure_limit, find_target, remediation_limit
 from flows.run_log import incident_log, incident_run
 from flows.run_settings import check_this_runs_settings
 from tasks.analysis import compare_ranks, correlate_telemetry, plan_isolation_task
@@ -168,7 +157,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
     if target is not None:
         # The plan's tenant is the registry's owner of the cluster, never this run's parameter.
         plan = plan_isolation_task(result, inventory, target.scheduler, runbook_file, incident_id=incident_id,
-                                   tenant=target.tenant, cluster=target.cluster_name, as_of=alert_time)
+                                   tenant=target.tenant, cluster=target.cluster, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
     else:  # the report's default names the CLI's --scheduler; a flow run has a target block instead
         report.plan = PlanView(blocked=[f"no isolation was planned: {found.refused}" if found.refused else

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from denpex.isolation.plan import IsolationPlan, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import ApprovalRule, ApproverScope, IsolationPolicy, Scheduler
-from flows.approval import approval_form
+from flows._shared.pause import approval_form
 from lab.rig import xid79_on
 
 
@@ -76,7 +76,7 @@ def test_the_answers_lag_is_measured_on_the_servers_clock_for_the_answer_the_flo
     from prefect.client.orchestration import get_client
 
     from denpex.workflow.approval_answer import ApprovalAnswer
-    from flows.approval import answer_lag
+    from flows._shared.pause import answer_lag
 
     @flow(name="receipt-probe")
     def probe() -> None:
