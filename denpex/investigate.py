@@ -1,7 +1,7 @@
 """One investigation: triage the dumps, correlate hardware signals, propose an isolation.
 
 This is what ``denpex triage`` runs and what the Prefect flow composes step by step. It decides
-and never acts: executing a plan is ``denpex.isolation.executor``'s job, after approval.
+and never acts: executing a plan is ``denpex.isolation.run``'s job, after approval.
 """
 
 from __future__ import annotations

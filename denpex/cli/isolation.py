@@ -35,13 +35,11 @@ from denpex.isolation.approval import (
 from denpex.isolation.approval_file import default_approval_path, load_signed_approval
 from denpex.isolation.audit import read_audit_key, verify_audit_log
 from denpex.isolation.config import load_settings
-from denpex.isolation.connect import connect_adapter
 from denpex.isolation.errors import IsolationError, RemoteError
-from denpex.isolation.execute import execute_approved
 from denpex.isolation.execution_text import render_execution, unfinished_summary
-from denpex.isolation.executor import RunMode
 from denpex.isolation.operator import OperatorConfig, load_operator_config
 from denpex.isolation.plan import Operation, load_plan, utc_now
+from denpex.isolation.run import RunMode, execute, open_cluster
 
 __all__ = [
     "EXIT_FAILED",
@@ -195,12 +193,11 @@ def isolate_command(
     try:
         plan = load_plan(plan_path)
         settings = load_settings(config, os.environ)
-        operator = load_operator_config(settings, os.environ)
         approval = None
         if not dry_run:
             approval = load_signed_approval(approval_path or default_approval_path(plan_path))
-        with connect_adapter(plan, settings, operator, missing_hint=_SETTINGS_HINT) as adapter:
-            report = execute_approved(
+        with open_cluster(plan, settings, os.environ, missing_hint=_SETTINGS_HINT) as (operator, adapter):
+            report = execute(
                 plan, approval, operator=operator, adapter=adapter,
                 mode=RunMode.DRY_RUN if dry_run else RunMode.EXECUTE, operation=operation,
             )

@@ -10,9 +10,10 @@ Modules, in the order a plan flows through them:
 - ``approval``: a person's consent to one operation (isolate, rollback, requeue) on one plan hash,
   signed (cli-signed) or through the Prefect UI; ``operator``: the trusted configuration (runbook,
   approvers' keys, the machine-wide state directory).
-- ``execute``: ``execute_approved``, the one entry point of the CLI and the flow: re-checks the
-  plan against the operator's policy and the approval, then runs the ``executor``.
-- ``executor``: re-checks on live facts, acts once per node, verifies, audits; ``adapter`` is the
+- ``run``: the one way to execute. ``run.open_cluster`` opens the operator's configuration and
+  the adapter once; ``run.execute`` (dry run unless told EXECUTE), the one entry point of the CLI
+  and the flow, re-checks the plan against the operator's policy and the approval, then its
+  executor re-checks on live facts, acts once per node, verifies, audits; ``adapter`` is the
   interface it needs, ``slurm`` (over ``ssh``) and ``kubernetes`` implement it.
 - ``audit``: the hash-chained, HMAC-keyed JSON-lines audit log.
 - ``config``: SSH / cluster / store settings; ``approval_file`` and ``execution_text``: a plan's

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
+from denpex.isolation.run.report import ExecutionReport, NodeDecision, RunMode
 from denpex.isolation.plan import IsolationPlan, Operation
 
 __all__ = ["render_execution", "unfinished_summary"]

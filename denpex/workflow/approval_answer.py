@@ -15,7 +15,7 @@ The paused run shows the plan and a form (``flows/``: a Prefect ``RunInput`` bui
 The approval is the one model of docs/contracts.md "Approvals" (``denpex.isolation.approval``,
 channel ``prefect-ui``, the flow run's id), built with ``ui_approval``. Who may approve is read
 from the operator's runbook (``approvers_for(tenant, cluster)``), never from the form, and
-``execute_approved`` checks it all again before acting.
+``denpex.isolation.run.execute`` checks it all again before acting.
 
 Whoever reaches the Prefect API can resume the run and pick any approver's name, so where the
 runbook asks for it (``approval.second_factor: totp``, the default) the answer carries the

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from denpex.isolation.approval import Approval
-from denpex.isolation.executor import ExecutionReport
+from denpex.isolation.run.report import ExecutionReport
 from denpex.report import TriageReport
 
 __all__ = ["IncidentStage", "IncidentRef", "IncidentOutcome"]

@@ -12,8 +12,8 @@ another and resume it; the page's database and its signature cannot be reached t
       recorded reject (whatever the input says)         -> REJECTED, final
       recorded approve, the approver listed here        -> APPROVED with the signed record
 
-``execute_approved`` checks the record again (the page's key, the runbook's approvers and second
-factor, the plan's hash, cluster, nodes and time) before it acts.
+``denpex.isolation.run.execute`` checks the record again (the page's key, the runbook's approvers
+and second factor, the plan's hash, cluster, nodes and time) before it acts.
 """
 
 from __future__ import annotations

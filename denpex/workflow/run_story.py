@@ -16,7 +16,7 @@ import re
 
 from denpex.analysis.models import TriageResult
 from denpex.analysis.wording import ranks_phrase
-from denpex.isolation.executor import ExecutionReport
+from denpex.isolation.run.report import ExecutionReport
 from denpex.isolation.plan import IsolationPlan
 from denpex.markdown_text import visible
 from denpex.report import PlanView

@@ -12,8 +12,8 @@ from denpex.isolation.approval import Approval
 from denpex.isolation.audit import AuditLog, Outcome, verify_audit_log
 from denpex.isolation.config import KubernetesSettings
 from denpex.isolation.errors import RemoteAuthError
-from denpex.isolation.execute import execute_approved
-from denpex.isolation.executor import ExecutionReport, NodeDecision, RunMode
+from denpex.isolation.run import ExecutionReport, NodeDecision, RunMode
+from denpex.isolation.run import execute as execute_plan
 from denpex.isolation.kubernetes import (
     ANNOTATION_AT,
     ANNOTATION_BY,
@@ -75,7 +75,7 @@ CLUSTER = "k8s-test"
 
 
 class K8sRun:
-    """One test's operator (state in its own folder) running plans through ``execute_approved``."""
+    """One test's operator (state in its own folder) running plans through ``denpex.isolation.run.execute``."""
 
     def __init__(self, adapter: KubernetesAdapter, state_dir: Path) -> None:
         self.adapter = adapter
@@ -88,8 +88,8 @@ class K8sRun:
             approval = signed(plan, operation=operation)
         operator = operator_for(self.state_dir, policy or plan.policy, cluster=None if self.adapter.cluster_name() else CLUSTER,
                                 verify_timeout_s=2, poll_s=0.05)
-        return execute_approved(plan, approval, operator=operator, adapter=self.adapter, mode=mode,
-                                operation=operation)
+        return execute_plan(plan, approval, operator=operator, adapter=self.adapter, mode=mode,
+                            operation=operation)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import yaml
 from denpex.isolation.audit import Outcome, verify_audit_log
 from denpex.isolation.config import KubernetesSettings
 from denpex.isolation.errors import ApprovalError, HostKeyError
-from denpex.isolation.executor import RunMode
+from denpex.isolation.run.report import RunMode
 from denpex.isolation.kubernetes import KubernetesAdapter
 from denpex.isolation.plan import Operation
 from denpex.isolation.ssh import Backoff

@@ -12,8 +12,7 @@ from denpex.analysis.models import TriageResult, Verdict
 from denpex.isolation.approval import Approval
 from denpex.isolation.audit import AuditLog, load_or_create_audit_key
 from denpex.isolation.breaker import CircuitBreaker
-from denpex.isolation.execute import execute_approved
-from denpex.isolation.executor import ExecutionReport, RunMode
+from denpex.isolation.run import ExecutionReport, RunMode, execute
 from denpex.isolation.operator import OperatorConfig
 from denpex.isolation.plan import IsolationPlan, Operation, utc_now
 from denpex.isolation.planner import plan_isolation
@@ -135,15 +134,15 @@ class Rig:
     def execute(self, plan: IsolationPlan, *, operation: Operation = Operation.ISOLATE,
                 approval: Approval | None = None, policy: IsolationPolicy | None = None,
                 adapter: SlurmAdapter | None = None) -> ExecutionReport:
-        """Execute through ``execute_approved``, as an operator whose runbook is ``policy`` (default:
+        """Execute through ``execute``, as an operator whose runbook is ``policy`` (default:
         the plan's), with alice's signed approval unless ``approval`` is given."""
         approval = approval or signed(plan, operation=operation)
-        return execute_approved(plan, approval, operator=self.operator(policy or plan.policy),
-                                adapter=adapter or self.adapter, operation=operation)
+        return execute(plan, approval, operator=self.operator(policy or plan.policy),
+                       adapter=adapter or self.adapter, mode=RunMode.EXECUTE, operation=operation)
 
     def dry_run(self, plan: IsolationPlan, *, policy: IsolationPolicy | None = None) -> ExecutionReport:
-        return execute_approved(plan, None, operator=self.operator(policy or plan.policy), adapter=self.adapter,
-                                mode=RunMode.DRY_RUN)
+        return execute(plan, None, operator=self.operator(policy or plan.policy), adapter=self.adapter,
+                       mode=RunMode.DRY_RUN)
 
 
 @contextmanager

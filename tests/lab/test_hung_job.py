@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from denpex.cli import app
 from denpex.isolation.audit import AuditKind, Outcome
 from denpex.isolation.errors import ApprovalError
-from denpex.isolation.executor import NodeDecision
+from denpex.isolation.run.report import NodeDecision
 from denpex.isolation.plan import Operation, save_plan
 from denpex.isolation.slurm_parse import parse_show_job
 from denpex.isolation.ssh import CommandRunner, SshSettings

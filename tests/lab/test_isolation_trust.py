@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from denpex.cli import app
 from denpex.isolation.audit import AuditRecord, verify_audit_log
 from denpex.isolation.errors import ApprovalError, AuditChainError, PolicyMismatchError
-from denpex.isolation.executor import NodeDecision
+from denpex.isolation.run.report import NodeDecision
 from denpex.isolation.plan import IsolationPlan, save_plan, utc_now
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import SshSettings

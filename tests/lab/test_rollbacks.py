@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from denpex.cli import app
 from denpex.isolation.audit import Outcome
-from denpex.isolation.executor import NodeDecision
+from denpex.isolation.run.report import NodeDecision
 from denpex.isolation.plan import Operation, save_plan
 from denpex.isolation.slurm import SlurmAdapter
 from denpex.isolation.ssh import SshSettings

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from denpex.cli import app
 from denpex.isolation.audit import AuditEntry, AuditKind, AuditLog, Outcome, verify_audit_log
 from denpex.isolation.errors import ApprovalError, HostKeyError, RemoteAuthError, TransientRemoteError
-from denpex.isolation.executor import NodeDecision
+from denpex.isolation.run.report import NodeDecision
 from denpex.isolation.plan import Gate, Operation, save_plan, utc_now
 from denpex.isolation.planner import plan_isolation
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits, Scheduler

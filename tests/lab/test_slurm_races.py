@@ -13,7 +13,7 @@ import pytest
 
 from denpex.isolation.audit import AuditKind, Outcome
 from denpex.isolation.errors import BusyError
-from denpex.isolation.executor import NodeDecision
+from denpex.isolation.run.report import NodeDecision
 from denpex.isolation.plan import Gate, Operation
 from denpex.isolation.policy import IsolationPolicy, SafetyLimits
 from denpex.isolation.ssh import CommandRunner, SshSettings

@@ -23,6 +23,6 @@ def test_a_decision_is_keyed_so_a_later_execution_accepts_the_log(tmp_path: Path
     verification = verify_audit_log(tmp_path / "audit.jsonl", key=key)
     assert verification.ok, verification.problems
     log = state_audit_log(tmp_path)
-    log.verify()  # what execute_approved does before it acts
+    log.verify()  # what denpex.isolation.run.execute does before it acts
     [record] = log.records()
     assert record.kind is AuditKind.DECISION and record.mac == record.expected_mac(key)
