@@ -2,7 +2,7 @@
 requeue of the hung job), approved through the same pause and form as the isolation, then run.
 
 Each operation needs its own approval of the plan: approving the drain approved neither undoing it
-nor restarting the job elsewhere (``execute_approved`` checks the approval's operation).
+nor restarting the job elsewhere (``denpex.isolation.run.execute`` checks the approval's operation).
 """
 
 # No `from __future__ import annotations`: see flows/triage.py.
