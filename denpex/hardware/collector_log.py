@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -41,7 +41,7 @@ from denpex.hardware.events import (
     TelemetryParseResult,
     Unavailable,
 )
-from denpex.hardware.kernel_log import MAX_LINE_CHARS
+from denpex.hardware.line_reader import LineReader
 from denpex.hardware.records import (
     KNOWN_RECORD_TYPES,
     RECORD_ADAPTER,
@@ -53,7 +53,7 @@ from denpex.hardware.records import (
     RemappedRowsRecord,
     XidRecord,
 )
-from denpex.hardware.xid_catalog import XidCatalog, default_xid_catalog
+from denpex.hardware.xid_catalog import XidCatalog
 
 __all__ = ["parse_collector_lines", "CollectorLogReader"]
 
@@ -77,49 +77,34 @@ def parse_collector_lines(
     return reader.result()
 
 
-class CollectorLogReader:
+class CollectorLogReader(LineReader):
     """Line-at-a-time reader; snapshots are kept until ``result()`` compares them."""
 
     def __init__(self, *, catalog: XidCatalog | None = None) -> None:
-        self._catalog = catalog or default_xid_catalog()
-        self._events: list[HardwareEvent] = []
-        self._gpus: list[GpuIdentity] = []
+        super().__init__(catalog=catalog)
         self._unavailable: list[Unavailable] = []
-        self._hosts: set[str] = set()
-        self._rejects: Counter[RejectReason] = Counter()
-        self._lines = 0
         self._links: dict[tuple[str, GpuRef, int], list[NvLinkRecord]] = defaultdict(list)
         self._rows: dict[tuple[str, GpuRef], list[RemappedRowsRecord]] = defaultdict(list)
 
-    def feed(self, raw: str) -> None:
+    def _read_line(self, line: str) -> RejectReason | None:
         """Read one JSON line."""
-        line = raw.strip()
-        if not line:
-            return
-        self._lines += 1
-        if len(line) > MAX_LINE_CHARS:
-            self._rejects[RejectReason.LINE_TOO_LONG] += 1
-            return
         try:
             data = json.loads(line)
         except (ValueError, RecursionError):
             # ValueError covers JSONDecodeError and integers past Python's digit limit.
-            self._rejects[RejectReason.BAD_JSON] += 1
-            return
+            return RejectReason.BAD_JSON
         record_type = data.get("type") if isinstance(data, dict) else None
         if not isinstance(record_type, str) or record_type not in KNOWN_RECORD_TYPES:
-            self._rejects[RejectReason.UNKNOWN_RECORD] += 1
-            return
+            return RejectReason.UNKNOWN_RECORD
         if data.get("v") != RECORD_VERSION:
-            self._rejects[RejectReason.UNSUPPORTED_VERSION] += 1
-            return
+            return RejectReason.UNSUPPORTED_VERSION
         try:
             record = RECORD_ADAPTER.validate_python(data)
         except ValidationError:
-            self._rejects[RejectReason.INVALID_RECORD] += 1
-            return
+            return RejectReason.INVALID_RECORD
         self._hosts.add(record.host)
         self._take(record, line[:MAX_SOURCE_LINE_CHARS])
+        return None
 
     def _take(self, record: object, line: str) -> None:
         if isinstance(record, GpuRecord):
