@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from denpex.analysis.models import StuckCollective
 
 __all__ = ["Blockage", "BlockageKind"]
 
 
-class BlockageKind:
-    """Why a group's op did not complete (plain constants; rendered into StuckCollective)."""
+class BlockageKind(StrEnum):
+    """Why a group's op did not complete.
+
+    A closed set, compared by identity (``is``). The values are strings that equal the old plain
+    constants, so anything that printed or compared a kind as text reads the same.
+    """
 
     BEHIND = "behind"          # some members never enqueued it
     MISMATCH = "mismatch"      # members called different ops / sizes / dtypes at the same seq id
@@ -29,7 +34,7 @@ class Blockage:
 
     group: str
     seq: int
-    kind: str
+    kind: BlockageKind
     op: str
     waiting: tuple[int, ...]
     targets: tuple[int, ...]

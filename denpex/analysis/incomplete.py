@@ -22,7 +22,7 @@ def incomplete_reason(candidates: Sequence[Candidate], blockages: Sequence[Block
     if any(c.kind is CandidateKind.STOPPED_REPORTING for c in candidates):
         return IncompleteReason.RANKS_MISSING
     if any(c.membership is Membership.INFERRED for c in candidates) or any(
-            b.kind == BlockageKind.UNKNOWN_MEMBERS for b in blockages):
+            b.kind is BlockageKind.UNKNOWN_MEMBERS for b in blockages):
         return IncompleteReason.MEMBERSHIP_UNKNOWN
     return IncompleteReason.UNDECIDED
 

@@ -45,7 +45,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from denpex.analysis.membership import GroupMembership
-from denpex.analysis.summary import ROOTED_OPS, GroupProgress, OpKind, PendingOp, RankSummary
+from denpex.analysis.op_rules import ROOTED_OPS
+from denpex.analysis.summary import GroupProgress, OpKind, PendingOp, RankSummary
 from denpex.analysis.wording import ranks_phrase
 
 __all__ = ["JOINED_SHARE_OF_TIMEOUT", "RetireRace", "race_notes", "settle_retire_races"]

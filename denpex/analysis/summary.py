@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from denpex.analysis.active_only import drop_closed_batch_members, left_out_completed
+from denpex.analysis.op_rules import ROOTED_OPS
 from denpex.analysis.rank_runs import RankRuns, parse_rank_list
 from denpex.evidence.errors import DumpError
 from denpex.evidence.fr_dump import DecodedDump, DumpEncoding
@@ -39,17 +40,8 @@ __all__ = [
     "MAX_PENDING_PER_GROUP",
     "MAX_SIGNATURE_TENSORS",
     "MAX_TENSOR_DIMS",
-    "ROOTED_OPS",
     "summarize_dump",
 ]
-
-# Rooted ops complete on some members before every member entered: Gloo's gather and scatter
-# retire on non-root ranks once their own send or recv with the root is done (measured: issue 9's
-# gather_skip and scatter_skip), and NCCL's ring/tree broadcast and reduce let ranks upstream of
-# a missing one finish. Completing one proves nothing about the other members.
-_ROOTED_OPS = frozenset(f"{backend}:{op}" for backend in ("gloo", "nccl") for op in (
-    "broadcast", "_broadcast_oop", "reduce", "_reduce_oop", "gather", "scatter"))
-ROOTED_OPS = _ROOTED_OPS
 
 # NCCL keeps enqueuing asynchronously while a rank waits, so in-flight ops can number in the
 # hundreds; the oldest ones decide the hang, the rest only need counting.
@@ -372,7 +364,7 @@ class _Scan:
             if done:
                 if csid > group.comp:
                     group.comp = csid
-                if csid > group.comp_all and name not in _ROOTED_OPS:
+                if csid > group.comp_all and name not in ROOTED_OPS:
                     group.comp_all = csid
                 if group.pending:
                     group.pending = [p for p in group.pending if not _finished_by_later(p, csid)]

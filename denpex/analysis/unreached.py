@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from denpex.analysis.blockage import Blockage, BlockageKind
-from denpex.analysis.summary import ROOTED_OPS, GroupProgress, OpKind, PendingOp
+from denpex.analysis.op_rules import ROOTED_OPS
+from denpex.analysis.summary import GroupProgress, OpKind, PendingOp
 from denpex.analysis.wording import ranks_phrase
 
 __all__ = ["Unreached", "unreached_waits"]

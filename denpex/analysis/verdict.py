@@ -97,7 +97,7 @@ def _tied(culprits: list[Culprit]) -> bool:
     not a cycle of different ops, not a tied mismatch (a program's choice, which no hardware
     signal settles), not a stopped-CPU lead, no undecided wait, a known age."""
     return len(culprits) >= 2 and all(
-        c.component_size == len(culprits) and any(b.tie and b.kind == BlockageKind.OVERDUE for b in c.blocking)
+        c.component_size == len(culprits) and any(b.tie and b.kind is BlockageKind.OVERDUE for b in c.blocking)
         and not any(b.kind is BlockageKind.STOPPED or b.undecided for b in c.blocking)
         and not all(b.age_unknown for b in c.blocking)
         for c in culprits)
@@ -181,7 +181,7 @@ def _candidate(culprit: Culprit, summaries: dict[int, RankSummary], missing: dic
         reasons.append(f"one of {culprit.component_size} ranks the dumps cannot tell apart"
                        + (f". {SEPARATING_EVIDENCE}" if tied else ""))
     confidence = BASE_CONFIDENCE[kind] / culprit.component_size
-    if first is not None and first.kind == BlockageKind.STOPPED:
+    if first is not None and first.kind is BlockageKind.STOPPED:
         confidence *= _STOPPED_FACTOR
     if any(b.undecided for b in culprit.blocking):
         confidence /= 2
@@ -269,7 +269,7 @@ def _why_kind(culprit: Culprit, kind: CandidateKind, summaries: dict[int, RankSu
 def _why_stalled(culprit: Culprit, summaries: dict[int, RankSummary]) -> str:
     rank = culprit.rank
     first = culprit.blocking[0] if culprit.blocking else None
-    if first is not None and first.kind == BlockageKind.STOPPED:
+    if first is not None and first.kind is BlockageKind.STOPPED:
         # Everyone is in the op: it waits on the members' GPUs, and this one's CPU stopped.
         return (f"rank {rank} is itself blocked in collective #{first.seq} {first.op} in process group "
                 f"{first.group!r}; every member entered it, but only its peers went on to enqueue "
@@ -277,14 +277,14 @@ def _why_stalled(culprit: Culprit, summaries: dict[int, RankSummary]) -> str:
                 "synchronised right after the op, e.g. .item(), while the fault is elsewhere; the "
                 "dumps cannot tell these apart")
     where = _in_flight(summaries[rank]) or "an op that never finished"
-    if first is not None and first.kind == BlockageKind.UNREACHED:
+    if first is not None and first.kind is BlockageKind.UNREACHED:
         # Picked out of a cycle by a peer that went past it in a group both are in (unreached).
         peers = ranks_phrase(first.waiting)
         return (f"rank {rank} is itself blocked in {where}; {peers} enqueued collective #{first.seq} "
                 f"of process group {first.group!r}, which rank {rank} never reached: its CPU stopped "
                 f"first, and {peers} wait{'s' if len(first.waiting) == 1 else ''} on it")
-    if first is not None and first.kind == BlockageKind.LAGGING:
-        # Separated from its tied peers by where the CPUs stopped (compare._lagging_at).
+    if first is not None and first.kind is BlockageKind.LAGGING:
+        # Separated from its tied peers by where the CPUs stopped (compare.tie_breaks.lagging_at).
         return (f"rank {rank} is itself blocked in collective #{first.seq} {first.op} in process group "
                 f"{first.group!r}, which every member entered and none finished; {first.detail}")
     if culprit.component_size > 1 and all(b.tie for b in culprit.blocking):

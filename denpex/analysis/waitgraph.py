@@ -89,7 +89,7 @@ def _inside(graph: dict[_Node, list[_Node]], directions: Sequence[Blockage], off
     Only a direction at one rank is kept: the members that went past an op all their peers hold
     point at the one that never did. Several that never did (three of four members synchronise
     after the op, one does not) are a program's choice as much as a stopped CPU, and say nothing
-    about any one of them (the rule ``compare._stopped_at`` keeps too)."""
+    about any one of them (the rule ``compare.tie_breaks.stopped_at`` keeps too)."""
     out: list[_Direction] = []
     for index, direction in enumerate(directions, start=offset):
         targets = tuple(t for t in dict.fromkeys(direction.targets) if t in graph)
