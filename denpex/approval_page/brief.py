@@ -29,7 +29,7 @@ from denpex.report import TriageReport
 __all__ = ["BriefNode", "BriefChart", "ApprovalBrief", "build_brief", "save_brief", "load_brief"]
 
 _MAX_BRIEF_BYTES = 64 * 1024 * 1024
-_BRIEF_FILE = FileKind("the brief")
+_BRIEF_FILE = FileKind("brief")
 
 
 class BriefNode(BaseModel):

@@ -84,4 +84,7 @@ def _run_project_module(module: str, args: list[str]) -> NoReturn:
     env = {name: value for name, value in os.environ.items() if name != "PYTHONSAFEPATH"}
     sys.stdout.flush()  # exec discards what Python has buffered but not written
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+    except OSError as exc:  # returns only when the interpreter could not be started at all
+        raise fail(f"cannot start {sys.executable} -m {module}: {exc.strerror or exc}") from exc

@@ -44,10 +44,15 @@ class FileKind:
     invalid: str = ""
     """Said of a file that decodes but does not validate; default ``not a valid {what}``."""
     hint: str = ""
-    """What to do about it, after every problem (``approve the plan with ...``)."""
+    """What to do about a file whose content is wrong (``approve the plan with ...``)."""
+    unparsable: str = ""
+    """Said of a file that does not decode; default ``{what} is not JSON|YAML``."""
+    shape: str = ""
+    """Said of a file that is not a mapping (``{type}`` names what it is); default ``{what} must be a
+    mapping, got {type}``."""
 
-    def error(self, source: object, problem: str) -> str:
-        return f"{source}: {problem}" + (f"; {self.hint}" if self.hint else "")
+    def error(self, source: object, problem: str, *, hinted: bool = True) -> str:
+        return f"{source}: {problem}" + (f"; {self.hint}" if self.hint and hinted else "")
 
 
 def read_model(path: Path, model: type[M], *, max_bytes: int, kind: FileKind, error: Callable[[str], Exception],
@@ -67,7 +72,8 @@ def read_mapping(path: Path, *, max_bytes: int, kind: FileKind, error: Callable[
     if raw is None and empty_ok:
         return {}
     if not isinstance(raw, dict):
-        raise error(kind.error(path, f"{kind.what} must be a mapping, got {type(raw).__name__}"))
+        got = type(raw).__name__
+        raise error(kind.error(path, kind.shape.replace("{type}", got) or f"{kind.what} must be a mapping, got {got}"))
     return raw
 
 
@@ -76,7 +82,7 @@ def decode(data: bytes, source: object, kind: FileKind, error: Callable[[str], E
     try:
         return json.loads(data) if syntax == "json" else yaml.safe_load(data)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, yaml.YAMLError) as exc:
-        raise error(kind.error(source, f"{kind.what} is not {syntax.upper()}: {exc}")) from exc
+        raise error(kind.error(source, f"{kind.unparsable or f'{kind.what} is not {syntax.upper()}'}: {exc}")) from exc
 
 
 def validated(model: type[M], raw: bytes | object, source: object, kind: FileKind,
@@ -86,7 +92,8 @@ def validated(model: type[M], raw: bytes | object, source: object, kind: FileKin
         return model.model_validate_json(raw) if isinstance(raw, bytes) else model.model_validate(raw)
     except ValidationError as exc:
         broken = [e for e in exc.errors() if e["type"] == "json_invalid"]  # pydantic parsed the JSON itself
-        problem = (f"{kind.what} is not JSON: {broken[0]['msg'].removeprefix('Invalid JSON: ')}" if broken else
+        problem = (f"{kind.unparsable or f'{kind.what} is not JSON'}: {broken[0]['msg'].removeprefix('Invalid JSON: ')}"
+                   if broken else
                    f"{kind.invalid or f'not a valid {kind.what}'}: {validation_problems(exc)}")
         raise error(kind.error(source, problem)) from exc
 
@@ -103,7 +110,7 @@ def read_capped(path: Path, max_bytes: int, kind: FileKind, error: Callable[[str
     try:
         data = read_at_most(path, max_bytes)
     except OSError as exc:
-        raise error(kind.error(path, f"cannot read {kind.what}: {exc.strerror or exc}")) from exc
+        raise error(kind.error(path, f"cannot read {kind.what}: {exc.strerror or exc}", hinted=False)) from exc
     if len(data) > max_bytes:
-        raise error(kind.error(path, f"{kind.what} is over the {max_bytes}-byte cap"))
+        raise error(kind.error(path, f"{kind.what} is over the {max_bytes}-byte cap", hinted=False))
     return data

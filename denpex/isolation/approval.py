@@ -63,7 +63,8 @@ MAX_APPROVAL_BYTES = 4 * 1024 * 1024
 """As large as a plan may be: an approval names at most the plan's nodes."""
 MAX_APPROVERS_BYTES = 1024 * 1024
 _APPROVAL_FILE = FileKind("approval", hint="approve the plan with `denpex approve PLAN --approver NAME --key KEYFILE`")
-_APPROVERS_FILE = FileKind("trusted approvers")
+_APPROVERS_FILE = FileKind("trusted approvers", unparsable="trusted approvers are not valid YAML",
+                          shape="expected a mapping with one key `approvers: {NAME: PUBLIC_KEY}`")
 
 
 class Approval(BaseModel):
@@ -339,7 +340,8 @@ def load_trusted_approvers(path: Path) -> TrustedApprovers:
 
     Every problem is reported in one ConfigError.
     """
-    raw = read_mapping(path, max_bytes=MAX_APPROVERS_BYTES, kind=_APPROVERS_FILE, error=ConfigError, syntax="yaml")
+    raw = read_mapping(path, max_bytes=MAX_APPROVERS_BYTES, kind=_APPROVERS_FILE, error=ConfigError, syntax="yaml",
+                       empty_ok=True)
     entries = raw.get("approvers") if isinstance(raw, dict) and set(raw) == {"approvers"} else None
     if not isinstance(entries, dict):
         raise ConfigError(f"{path}: expected a mapping with one key `approvers: {{NAME: PUBLIC_KEY}}`")

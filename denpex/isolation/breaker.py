@@ -30,6 +30,7 @@ __all__ = ["IsolationMark", "BreakerState", "CircuitBreaker"]
 
 _MAX_STATE_BYTES = 16 * 1024 * 1024
 _STATE_FILE = FileKind("breaker state", invalid="breaker state is damaged",
+                       unparsable="breaker state is damaged (not JSON)",
                        hint="inspect it, then reset with `denpex breaker reset --by NAME`")
 _KEEP_MARKS = timedelta(days=1)
 _HOUR = timedelta(hours=1)
@@ -121,7 +122,7 @@ class CircuitBreaker:
             yield
 
     def _read(self) -> BreakerState:
-        if not self.path.exists():
+        if not os.path.lexists(self.path):  # only a missing file is a fresh breaker; a broken link is an error
             return BreakerState()
         # A damaged state file must not silently re-enable automation: it is an error, never a default.
         return read_model(self.path, BreakerState, max_bytes=_MAX_STATE_BYTES, kind=_STATE_FILE, error=ConfigError)

@@ -28,7 +28,8 @@ from denpex.isolation.workflow_section import WorkflowSection
 __all__ = ["Runbook", "load_runbook", "form_runbook_refusal"]
 
 _MAX_BYTES = 256 * 1024
-_RUNBOOK_FILE = FileKind("runbook", invalid="invalid runbook")
+_RUNBOOK_FILE = FileKind("runbook", invalid="invalid runbook", unparsable="runbook is not valid YAML",
+                         shape="a runbook is a YAML mapping, got {type}")
 
 
 class Runbook(BaseModel):

@@ -29,7 +29,8 @@ __all__ = ["CatalogError", "RecordedOutcome", "RecordedIncident", "IncidentCatal
 
 CATALOG_VERSION = 1
 _MAX_BYTES = 16 * 1024 * 1024
-_CATALOG_FILE = FileKind("the incident catalog", invalid="invalid incident catalog")
+_CATALOG_FILE = FileKind("the incident catalog", invalid="invalid incident catalog", unparsable="not JSON",
+                         shape="expected an object with 'version' and 'incidents'")
 
 
 class CatalogError(ValueError):

@@ -32,7 +32,7 @@ def _write(tmp_path: Path, text: str | bytes) -> Path:
 
 
 @pytest.mark.parametrize(("text", "syntax", "message"), [
-    (b"x" * 65, "json", "thing is over the 64-byte cap; write it with `make thing`"),
+    (b"x" * 65, "json", "thing is over the 64-byte cap"),
     ('{"name": ', "json", "thing is not JSON: "),
     ("name: [", "yaml", "thing is not YAML: "),
     ("- a\n- b\n", "yaml", "thing must be a mapping, got list; write it"),
@@ -44,11 +44,12 @@ def test_every_problem_has_one_shape(tmp_path: Path, text: str | bytes, syntax: 
     with pytest.raises(ValueError) as raised:
         read_model(path, Thing, max_bytes=64, kind=KIND, error=ValueError, syntax=syntax)  # type: ignore[arg-type]
     assert str(raised.value).startswith(f"{path}: {message}"), str(raised.value)
-    assert str(raised.value).endswith("; write it with `make thing`")
+    # The hint is for a file whose content is wrong, not for one too large to read.
+    assert str(raised.value).endswith("; write it with `make thing`") == ("cap" not in message)
 
 
 def test_a_missing_file_and_a_good_one(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"thing.json: cannot read thing: No such file or directory; write it"):
+    with pytest.raises(ValueError, match=r"thing.json: cannot read thing: No such file or directory$"):
         read_model(tmp_path / "thing.json", Thing, max_bytes=64, kind=KIND, error=ValueError)
     path = _write(tmp_path, '{"name": "a", "size": 2}')
     assert read_model(path, Thing, max_bytes=64, kind=KIND, error=ValueError) == Thing(name="a", size=2)
@@ -63,7 +64,7 @@ def test_files_that_had_no_cap_have_one(tmp_path: Path) -> None:
     whole, whatever their size."""
     approval = tmp_path / "approval.json"
     approval.write_bytes(b"{" + b" " * MAX_APPROVAL_BYTES + b"}")
-    with pytest.raises(ApprovalError, match="approval is over the 4194304-byte cap; approve the plan with"):
+    with pytest.raises(ApprovalError, match="approval is over the 4194304-byte cap$"):
         load_approval(approval)
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (1024 * 1024 + 1))
@@ -79,5 +80,5 @@ def test_the_loaders_keep_their_own_words(tmp_path: Path) -> None:
     with pytest.raises(RunbookError, match=r"runbook.yaml: invalid runbook: name: .*; version: Field required"):
         load_runbook(runbook)
     runbook.write_text("[1, 2]\n")
-    with pytest.raises(RunbookError, match="runbook must be a mapping, got list"):
+    with pytest.raises(RunbookError, match="a runbook is a YAML mapping, got list"):
         load_runbook(runbook)

@@ -32,7 +32,7 @@ def test_trip_persists_across_instances_until_reset(tmp_path: Path) -> None:
 def test_damaged_state_keeps_automation_off_until_reset(tmp_path: Path) -> None:
     path = tmp_path / "breaker.json"
     path.write_text('{"tripped": tru')
-    with pytest.raises(ConfigError, match="damaged"):
+    with pytest.raises(ConfigError, match="breaker state is damaged"):
         CircuitBreaker(path).state()
     CircuitBreaker(path).reset(by="alice", at=NOW)
     assert not CircuitBreaker(path).state().tripped
