@@ -50,6 +50,7 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from denpex.evidence.files import read_at_most
 from denpex.isolation.errors import AuditChainError, AuditError, BusyError, ConfigError
 from denpex.isolation.file_lock import LockHeld, file_lock
 from denpex.isolation.plan import Operation, canonical_json
@@ -437,8 +438,8 @@ def load_or_create_audit_key(path: Path) -> bytes:
         _create_audit_key(path)
     try:
         mode = path.stat().st_mode
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
+        text = _key_text(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise AuditError(f"{path}: cannot read the audit key: {exc}") from exc
     problem = shared_file_problem(path, mode, "audit key")
     if problem:
@@ -485,6 +486,16 @@ def read_audit_key(path: Path) -> bytes:
     verifying only reads, and the operator may keep a copy of the key anywhere.
     """
     try:
-        return bytes.fromhex(path.read_text(encoding="ascii").strip())
+        return bytes.fromhex(_key_text(path))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read the audit key: {exc}") from exc
+
+
+_MAX_KEY_BYTES = 4096  # a key is 64 hex digits; a path named by mistake (a log, a device) is not read whole
+
+
+def _key_text(path: Path) -> str:
+    raw = read_at_most(path, _MAX_KEY_BYTES)
+    if len(raw) > _MAX_KEY_BYTES:
+        raise ValueError(f"the file is over {_MAX_KEY_BYTES} bytes, not a key")
+    return raw.decode("ascii").strip()

@@ -312,3 +312,19 @@ def test_a_record_written_without_the_key_is_named_as_such(tmp_path: Path) -> No
     key = bytes.fromhex((tmp_path / AUDIT_KEY_NAME).read_text().strip())
     problems = verify_audit_log(keyed.path, key=key).problems
     assert problems and "written without the log's key" in problems[0] and "forged" not in problems[0]
+
+
+def test_an_audit_key_file_is_read_within_a_cap(tmp_path: Path) -> None:
+    """A path named by mistake (a log, a dump) is not read whole as a key (review of issue 32)."""
+    from denpex.isolation.audit import load_or_create_audit_key, read_audit_key
+    from denpex.isolation.errors import ConfigError
+
+    big = tmp_path / "audit.key"
+    big.write_text("ab" * 4096)
+    big.chmod(0o600)
+    with pytest.raises(AuditError, match="cannot read the audit key: the file is over 4096 bytes"):
+        load_or_create_audit_key(big)
+    with pytest.raises(ConfigError, match="cannot read the audit key: the file is over 4096 bytes"):
+        read_audit_key(big)
+    big.write_text("ab" * 32 + "\n")
+    assert read_audit_key(big) == load_or_create_audit_key(big) == bytes.fromhex("ab" * 32)
