@@ -7,7 +7,6 @@ nor restarting the job elsewhere (``denpex.isolation.run.execute`` checks the ap
 
 # No `from __future__ import annotations`: see flows/triage.py.
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,7 +45,7 @@ def approve_then_run(cluster: str, incident_id: str, operation: Operation,
     # The saved plan's tenant is the owner the triage run found; the registry must still agree.
     target = find_target(cluster, runbook_file, tenant=plan.tenant).target_or_raise(cluster)
     # One question per incident at a time: a triage run must not save a plan over this one meanwhile.
-    taken = claim_incident(plan, runbook.workflow.approval_timeout + timedelta(hours=1))
+    taken = claim_incident(plan, runbook.workflow.approval_timeout)
     if taken:
         return {"incident_id": incident_id, "outcome": "refused", "reason": taken}
     try:

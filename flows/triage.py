@@ -12,7 +12,7 @@ cluster whose target block is named after ``cluster``; with no target it triages
 
 import json
 import os
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from prefect import flow, unmapped
@@ -62,8 +62,6 @@ from tasks.options import NOT_PERSISTED
 
 __all__ = ["triage"]
 
-_CLAIM_SLACK = timedelta(hours=1)
-"""How long past its pause a run holds its incident if it never ends (crashed where Prefect cannot tell)."""
 _CPUS = usable_cpus()  # a container's or taskset's share, as the parse workers are sized
 # Coarse batches on Dask: each task costs a round trip to the cluster (notes/prefect.md).
 DASK_BATCHES = 64
@@ -139,6 +137,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         release_parse_workers()
     found = find_target(cluster, runbook_file, tenant=tenant)
     target = found.target
+    no_target = f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}"
     if target is not None:
         # Ranks nobody placed (died before registering, no registration): the scheduler's record
         # of the job (Slurm's job record, the Kubernetes job's pods) guesses.
@@ -160,9 +159,7 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
                                    tenant=target.tenant, cluster=target.cluster, as_of=alert_time)
         report.plan = PlanView.model_validate(plan.contract_view())
     else:  # the report's default names the CLI's --scheduler; a flow run has a target block instead
-        report.plan = PlanView(blocked=[f"no isolation was planned: {found.refused}" if found.refused else
-                                        f"no isolation was planned: no Slurm or Kubernetes target block is "
-                                        f"registered for cluster {cluster!r}"])
+        report.plan = PlanView(blocked=[f"no isolation was planned: {found.refused or no_target}"])
     log.info("plan: %s", plan_line(report.plan, plan))
     markdown = report_markdown(report, incident_id=incident_id, cluster=cluster, plan=plan,
                                chart=charts_section(charts, result))
@@ -171,10 +168,9 @@ def triage(tenant: str, cluster: str, job_id: str, incident_id: str, alert_time:
         return _finish(ref, report, IncidentStage.REFUSED, found.refused, plan, key)
     if plan is None or not plan.actions:
         why = (f"no isolation proposed for incident {incident_id}" if target is not None
-               else f"no Slurm or Kubernetes target block is registered for cluster {cluster!r}; triage only")
+               else f"{no_target}; triage only")
         return _finish(ref, report, IncidentStage.NO_ACTION, why, plan, key)
-    # Held until the run ends (released in _finish); a crashed holder's claim lapses an hour after its pause.
-    taken = claim_incident(plan, timing.approval_timeout + _CLAIM_SLACK)
+    taken = claim_incident(plan, timing.approval_timeout)  # held until the run ends (released in _finish)
     if taken:
         return _finish(ref, report, IncidentStage.REFUSED, taken, None, key)
     _save_plan(plan)

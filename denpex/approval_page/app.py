@@ -247,7 +247,7 @@ def _run_view(config: PageConfig, pending: PendingApproval, brief: ApprovalBrief
     prefect_url = f"{config.prefect_ui_url.rstrip('/')}/runs/flow-run/{pending.run_id}" if config.prefect_ui_url else None
     return {"title": brief.headline, "question": f"{verb.capitalize()} {nodes}?", "run_id": pending.run_id,
             "brief": brief, "verb": verb, "csrf": csrf, "identity": identity, "decided": did,
-            "closed": _closed(config, pending, now),
+            "closed": None if decided is not None else _closed(config, pending, now),
             "approvers": sorted(policy.approval.approvers_for(brief.tenant, brief.cluster or None)),
             "code_required": policy.approval.second_factor is SecondFactor.TOTP,
             "shown_charts": charts, "more_charts": len(brief.charts) - len(charts), "prefect_run_url": prefect_url,
@@ -255,11 +255,10 @@ def _run_view(config: PageConfig, pending: PendingApproval, brief: ApprovalBrief
 
 
 def _closed(config: PageConfig, pending: PendingApproval, now: float) -> str | None:
-    """Why the run takes no decision any more (its pause timed out, or Prefect ended it); None if it may."""
+    """Why an undecided run takes no decision any more (its pause timed out, or Prefect ended it);
+    None if it may."""
     if pending.expires_at <= now:
         return "The run's wait for approval has timed out; nothing runs."
-    if config.desk.book.decision(pending.run_id) is not None:
-        return None  # the decision is shown instead
     ended = config.ended_runs(config.prefect, [pending.run_id]) or {}
     if pending.run_id in ended:
         return f"The run has ended in Prefect ({ended[pending.run_id]}); it waits for no decision, and nothing runs."

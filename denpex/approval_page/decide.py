@@ -119,7 +119,7 @@ def take_decision(desk: ApprovalDesk, run_id: str, answer: PageAnswer, *, identi
     """Judge ``answer`` for run ``run_id`` and, when it stands, record its signed decision.
     ``identity`` is the authenticating proxy's word on who is asking (None: no trusted proxy
     said). Every answer for a waiting run is recorded in the page's database, with its outcome
-    (up to ``MAX_ANSWERS_PER_RUN``)."""
+    (``ApprovalBook.record_answer`` says which are kept past ``MAX_ANSWERS_PER_RUN``)."""
     verdict, approver = _judge(desk, run_id, answer, identity=identity, address=address, now=now)
     if verdict.outcome is PageOutcome.UNKNOWN_RUN:
         return verdict  # no run to keep it for: a stranger's posts to made-up ids leave nothing behind

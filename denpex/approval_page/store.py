@@ -192,13 +192,17 @@ class ApprovalBook:
     # -- answers ------------------------------------------------------------------------------
 
     def record_answer(self, answer: StoredAnswer) -> None:
-        """Keep one answer, up to ``MAX_ANSWERS_PER_RUN`` per run: whoever reaches the page may post
-        any number, and the file must not grow without bound (the lockouts count the ones kept)."""
+        """Keep one answer. Whoever reaches the page may post any number, and the file must not grow
+        without bound: answers refused before any code was checked are kept up to
+        ``MAX_ANSWERS_PER_RUN`` per run. A wrong code and the decision itself are always kept: the
+        address lockout counts the wrong codes, so filling the run's log first must not switch it
+        off (red team, issue 30), and the approver's own lockout bounds how many there can be."""
         with self._connect() as db:
             db.execute("INSERT INTO answers (run_id, at, address, approver, decision, outcome, reason) "
-                       "SELECT ?,?,?,?,?,?,? WHERE (SELECT COUNT(*) FROM answers WHERE run_id = ?) < ?",
+                       "SELECT ?,?,?,?,?,?,? WHERE ? IN ('wrong_code', 'recorded') OR "
+                       "(SELECT COUNT(*) FROM answers WHERE run_id = ?) < ?",
                        (answer.run_id, answer.at, answer.address, answer.approver[:200], answer.decision[:20],
-                        answer.outcome, answer.reason[:2000], answer.run_id, MAX_ANSWERS_PER_RUN))
+                        answer.outcome, answer.reason[:2000], answer.outcome, answer.run_id, MAX_ANSWERS_PER_RUN))
 
     def answers(self, run_id: str) -> list[StoredAnswer]:
         """Every answer given for ``run_id``, oldest first."""

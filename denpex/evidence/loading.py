@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from denpex.evidence.files import read_at_most
 
-__all__ = ["FileKind", "read_model", "read_mapping", "read_capped", "decode", "validated", "validation_problems", "Syntax"]
+__all__ = ["FileKind", "read_model", "read_mapping", "read_capped", "decode", "validated", "validation_problems"]
 
 M = TypeVar("M", bound=BaseModel)
 Syntax = Literal["json", "yaml"]

@@ -20,7 +20,6 @@ from prefect.client.schemas.objects import State
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
-from prefect.runtime import flow_run
 from pydantic import ConfigDict, Field, ValidationError
 
 from denpex.approval_page.brief import ApprovalBrief, save_brief
@@ -33,6 +32,7 @@ from denpex.state_dir import resolve_state_dir
 from denpex.state_paths import plan_file, state_path
 from denpex.workflow.approval_answer import AnswerVerdict, ReviewedAnswer
 from denpex.workflow.page_decision import review_page_decision
+from flows._shared.run import run_id
 from flows.run_log import incident_log
 
 __all__ = ["PAGE_URL_ENV", "PageDecisionInput", "page_url", "ask_on_page", "claim_incident", "release_incident"]
@@ -56,7 +56,11 @@ def page_url(run_id: str) -> str | None:
     return f"{base}/runs/{run_id}" if base else None
 
 
-def claim_incident(plan: IsolationPlan, hold: timedelta) -> str | None:
+_CLAIM_SLACK = timedelta(hours=1)
+"""How long past its pause a run holds its incident if it never ends (crashed where Prefect cannot tell)."""
+
+
+def claim_incident(plan: IsolationPlan, pause: timedelta) -> str | None:
     """Claim the plan's incident for this run (one question per incident at a time): None once
     claimed, else why not, naming the run that holds it.
 
@@ -64,11 +68,11 @@ def claim_incident(plan: IsolationPlan, hold: timedelta) -> str | None:
     one an approver is reading, nor ask a second question about the same nodes. The claim is taken
     in one transaction before anything is saved, so two runs started together cannot both pass.
     A holder that Prefect has ended (crashed or cancelled while paused) is taken over; the claim
-    of one that never says so lapses after ``hold``."""
-    this_run = str(flow_run.get_id() or "local")
+    of one that never says so lapses an hour after its ``pause`` would have timed out."""
+    this_run = run_id()
     book = ApprovalBook(resolve_state_dir())
     key = (plan.tenant, plan.cluster or "", plan.incident_id)
-    expires = time.time() + hold.total_seconds()
+    expires = time.time() + (pause + _CLAIM_SLACK).total_seconds()
     holder = book.claim(*key, run_id=this_run, expires_at=expires)
     if holder is None:
         return None
@@ -85,7 +89,7 @@ def claim_incident(plan: IsolationPlan, hold: timedelta) -> str | None:
 def release_incident(plan: IsolationPlan) -> None:
     """Let go of the plan's incident, if this run claimed it."""
     ApprovalBook(resolve_state_dir()).release(plan.tenant, plan.cluster or "", plan.incident_id,
-                                              str(flow_run.get_id() or "local"))
+                                              run_id())
 
 
 def _prefect_state(run_id: str) -> State | None:
@@ -110,7 +114,7 @@ def ask_on_page(plan: IsolationPlan, description: str, brief: ApprovalBrief, *, 
                 poll: timedelta) -> ReviewedAnswer | None:
     """Register the run with the page, pause until it is resumed, and return the decision the
     page recorded for it (None: nobody decided within ``timeout``)."""
-    this_run = str(flow_run.get_id() or "local")
+    this_run = run_id()
     folder = resolve_state_dir()
     book = ApprovalBook(folder)
     if book.decision(this_run) is not None:

@@ -281,6 +281,28 @@ def test_wrong_codes_lock_out_the_approver_and_the_address(tmp_path: Path) -> No
     assert [a.outcome for a in rig.book.answers(run_id)].count("wrong_code") == MAX_WRONG_FROM_ADDRESS
 
 
+def test_a_full_answer_log_does_not_switch_the_address_lockout_off(tmp_path: Path) -> None:
+    """Red team, issue 30: answers refused before any code is checked filled the run's log to its
+    cap, after which wrong codes were no longer kept, so the address lockout never counted them."""
+    from denpex.approval_page.store import MAX_ANSWERS_PER_RUN, StoredAnswer
+
+    rig = Rig(tmp_path)
+    run_id, _ = rig.waiting_run()
+    for n in range(MAX_ANSWERS_PER_RUN):  # as the attacker's refused posts left them
+        rig.book.record_answer(StoredAnswer(run_id=run_id, at=time.time(), address="10.9.9.9",
+                                            approver=f"mallory{n}", decision="approve", outcome="refused",
+                                            reason="not an approver"))
+    client = rig.client("10.9.9.9")
+    for _ in range(MAX_WRONG_CODES):
+        _post(client, run_id, approver="alice", code="000000")
+    for _ in range(MAX_WRONG_FROM_ADDRESS - MAX_WRONG_CODES):
+        _post(client, run_id, approver="bob", code="000000")
+    assert [a.outcome for a in rig.book.answers(run_id)].count("wrong_code") == MAX_WRONG_FROM_ADDRESS
+    blocked = _post(client, run_id, approver="bob", code=rig.codes.current_code("bob"))
+    assert blocked.status_code == 429 and "too many wrong codes from 10.9.9.9" in _shown(blocked)
+    assert rig.book.decision(run_id) is None
+
+
 def test_a_strangers_wrong_codes_do_not_lock_the_approver_out_of_their_own_address(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 

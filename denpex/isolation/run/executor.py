@@ -274,7 +274,7 @@ class Executor(Tools):
                            state=item.facts.state, running_jobs=item.facts.running_jobs, message=item.message),
             at=self.clock(),
         )
-        return self._outcome(run, item, outcome)
+        return self._outcome(run, item, outcome, command=command)
 
     def _recover(self, run: RunContext) -> list[str]:
         """Resolve intents left without a result by reading each node's real state.
@@ -309,10 +309,12 @@ class Executor(Tools):
         self.audit.append(run.entry(AuditKind.BREAKER, message=f"circuit breaker tripped: {state.trip_reason}"),
                           at=self.clock())
 
-    def _outcome(self, run: RunContext, item: Pending, outcome: Outcome | None = None) -> NodeOutcome:
+    def _outcome(self, run: RunContext, item: Pending, outcome: Outcome | None = None, *,
+                 command: str | None = None) -> NodeOutcome:
         return NodeOutcome(
             node=item.action.node, decision=item.decision,
-            command=self.adapter.command_for(item.action, run.operation), outcome=outcome,
+            command=command if command is not None else self.adapter.command_for(item.action, run.operation),
+            outcome=outcome,
             state_before=item.facts.state, state_after=item.facts.state,
             running_jobs=item.facts.running_jobs, message=item.message,
         )

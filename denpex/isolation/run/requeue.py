@@ -26,8 +26,8 @@ def requeue(tools: Tools, run: RunContext, actions: list[NodeAction], report: Ex
     if job is None:
         report.blocked.append("the plan offers no hung-job action (no job id, or no node isolated)")
         return report
-    job = job.model_copy(update={"exclude_nodes": tuple(n for n in job.exclude_nodes
-                                                         if n in {a.node for a in actions})})
+    approved = {a.node for a in actions}
+    job = job.model_copy(update={"exclude_nodes": tuple(n for n in job.exclude_nodes if n in approved)})
     if not job.exclude_nodes:
         report.blocked.append("none of the hung job's nodes is approved")
         return report
